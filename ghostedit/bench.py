@@ -1,0 +1,166 @@
+"""`python -m ghostedit bench`: configurations one after another in one process, on the same inputs.
+
+Each configuration runs once cold (prepare, compile warm-up) and then `--repeats` times warm; the table reports
+the warm medians, with preparation and compile warm-up apart, the speedup over the first (baseline) configuration
+and each output's difference from the baseline's output. Writes table.md, results.json, chart.png and the outputs.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from .cli import add_model_argument, request_from_args
+from .config import OptimizationConfig
+from .metrics import compare_images
+
+DEFAULT_IMAGE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "house.png"
+COLUMNS = {
+    "config": "configuration",
+    "s_per_step": "denoise s/step",
+    "end_to_end_s": "end to end s",
+    "prepare_s": "prepare s",
+    "warmup_s": "compile warm-up s",
+    "peak_gib": "peak GiB",
+    "speedup_step": "speedup (step)",
+    "speedup_e2e": "speedup (e2e)",
+    "max_abs": "max abs diff",
+    "psnr_db": "PSNR dB",
+}
+
+
+def bench_configuration(engine, request, config: OptimizationConfig, repeats: int) -> dict:
+    cold = engine.run(request, config)
+    warm = [engine.run(request, config) for _ in range(repeats)]
+    summaries = [run.telemetry.summary() for run in warm]
+    cold_stages = cold.telemetry.summary()["stages_s"]
+    return {
+        "config": config.label,
+        "s_per_step": statistics.median(s["denoise_s_per_step"] for s in summaries),
+        "end_to_end_s": statistics.median(s["total_s"] for s in summaries),
+        "prepare_s": cold_stages.get("prepare", 0.0),
+        "warmup_s": cold_stages.get("compile warm-up", 0.0),
+        "peak_gib": max(s["peak_allocated_gib"] for s in summaries),
+        "memory_kind": summaries[0]["memory_kind"],
+        "warm_cache_hits": all(s["cache_hit"] for s in summaries),
+        "attention_ran": warm[-1].attention_backend,
+        "report": warm[-1].prepared_report,
+        "stages_s": summaries[-1]["stages_s"],
+        "notes": sorted({note for s in summaries for note in s["notes"]}),
+        "image": warm[-1].image,
+    }
+
+
+def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, on_row=None) -> list[dict]:
+    rows = []
+    for config in configs:
+        row = bench_configuration(engine, request, config, repeats)
+        baseline = rows[0] if rows else row
+        row["speedup_step"] = baseline["s_per_step"] / row["s_per_step"]
+        row["speedup_e2e"] = baseline["end_to_end_s"] / row["end_to_end_s"]
+        row.update(compare_images(row["image"], baseline["image"]))
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    frame = pd.DataFrame(rows)[list(COLUMNS)].rename(columns=COLUMNS)
+    return frame.to_markdown(index=False, floatfmt=".3f")
+
+
+def write_chart(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [row["config"] for row in rows]
+    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(12, 0.6 * len(rows) + 2.5))
+    time_ax.barh(labels, [row["s_per_step"] for row in rows], color="#5b6ee1")
+    time_ax.set_xlabel("denoise seconds per step (lower is better)")
+    memory_ax.barh(labels, [row["peak_gib"] for row in rows], color="#e1875b")
+    memory_ax.set_xlabel(f"peak {rows[0]['memory_kind']} GiB")
+    memory_ax.set_yticks([])
+    for ax in (time_ax, memory_ax):
+        ax.invert_yaxis()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(rows: list[dict], out_dir: Path, title: str, context: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for index, row in enumerate(rows):
+        row["image"].save(out_dir / f"output-{index}.png")
+    serializable = [{k: v for k, v in row.items() if k != "image"} for row in rows]
+    (out_dir / "results.json").write_text(json.dumps({**context, "rows": serializable}, indent=2))
+    (out_dir / "table.md").write_text(markdown_table(rows) + "\n")
+    write_chart(rows, out_dir / "chart.png", title)
+
+
+def cmd_bench(args) -> int:
+    from .device import UnavailableOptionError
+    from .engine import Engine
+
+    engine = Engine(args.model, device=args.device)
+    configs = [OptimizationConfig.parse(text) for text in args.configs]
+    for config in configs:  # refuse up front, with the reason, rather than after an hour of benchmarking
+        try:
+            engine.check(config)
+        except UnavailableOptionError as error:
+            raise SystemExit(f"{config.label}: {error}")
+    args.image = args.image or [str(DEFAULT_IMAGE)]
+    request = request_from_args(args, engine.spec.default_steps)
+    rows = run_bench(engine, request, configs, args.repeats,
+                     on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
+                                              f"{row['end_to_end_s']:.2f} s end to end", flush=True))
+    context = {"model": engine.spec.source, "device": engine.device, "steps": request.steps,
+               "cfg_scale": request.cfg_scale, "size": list(rows[0]["image"].size), "repeats": args.repeats,
+               "environment": environment()}
+    write_outputs(rows, Path(args.out_dir), args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
+                  context)
+    print(markdown_table(rows))
+    print(f"wrote {args.out_dir}/table.md, results.json, chart.png")
+    return 0
+
+
+def environment() -> dict:
+    import platform
+
+    import torch
+    info = {"python": platform.python_version(), "torch": torch.__version__, "diffsynth": _package_version("diffsynth"),
+            "cpu": platform.processor() or platform.machine()}
+    if torch.cuda.is_available():
+        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    return info
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def add_bench_command(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmark configurations on the same inputs")
+    add_model_argument(bench)
+    bench.add_argument("--configs", nargs="+", default=["baseline"],
+                       help='first is the baseline; e.g. baseline "fp8=storage" "compile=regional,attention=auto"')
+    bench.add_argument("--image", action="append", default=None, help=f"input image (default {DEFAULT_IMAGE.name})")
+    bench.add_argument("--prompt", default="turn the scene into a ghostly night")
+    bench.add_argument("--negative-prompt", default="")
+    bench.add_argument("--steps", type=int, default=None)
+    bench.add_argument("--cfg", type=float, default=4.0)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--width", type=int, default=None)
+    bench.add_argument("--height", type=int, default=None)
+    bench.add_argument("--repeats", type=int, default=2, help="warm runs per configuration after the cold one")
+    bench.add_argument("--out-dir", default="bench-results")
+    bench.add_argument("--title", default=None)
+    bench.set_defaults(run=cmd_bench)

@@ -1,0 +1,63 @@
+"""The compute device GhostEdit runs on, and what it can do."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether an option can run here; when it cannot, the reason a user can act on."""
+    ok: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls) -> "Availability":
+        return cls(True)
+
+    @classmethod
+    def no(cls, reason: str) -> "Availability":
+        return cls(False, reason)
+
+
+class UnavailableOptionError(RuntimeError):
+    """Raised when a run asks for an option this machine cannot run; the message is the reason."""
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(device: str) -> tuple[int, int] | None:
+    if not device.startswith("cuda"):
+        return None
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
+def needs_cuda(device: str, what: str, min_capability: tuple[int, int] | None = None,
+               max_capability: tuple[int, int] | None = None) -> Availability:
+    """The common check for GPU-only options: a CUDA device, optionally of a given architecture range."""
+    capability = compute_capability(device)
+    if capability is None:
+        return Availability.no(f"{what} needs a CUDA GPU; this machine runs on the CPU")
+    name = torch.cuda.get_device_name(torch.device(device))
+    if min_capability and capability < min_capability:
+        return Availability.no(f"{what} needs a CUDA GPU with compute capability "
+                               f"{min_capability[0]}.{min_capability[1]} or newer; {name} has {capability[0]}.{capability[1]}")
+    if max_capability and capability > max_capability:
+        return Availability.no(f"{what} supports compute capability up to {max_capability[0]}.{max_capability[1]}; "
+                               f"{name} has {capability[0]}.{capability[1]}")
+    return Availability.yes()
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+
+
+def empty_cache(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()

@@ -1,0 +1,71 @@
+"""The real Qwen-Image-Edit architecture at full size (DiffSynth's own classes: 20.4 B-parameter DiT, 7 B Qwen2.5-VL
+text encoder, VAE) with random weights, created directly on the GPU, for benchmarks with nothing to download.
+
+Random weights give real shapes and real costs, not meaningful images. The tokenizer is GhostEdit's own (see
+processor.py) with Qwen's pixel limits, so the text encoder's special-token ids are set to that tokenizer's.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..device import Availability, needs_cuda
+from .processor import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, load_processor, special_token_ids, write_processor
+from .tiny import ghostedit_home
+
+# bf16 weights: DiT 38 GiB + text encoder 15.5 GiB + VAE, plus room for activations
+MIN_GPU_GIB = 64
+
+
+def availability(device: str) -> Availability:
+    gpu = needs_cuda(device, "the full-size synthetic model")
+    if not gpu.ok:
+        return gpu
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory / 1024**3
+    if total < MIN_GPU_GIB:
+        return Availability.no(f"the full-size synthetic model needs a GPU with {MIN_GPU_GIB} GiB; this one has {total:.0f}")
+    return Availability.yes()
+
+
+@contextlib.contextmanager
+def _created_on(device: str, dtype: torch.dtype):
+    """Modules built inside get their parameters allocated and initialised on `device` in `dtype`."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def processor_folder():
+    folder = ghostedit_home() / "synthetic-processor"
+    if not (folder / "tokenizer_config.json").exists():
+        write_processor(folder, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS)
+    return folder
+
+
+def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype):
+    from diffsynth.models.qwen_image_dit import QwenImageDiT
+    from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
+    from diffsynth.models.qwen_image_vae import QwenImageVAE
+    from diffsynth.pipelines.qwen_image import QwenImagePipeline
+
+    folder = processor_folder()
+    torch.manual_seed(0)
+    with _created_on(device, torch_dtype):
+        dit, text_encoder, vae = QwenImageDiT().eval(), QwenImageTextEncoder().eval(), QwenImageVAE().eval()
+    _use_token_ids(text_encoder, special_token_ids(folder))
+    pipe = QwenImagePipeline(device=device, torch_dtype=torch_dtype)
+    pipe.dit, pipe.text_encoder, pipe.vae = dit, text_encoder, vae
+    pipe.processor = load_processor(folder)
+    pipe.tokenizer = pipe.processor.tokenizer
+    return pipe
+
+
+def _use_token_ids(text_encoder, ids: dict) -> None:
+    for config in (text_encoder.model.config, text_encoder.model.config.text_config):
+        for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+            setattr(config, name, ids[name])

@@ -1,0 +1,200 @@
+"""Attention backends for the Qwen DiT, switchable per configuration at run time.
+
+DiffSynth picks its attention when `diffsynth.models.qwen_image_dit` is imported (FA3 if `flash_attn_interface`
+imports, else SDPA) and its blocks call the module-level `qwen_image_flash_attention` directly. GhostEdit replaces
+that function once with a dispatcher that reads the active backend; the engine activates a configuration's backend
+around each run. Under torch.compile the active backend is a guarded global, so a compiled block traces one backend.
+Kernels from outside PyTorch are registered as custom ops so that compiled blocks keep them whole.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..device import Availability, needs_cuda, synchronize
+
+SDPA_BACKENDS = {
+    "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+    "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "sdpa-math": SDPBackend.MATH,
+}
+# name: (module that must import, what to call it in a reason, (min, max) compute capability)
+EXTERNAL_BACKENDS = {
+    "fa4": ("flash_attn.cute", "FlashAttention-4 (flash-attn-4)", ((9, 0), (10, 3))),
+    "fa3": ("flash_attn_interface", "FlashAttention-3 (flash_attn_interface)", ((9, 0), (9, 0))),
+    "fa2": ("flash_attn", "FlashAttention-2 (flash_attn)", ((8, 0), None)),
+    "sage": ("sageattention", "SageAttention (sageattention)", ((8, 0), None)),
+}
+# SDPA kernels that PyTorch ships for CUDA only
+SDPA_GPU_ONLY = {"sdpa-cudnn": "PyTorch SDPA's cuDNN kernel", "sdpa-efficient": "PyTorch SDPA's memory-efficient kernel"}
+CONCRETE_BACKENDS = tuple(SDPA_BACKENDS) + tuple(EXTERNAL_BACKENDS)
+
+_active_backend = "diffsynth"
+_diffsynth_attention = None  # DiffSynth's own function, kept for the "diffsynth" backend
+
+
+# ---- external kernels as custom ops: inputs and output in [batch, heads, seq, head_dim] ----
+
+def _bshd(x):
+    return x.transpose(1, 2)
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.library.custom_op("ghostedit::fa4", mutates_args=())
+def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    from flash_attn.cute import flash_attn_func
+    return _bshd(_first(flash_attn_func(_bshd(q), _bshd(k), _bshd(v)))).contiguous()
+
+
+@torch.library.custom_op("ghostedit::fa3", mutates_args=())
+def _fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    import flash_attn_interface
+    return _bshd(_first(flash_attn_interface.flash_attn_func(_bshd(q), _bshd(k), _bshd(v)))).contiguous()
+
+
+@torch.library.custom_op("ghostedit::fa2", mutates_args=())
+def _fa2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    import flash_attn
+    return _bshd(flash_attn.flash_attn_func(_bshd(q), _bshd(k), _bshd(v))).contiguous()
+
+
+@torch.library.custom_op("ghostedit::sage", mutates_args=())
+def _sage(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    import sageattention
+    return sageattention.sageattn(q, k, v, tensor_layout="HND").contiguous()
+
+
+for _op in (_fa4, _fa3, _fa2, _sage):
+    _op.register_fake(lambda q, k, v: torch.empty_like(q))
+
+_EXTERNAL_OPS = {"fa4": _fa4, "fa3": _fa3, "fa2": _fa2, "sage": _sage}
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
+    """Attention with one named backend; [batch, heads, seq, head_dim] in and out."""
+    if backend in SDPA_BACKENDS:
+        with sdpa_kernel([SDPA_BACKENDS[backend]]):
+            return F.scaled_dot_product_attention(q, k, v)
+    return _EXTERNAL_OPS[backend](q, k, v)
+
+
+def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False):
+    """Drop-in for DiffSynth's `qwen_image_flash_attention` (same signature, output [b, s, h*d])."""
+    backend = _active_backend
+    if backend == "diffsynth":
+        return _diffsynth_attention(q, k, v, num_heads, attention_mask=attention_mask,
+                                    enable_fp8_attention=enable_fp8_attention)
+    if attention_mask is not None or enable_fp8_attention:
+        raise RuntimeError(f"attention backend {backend} does not take masks or FP8 attention; "
+                           "use the 'diffsynth' backend for entity-masked prompts")
+    return rearrange(attend(q, k, v, backend), "b n s d -> b s (n d)")
+
+
+def install() -> None:
+    """Route DiffSynth's Qwen DiT attention through the dispatcher (idempotent)."""
+    global _diffsynth_attention
+    from diffsynth.models import qwen_image_dit
+    if _diffsynth_attention is None:
+        _diffsynth_attention = qwen_image_dit.qwen_image_flash_attention
+        qwen_image_dit.qwen_image_flash_attention = _dispatching_attention
+
+
+@contextlib.contextmanager
+def active(backend: str):
+    """Make `backend` (a concrete one, or "diffsynth") the one the DiT uses inside this block."""
+    global _active_backend
+    install()
+    previous, _active_backend = _active_backend, backend
+    try:
+        yield
+    finally:
+        _active_backend = previous
+
+
+def diffsynth_default() -> str:
+    from diffsynth.models import qwen_image_dit
+    return "fa3" if qwen_image_dit.FLASH_ATTN_3_AVAILABLE else "PyTorch SDPA (its own dispatch)"
+
+
+# ---- availability: import checks and a real call on this device ----
+
+def _probe_shape(device: str):
+    dtype = torch.bfloat16
+    return [torch.randn(1, 2, 256, 128, device=device, dtype=dtype) for _ in range(3)]
+
+
+@functools.lru_cache(maxsize=None)
+def availability(backend: str, device: str) -> Availability:
+    if backend in ("diffsynth", "auto"):
+        return Availability.yes()
+    if backend in SDPA_GPU_ONLY:
+        gpu = needs_cuda(device, SDPA_GPU_ONLY[backend])
+        if not gpu.ok:
+            return gpu
+    if backend in EXTERNAL_BACKENDS:
+        module, what, (low, high) = EXTERNAL_BACKENDS[backend]
+        gpu = needs_cuda(device, what, low, high)
+        if not gpu.ok:
+            return gpu
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # ImportError, or a broken build raising anything at import
+            return Availability.no(f"{what} is not installed ({type(error).__name__}: {_first_line(error)})")
+    try:
+        q, k, v = _probe_shape(device)
+        attend(q, k, v, backend)
+        synchronize(device)
+    except Exception as error:
+        return Availability.no(f"{backend} cannot run on this device: {_first_line(error)}")
+    return Availability.yes()
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+# ---- auto: the fastest backend measured here at the run's shape ----
+
+@functools.lru_cache(maxsize=None)
+def fastest_backend(device: str, heads: int, head_dim: int, seq_len: int, dtype: torch.dtype = torch.bfloat16):
+    """Times every available backend at this shape and returns (winner, {backend: ms}); measured once per shape."""
+    timings = {}
+    q, k, v = (torch.randn(1, heads, seq_len, head_dim, device=device, dtype=dtype) for _ in range(3))
+    for backend in CONCRETE_BACKENDS:
+        if not availability(backend, device).ok:
+            continue
+        timings[backend] = _median_ms(lambda: attend(q, k, v, backend), device)
+    winner = min(timings, key=timings.get)
+    return winner, timings
+
+
+def _median_ms(fn, device: str, warmup: int = 2, repeats: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.startswith("cuda"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)

@@ -1,0 +1,54 @@
+"""torch.compile of the DiT's repeated transformer block ("regional" compilation): the 60 blocks of the real model
+share one compiled graph, so compiling costs one block's worth, not the whole model's."""
+from __future__ import annotations
+
+import functools
+import shutil
+
+import torch
+
+from ..device import Availability
+
+COMPILE_OPTIONS = {
+    "regional": {"dynamic": True},
+    "max-autotune": {"dynamic": True, "mode": "max-autotune-no-cudagraphs"},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def availability(mode: str, device: str) -> Availability:
+    if mode == "off":
+        return Availability.yes()
+    if device.startswith("cuda"):
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return Availability.no("torch.compile on a GPU needs Triton, which is not installed")
+        return Availability.yes()
+    from torch._inductor import config
+    compiler = config.cpp.cxx[0] if isinstance(config.cpp.cxx, tuple) else config.cpp.cxx
+    if shutil.which(compiler or "g++") is None:
+        return Availability.no(f"torch.compile on the CPU needs a C++ compiler ({compiler or 'g++'} not found)")
+    return Availability.yes()
+
+
+def compiled_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return list(model.transformer_blocks)
+
+
+def compile_regions(model: torch.nn.Module, mode: str) -> int:
+    blocks = compiled_blocks(model)
+    for block in blocks:
+        block.compile(**COMPILE_OPTIONS[mode])
+    return len(blocks)
+
+
+def revert_to_eager(model: torch.nn.Module) -> None:
+    for block in compiled_blocks(model):
+        block._compiled_call_impl = None
+
+
+def is_compile_error(error: BaseException) -> bool:
+    """Errors raised by Dynamo or Inductor while compiling (Inductor's errors derive from Dynamo's base)."""
+    from torch._dynamo.exc import TorchDynamoException
+    return isinstance(error, TorchDynamoException)

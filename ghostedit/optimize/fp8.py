@@ -1,0 +1,83 @@
+"""FP8 modes for the DiT's linear layers.
+
+storage  FP8 weights with per-row scales, dequantized to bf16 inside each layer: halves weight memory, computes in
+         bf16 (torchao Float8WeightOnlyConfig). Costs time, saves memory.
+torchao  FP8 weights and dynamically quantized FP8 activations with per-row scales, multiplied by FP8 tensor cores
+         (torchao Float8DynamicActivationFloat8WeightConfig, PerRow): real FP8 compute.
+te       NVIDIA Transformer Engine Linear layers under FP8 autocast (see optimize/te.py).
+Only linears whose both dimensions are multiples of 16 (the FP8 GEMM's requirement) are converted, and never a
+LoRA adapter's own small layers.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ..device import Availability, needs_cuda
+
+
+@dataclass
+class Fp8Report:
+    mode: str
+    converted: int = 0
+    kept_bf16: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        if self.mode == "off":
+            return "bf16 weights"
+        text = f"{self.converted} linear layers in FP8 ({self.mode})"
+        if self.kept_bf16:
+            text += f", {len(self.kept_bf16)} kept in bf16"
+        return text
+
+
+def availability(mode: str, device: str) -> Availability:
+    if mode in ("off", "storage"):
+        return Availability.yes()
+    if mode == "torchao":
+        gpu = needs_cuda(device, "torchao FP8 compute", min_capability=(8, 9))
+        if not gpu.ok:
+            return gpu
+        try:
+            import torchao  # noqa: F401
+        except ImportError as error:
+            return Availability.no(f"torchao is not installed ({error})")
+        return Availability.yes()
+    from . import te
+    return te.availability(device)
+
+
+def _eligible(module: torch.nn.Module, name: str) -> bool:
+    return (isinstance(module, torch.nn.Linear) and ".lora_" not in f".{name}"
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def apply_fp8(model: torch.nn.Module, mode: str) -> Fp8Report:
+    """Converts `model`'s linear layers in place (new weight tensors; shared old ones are left alone)."""
+    report = Fp8Report(mode)
+    if mode == "off":
+        return report
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".lora_" not in f".{name}"}
+    report.kept_bf16 = sorted(name for name, m in linears.items() if not _eligible(m, name))
+    report.converted = len(linears) - len(report.kept_bf16)
+    if mode == "te":
+        from . import te
+        te.convert(model, _eligible, report)
+        return report
+    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, PerRow,
+                                      quantize_)
+    config = (Float8WeightOnlyConfig() if mode == "storage"
+              else Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    quantize_(model, config, filter_fn=_eligible)
+    return report
+
+
+def forward_context(model: torch.nn.Module, mode: str):
+    """The context a forward of an FP8 model runs under (TE's FP8 autocast; nothing for the other modes)."""
+    if mode == "te":
+        from . import te
+        return te.autocast(model)
+    return contextlib.nullcontext()

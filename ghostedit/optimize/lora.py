@@ -1,0 +1,157 @@
+"""LoRA for the Qwen DiT: read a safetensors file, match it to the DiT's linear layers, then either fuse it into the
+weights (no runtime cost) or attach it as PEFT adapter layers (the scale changes per run with no reload).
+
+Key styles understood: PEFT/diffusers (`<layer>.lora_A.weight` / `.lora_B.weight`, optional `.default`, optional
+`transformer.` or `diffusion_model.` prefix) and kohya (`lora_unet_<layer_with_underscores>.lora_down.weight` /
+`.lora_up.weight` / `.alpha`). The update of a layer is delta W = scale * factor * B @ A, with factor = alpha / rank
+when the file gives an alpha and 1 otherwise (DiffSynth's and diffusers' convention for files without alpha).
+Nothing here changes a tensor in place that the base model owns: fused weights are new tensors.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+ADAPTER_NAME = "ghostedit"
+_KEY = re.compile(r"^(?P<layer>.+?)\.(?P<kind>lora_A|lora_B|lora_down|lora_up)(?:\.default)?\.weight$")
+_ALPHA = re.compile(r"^(?P<layer>.+?)\.alpha$")
+_KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")
+
+
+class LoraError(ValueError):
+    """A LoRA file that cannot be applied to this model; the message says why."""
+
+
+@dataclass
+class LoraLayer:
+    down: torch.Tensor   # A: [rank, in_features]
+    up: torch.Tensor     # B: [out_features, rank]
+    factor: float        # alpha / rank, or 1
+
+    def delta(self, scale: float) -> torch.Tensor:
+        return (scale * self.factor) * (self.up.float() @ self.down.float())
+
+
+@dataclass
+class MatchedLora:
+    layers: dict[str, LoraLayer]
+    unmatched: list[str] = field(default_factory=list)
+
+    @property
+    def report(self) -> str:
+        text = f"{len(self.layers)} layers matched"
+        if self.unmatched:
+            text += f", {len(self.unmatched)} LoRA layers matched nothing in this model"
+        return text
+
+
+def read_lora_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """Reads tensors from a safetensors file only: its header is parsed, no code in the file is ever run."""
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as error:
+        raise LoraError(f"{Path(path).name} is not a readable safetensors LoRA file ({error})") from error
+
+
+def match_lora(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> MatchedLora:
+    """Pairs each LoRA layer with a linear layer of `model`, checking shapes; zero matches is an error."""
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    by_underscored = {name.replace(".", "_"): name for name in linears}
+    pieces: dict[str, dict] = {}
+    for key, tensor in state_dict.items():
+        if found := _KEY.match(key):
+            kind = {"lora_A": "down", "lora_down": "down", "lora_B": "up", "lora_up": "up"}[found["kind"]]
+            pieces.setdefault(found["layer"], {})[kind] = tensor
+        elif found := _ALPHA.match(key):
+            pieces.setdefault(found["layer"], {})["alpha"] = tensor
+    matched, unmatched = {}, []
+    for lora_name, parts in pieces.items():
+        target = _resolve_layer_name(lora_name, linears, by_underscored)
+        if target is None or "down" not in parts or "up" not in parts:
+            unmatched.append(lora_name)
+            continue
+        matched[target] = _checked_layer(target, linears[target], parts)
+    if not matched:
+        raise LoraError(f"the LoRA matched 0 layers of this model ({len(pieces)} LoRA layers, e.g. "
+                        f"{next(iter(pieces), 'none')!r}): it was made for another model")
+    return MatchedLora(matched, sorted(unmatched))
+
+
+def _resolve_layer_name(lora_name: str, linears: dict, by_underscored: dict) -> str | None:
+    for prefix in _KOHYA_PREFIXES:
+        if lora_name.startswith(prefix):
+            return by_underscored.get(lora_name[len(prefix):])
+    parts = lora_name.split(".")
+    for start in range(len(parts)):  # drop wrapper prefixes such as "transformer." or "diffusion_model."
+        candidate = ".".join(parts[start:])
+        if candidate in linears:
+            return candidate
+    return None
+
+
+def _checked_layer(name: str, linear: torch.nn.Linear, parts: dict) -> LoraLayer:
+    down, up = parts["down"], parts["up"]
+    if down.dim() != 2 or up.dim() != 2 or down.shape[0] != up.shape[1]:
+        raise LoraError(f"LoRA layer for {name} has inconsistent shapes: A {tuple(down.shape)}, B {tuple(up.shape)}")
+    if down.shape[1] != linear.in_features or up.shape[0] != linear.out_features:
+        raise LoraError(f"LoRA layer for {name} has shape {up.shape[0]}x{down.shape[1]} but the model's layer is "
+                        f"{linear.out_features}x{linear.in_features}: it was made for another model size")
+    if not (torch.isfinite(down).all() and torch.isfinite(up).all()):
+        raise LoraError(f"LoRA layer for {name} holds NaN or infinite values")
+    rank = down.shape[0]
+    factor = float(parts["alpha"]) / rank if "alpha" in parts else 1.0
+    return LoraLayer(down, up, factor)
+
+
+def fuse_lora(model: torch.nn.Module, lora: MatchedLora, scale: float) -> int:
+    """Merges the LoRA into the linear weights, as new tensors (the model's old weights stay untouched)."""
+    for name, layer in lora.layers.items():
+        linear = model.get_submodule(name)
+        merged = linear.weight.float() + layer.delta(scale).to(linear.weight.device)
+        linear.weight = torch.nn.Parameter(merged.to(linear.weight.dtype), requires_grad=False)
+    return len(lora.layers)
+
+
+def attach_runtime_lora(model: torch.nn.Module, lora: MatchedLora) -> int:
+    """Wraps the matched layers in PEFT LoRA layers. Layers of lower rank are zero-padded to the highest rank, which
+    leaves B @ A unchanged and lets one LoraConfig describe every layer."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    rank = max(layer.down.shape[0] for layer in lora.layers.values())
+    config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(lora.layers), lora_dropout=0.0)
+    inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    units = {}
+    for name, layer in lora.layers.items():
+        peft_layer = model.get_submodule(name)
+        down, up = _pad_rank(layer, rank)
+        a, b = peft_layer.lora_A[ADAPTER_NAME].weight, peft_layer.lora_B[ADAPTER_NAME].weight
+        with torch.no_grad():
+            a.copy_(down)
+            b.zero_()  # scale 0 until a run sets it
+        units[name] = (up * layer.factor).to(device=b.device, dtype=b.dtype)
+    model.ghostedit_runtime_lora = units
+    return len(units)
+
+
+def _pad_rank(layer: LoraLayer, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    missing = rank - layer.down.shape[0]
+    down = torch.nn.functional.pad(layer.down, (0, 0, 0, missing))
+    up = torch.nn.functional.pad(layer.up, (0, missing))
+    return down, up
+
+
+def set_runtime_lora_scale(model: torch.nn.Module, scale: float) -> None:
+    """Sets a runtime LoRA's strength by rewriting its small B matrices: no reload, and no recompile of a compiled
+    model (a weight's values change, not the traced program)."""
+    with torch.no_grad():
+        for name, unit in model.ghostedit_runtime_lora.items():
+            model.get_submodule(name).lora_B[ADAPTER_NAME].weight.copy_(unit * scale)
+
+
+def has_runtime_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "ghostedit_runtime_lora")

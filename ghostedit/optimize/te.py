@@ -1,0 +1,87 @@
+"""NVIDIA Transformer Engine FP8: the DiT's image-stream linears become TE Linear layers whose weights are cast to
+FP8 once, at preparation (created under TE's quantized model init), and every forward runs under TE's FP8 autocast.
+
+TE's FP8 GEMMs need the token count of a layer's input divisible by 16. The image stream always is (latent tokens
+come in 2x2 patches of a size that is a multiple of 16 pixels); the text stream is as long as the prompt, and the
+modulation and timestep linears see one row per sample, so those stay in bf16 and the report names them.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from ..device import Availability, needs_cuda
+
+# "current" (per-tensor scale from the tensor itself, every call) or "delayed" (scale from an amax history)
+RECIPE_ENV = "GHOSTEDIT_TE_RECIPE"
+_IMAGE_STREAM_SKIP = ("txt_", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "_mod.", "time_text_embed",
+                      "norm_out")
+
+
+def availability(device: str) -> Availability:
+    gpu = needs_cuda(device, "Transformer Engine FP8", min_capability=(8, 9))
+    if not gpu.ok:
+        return gpu
+    try:
+        import transformer_engine.pytorch as te
+    except Exception as error:  # ImportError, or the binding failing to load its CUDA libraries
+        return Availability.no(f"transformer_engine is not installed or does not load ({type(error).__name__}: {error})")
+    available, reason = _fp8_support(te)
+    return Availability.yes() if available else Availability.no(f"Transformer Engine refuses FP8 here: {reason}")
+
+
+def _fp8_support(te):
+    check = getattr(te, "is_fp8_available", None)
+    if check is not None:
+        return check(return_reason=True)
+    return te.fp8.check_fp8_support()
+
+
+def recipe(name: str | None = None):
+    from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format
+    name = name or os.environ.get(RECIPE_ENV, "current")
+    if name == "current":
+        return Float8CurrentScaling(fp8_format=Format.E4M3)
+    if name == "delayed":
+        return DelayedScaling(fp8_format=Format.E4M3, amax_history_len=16, amax_compute_algo="max")
+    raise ValueError(f"{RECIPE_ENV} must be 'current' or 'delayed'; got {name!r}")
+
+
+def _model_init(fp8_recipe):
+    import transformer_engine.pytorch as te
+    init = getattr(te, "quantized_model_init", None) or te.fp8_model_init
+    return init(enabled=True, recipe=fp8_recipe)
+
+
+def convert(model: torch.nn.Module, eligible, report) -> None:
+    import transformer_engine.pytorch as te
+    fp8_recipe = recipe()
+    targets = [(name, m) for name, m in model.named_modules()
+               if eligible(m, name) and not any(part in name for part in _IMAGE_STREAM_SKIP)]
+    refused = {name for name, m in model.named_modules() if eligible(m, name)} - {name for name, _ in targets}
+    for name, linear in targets:
+        with _model_init(fp8_recipe):
+            replacement = te.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                                    params_dtype=linear.weight.dtype, device=linear.weight.device)
+        with torch.no_grad():
+            replacement.weight.copy_(linear.weight)  # quantizes once into the FP8 weight
+            if linear.bias is not None:
+                replacement.bias.copy_(linear.bias)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+    report.kept_bf16 = sorted(set(report.kept_bf16) | refused)
+    report.converted = len(targets)
+    model.ghostedit_te_recipe = fp8_recipe
+
+
+def autocast(model: torch.nn.Module):
+    import transformer_engine.pytorch as te
+    fp8_recipe = getattr(model, "ghostedit_te_recipe", None)
+    if fp8_recipe is None:
+        return contextlib.nullcontext()
+    enter = getattr(te, "autocast", None)
+    if enter is not None:
+        return enter(enabled=True, recipe=fp8_recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)

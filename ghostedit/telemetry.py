@@ -1,0 +1,233 @@
+"""Stage and step timers and memory probes for one run.
+
+Times are wall-clock after a device synchronize, so GPU work is counted where it happens. On a machine without a
+GPU the memory figures are host memory (process RSS), labelled as such.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import psutil
+import torch
+
+from .device import synchronize
+
+GIB = 1024**3
+
+# The order in which stages are shown; a run reports the ones it went through.
+STAGE_ORDER = ("load", "prepare", "compile warm-up", "image encoding", "text encoding", "denoising", "decoding")
+
+
+@dataclass
+class MemorySample:
+    kind: str                       # "gpu" or "host"
+    allocated_gib: float            # torch allocated (GPU) or process RSS (host)
+    reserved_gib: float | None      # torch reserved (GPU only)
+    device_used_gib: float | None   # whole-device use through NVML (GPU only), other processes included
+    host_rss_gib: float
+
+    @property
+    def label(self) -> str:
+        return "GPU memory (torch allocated)" if self.kind == "gpu" else "host memory (process RSS)"
+
+
+class MemoryProbe:
+    def __init__(self, device: str):
+        self.device = device
+        self.is_gpu = device.startswith("cuda")
+        self._process = psutil.Process()
+        self._nvml_handle = self._open_nvml() if self.is_gpu else None
+
+    def _open_nvml(self):
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            index = torch.device(self.device).index or torch.cuda.current_device()
+            return pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:  # NVML missing or refused (containers): the torch figures still stand
+            return None
+
+    def sample(self) -> MemorySample:
+        rss = self._process.memory_info().rss / GIB
+        if not self.is_gpu:
+            return MemorySample("host", rss, None, None, rss)
+        return MemorySample("gpu", torch.cuda.memory_allocated() / GIB, torch.cuda.memory_reserved() / GIB,
+                            self._device_used(), rss)
+
+    def _device_used(self) -> float | None:
+        if self._nvml_handle is None:
+            return None
+        import pynvml
+        return pynvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used / GIB
+
+    def reset_peak(self) -> None:
+        if self.is_gpu:
+            torch.cuda.reset_peak_memory_stats()
+
+    def torch_peak(self) -> tuple[float, float] | None:
+        if not self.is_gpu:
+            return None
+        return torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB
+
+
+@dataclass
+class ProgressEvent:
+    """What a live view shows: delivered at every stage change and after every denoising step."""
+    stage: str
+    step: int
+    total_steps: int
+    step_seconds: float | None
+    elapsed: float
+    eta: float | None
+    memory: MemorySample
+    peak: MemorySample
+    message: str = ""
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class RunTelemetry:
+    device: str
+    stages: dict[str, float] = field(default_factory=dict)
+    prepare_steps: dict[str, float] = field(default_factory=dict)
+    step_seconds: list[float] = field(default_factory=list)
+    cache_hit: bool | None = None
+    notes: list[str] = field(default_factory=list)
+    peak: MemorySample | None = None
+    total_seconds: float = 0.0
+
+    def add_stage(self, name: str, seconds: float) -> None:
+        self.stages[name] = self.stages.get(name, 0.0) + seconds
+
+    @property
+    def denoise_seconds_per_step(self) -> float | None:
+        return statistics.median(self.step_seconds) if self.step_seconds else None
+
+    def summary(self) -> dict:
+        """A flat, JSON-ready view for tables, the API and the bench."""
+        peak = self.peak
+        return {
+            "device": self.device,
+            "cache_hit": self.cache_hit,
+            "total_s": self.total_seconds,
+            "stages_s": {name: self.stages[name] for name in STAGE_ORDER if name in self.stages},
+            "prepare_steps_s": dict(self.prepare_steps),
+            "step_s": list(self.step_seconds),
+            "denoise_s_per_step": self.denoise_seconds_per_step,
+            "memory_kind": peak.label if peak else None,
+            "peak_allocated_gib": peak.allocated_gib if peak else None,
+            "peak_reserved_gib": peak.reserved_gib if peak else None,
+            "peak_device_used_gib": peak.device_used_gib if peak else None,
+            "peak_host_rss_gib": peak.host_rss_gib if peak else None,
+            "notes": list(self.notes),
+        }
+
+
+class RunRecorder:
+    """Times stages and steps of one run, tracks memory peaks and forwards progress to a callback."""
+
+    def __init__(self, device: str, on_progress: ProgressCallback | None = None):
+        self.device = device
+        self.telemetry = RunTelemetry(device)
+        self.on_progress = on_progress
+        self.probe = MemoryProbe(device)
+        self.probe.reset_peak()
+        self._peak = self.probe.sample()
+        self._start = time.perf_counter()
+        self.total_steps = 0
+        self._steps_done = 0
+        self._excluded_from_step = 0.0
+        self._denoise_end = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    def _sample(self) -> MemorySample:
+        now = self.probe.sample()
+        torch_peak = self.probe.torch_peak()
+        peak = self._peak
+        self._peak = MemorySample(
+            now.kind,
+            torch_peak[0] if torch_peak else max(peak.allocated_gib, now.allocated_gib),
+            torch_peak[1] if torch_peak else None,
+            _max_or_none(peak.device_used_gib, now.device_used_gib),
+            max(peak.host_rss_gib, now.host_rss_gib),
+        )
+        return now
+
+    def emit(self, stage: str, message: str = "", step_seconds: float | None = None) -> None:
+        memory = self._sample()
+        if self.on_progress is None:
+            return
+        eta = None
+        if step_seconds is not None and self.total_steps:
+            eta = self.telemetry.denoise_seconds_per_step * (self.total_steps - self._steps_done)
+        self.on_progress(ProgressEvent(stage, self._steps_done, self.total_steps, step_seconds,
+                                       self.elapsed(), eta, memory, self._peak, message))
+
+    @contextlib.contextmanager
+    def stage(self, name: str, message: str = "", into_prepare: bool = False):
+        """Time a stage; `into_prepare` files it as a named prepare step (fuse, quantize, compile...)."""
+        self.emit("preparing" if into_prepare else name, message or name)
+        synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            seconds = time.perf_counter() - start
+            if into_prepare:
+                self.telemetry.prepare_steps[name] = self.telemetry.prepare_steps.get(name, 0.0) + seconds
+                self.telemetry.add_stage("prepare", seconds)
+            else:
+                self.telemetry.add_stage(name, seconds)
+
+    def exclude_from_current_step(self, seconds: float) -> None:
+        """Work done inside a step that is not the step's own (e.g. the compile warm-up)."""
+        self._excluded_from_step += seconds
+
+    def timed_steps(self, timesteps):
+        """Wraps the denoising loop's iterable (DiffSynth's progress_bar_cmd): times each step as it finishes."""
+        self.total_steps = len(timesteps)
+        self._steps_done = 0
+        self.emit("denoising", f"step 0/{self.total_steps}")
+        for timestep in timesteps:
+            synchronize(self.device)
+            start = time.perf_counter()
+            self._excluded_from_step = 0.0
+            yield timestep
+            synchronize(self.device)
+            seconds = time.perf_counter() - start - self._excluded_from_step
+            self.telemetry.step_seconds.append(seconds)
+            self.telemetry.add_stage("denoising", seconds)
+            self._steps_done += 1
+            self.emit("denoising", f"step {self._steps_done}/{self.total_steps}", step_seconds=seconds)
+        self._denoise_end = time.perf_counter()
+        self.emit("decoding", "decoding")
+
+    def decoding_done(self) -> None:
+        """DiffSynth decodes right after the loop, inside the same call: the rest of that call is decoding."""
+        synchronize(self.device)
+        self.telemetry.add_stage("decoding", time.perf_counter() - self._denoise_end)
+
+    def finish(self) -> RunTelemetry:
+        self._sample()
+        self.telemetry.peak = self._peak
+        self.telemetry.total_seconds = self.elapsed()
+        self.emit("done", "done")
+        return self.telemetry
+
+
+def _max_or_none(a: float | None, b: float | None) -> float | None:
+    values = [v for v in (a, b) if v is not None]
+    return max(values) if values else None
+
+
+def memory_sample_dict(sample: MemorySample) -> dict:
+    return {**asdict(sample), "label": sample.label}

@@ -1,0 +1,31 @@
+"""Shared fixtures: every test runs on the embedded tiny model, generated once per session into a temp home."""
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Before ghostedit is imported anywhere: the tiny model and caches go to a fresh folder for this session.
+os.environ.setdefault("GHOSTEDIT_HOME", tempfile.mkdtemp(prefix="ghostedit-test-home-"))
+
+REPO = Path(__file__).resolve().parent.parent
+ASSETS = REPO / "assets" / "examples"
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from ghostedit.engine import Engine
+    return Engine("tiny", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def house():
+    from PIL import Image
+    return Image.open(ASSETS / "house.png").convert("RGB")
+
+
+@pytest.fixture(scope="session")
+def artifacts():
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS

@@ -1,0 +1,208 @@
+"""The engine on the tiny model: edits, the prepared-pipeline cache, LoRA, FP8, compile, telemetry."""
+import threading
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from ghostedit import EditRequest, LoraChoice, OptimizationConfig
+from ghostedit.device import UnavailableOptionError
+from ghostedit.engine import Engine
+from ghostedit.metrics import compare_images
+from ghostedit.models.tiny import ensure_foreign_lora, ensure_tiny_lora
+from ghostedit.optimize.lora import LoraError
+from ghostedit.tensors import linear_weight_bytes
+
+SMALL = dict(width=128, height=128, steps=3)
+
+
+def request(image, **overrides):
+    return EditRequest(images=[image], prompt="make it a haunted house", **{**SMALL, **overrides})
+
+
+def pixels(result):
+    return np.asarray(result.image, dtype=np.int16)
+
+
+def mean_abs(a, b):
+    return float(np.abs(pixels(a) - pixels(b)).mean())
+
+
+def lora(style="peft", mode="fused", scale=1.0):
+    return LoraChoice.from_file(ensure_tiny_lora(style), scale, mode)
+
+
+def test_default_edit_returns_requested_size(engine, house):
+    result = engine.run(EditRequest(images=[house], prompt="make it night", width=256, height=192, steps=4))
+    assert result.image.size == (256, 192)
+    assert result.telemetry.total_seconds > 0
+
+
+def test_size_defaults_to_input_aspect_within_model_area(engine):
+    from PIL import Image
+    wide = Image.new("RGB", (800, 400), (200, 30, 30))
+    result = engine.run(EditRequest(images=[wide], prompt="make it blue", steps=1))
+    width, height = result.image.size
+    assert width % 16 == 0 and height % 16 == 0
+    assert width / height == pytest.approx(2, rel=0.1)
+    assert width * height <= engine.spec.default_area * 1.1
+
+
+def test_same_seed_same_image_other_seed_differs(engine, house):
+    first = engine.run(request(house, seed=7))
+    again = engine.run(request(house, seed=7))
+    other = engine.run(request(house, seed=8))
+    assert np.array_equal(pixels(first), pixels(again))
+    assert mean_abs(first, other) > 1.0
+
+
+def test_same_config_is_a_cache_hit_without_second_load(engine, house):
+    config = OptimizationConfig(attention="sdpa-math")
+    first = engine.run(request(house), config)
+    loads = engine.load_count
+    second = engine.run(request(house), config)
+    other = engine.run(request(house), OptimizationConfig(attention="sdpa-flash"))
+    assert first.telemetry.cache_hit is False
+    assert second.telemetry.cache_hit is True
+    assert other.telemetry.cache_hit is False
+    assert engine.load_count == loads == 1
+    assert "load" not in second.telemetry.stages and "prepare" not in second.telemetry.stages
+
+
+def test_fused_and_runtime_lora_agree_and_differ_from_no_lora(engine, house):
+    plain = engine.run(request(house))
+    fused = engine.run(request(house), OptimizationConfig(lora=lora("peft", "fused")))
+    runtime = engine.run(request(house), OptimizationConfig(lora=lora("kohya", "runtime")))
+    assert mean_abs(fused, plain) > 2.0 and mean_abs(runtime, plain) > 2.0
+    assert compare_images(fused.image, runtime.image)["psnr_db"] > 30
+    assert "24 layers matched" in fused.prepared_report["lora"]
+
+
+def test_runtime_lora_scale_changes_without_reprepare(engine, house):
+    half = engine.run(request(house), OptimizationConfig(lora=lora(mode="runtime", scale=0.5)))
+    zero = engine.run(request(house), OptimizationConfig(lora=lora(mode="runtime", scale=0.0)))
+    plain = engine.run(request(house))
+    assert zero.telemetry.cache_hit is True
+    assert np.abs(pixels(zero) - pixels(plain)).max() <= 2
+    assert mean_abs(half, plain) > 1.0
+
+
+def test_lora_matching_zero_layers_is_an_error(engine, house):
+    config = OptimizationConfig(lora=LoraChoice.from_file(ensure_foreign_lora()))
+    with pytest.raises(LoraError, match="matched 0 layers"):
+        engine.run(request(house), config)
+
+
+def test_failed_prepare_leaves_cache_and_base_intact(engine, house):
+    engine.run(request(house))
+    cached = [entry["config"] for entry in engine.cached()]
+    base = {name: p.detach().clone() for name, p in engine.load().dit.named_parameters()}
+    with pytest.raises(LoraError):
+        engine.run(request(house), OptimizationConfig(lora=LoraChoice.from_file(ensure_foreign_lora()), fp8="storage"))
+    assert [entry["config"] for entry in engine.cached()] == cached
+    for name, p in engine.load().dit.named_parameters():
+        assert torch.equal(p, base[name]), name
+
+
+def test_fused_lora_does_not_touch_base_weights(engine, house):
+    before = {name: p.detach().clone() for name, p in engine.load().dit.named_parameters()}
+    engine.run(request(house), OptimizationConfig(lora=lora(scale=0.7)))
+    for name, p in engine.load().dit.named_parameters():
+        assert torch.equal(p, before[name]), name
+
+
+def test_fp8_storage_halves_weight_bytes_and_stays_close(engine, house):
+    bf16 = engine.run(request(house))
+    fp8 = engine.run(request(house), OptimizationConfig(fp8="storage"))
+    prepared, _ = engine.prepare(OptimizationConfig(fp8="storage"))
+    base_bytes = linear_weight_bytes(engine.load().dit)
+    fp8_bytes = linear_weight_bytes(prepared.dit)
+    assert fp8_bytes < 0.56 * base_bytes  # half, plus per-row scales
+    assert compare_images(fp8.image, bf16.image)["psnr_db"] > 25
+    assert "in FP8 (storage)" in fp8.prepared_report["fp8"]
+
+
+def test_regional_compile_matches_eager(engine, house):
+    eager = engine.run(request(house))
+    compiled = engine.run(request(house), OptimizationConfig(compile="regional"))
+    assert compiled.telemetry.stages["compile warm-up"] > 0
+    assert not compiled.telemetry.notes
+    assert compare_images(compiled.image, eager.image)["psnr_db"] > 30
+    again = engine.run(request(house), OptimizationConfig(compile="regional"))
+    assert "compile warm-up" not in again.telemetry.stages
+
+
+@pytest.mark.parametrize("config, reason", [
+    (OptimizationConfig(fp8="torchao"), "needs a CUDA GPU"),
+    (OptimizationConfig(attention="fa3"), "needs a CUDA GPU"),
+    (OptimizationConfig(attention="sdpa-cudnn"), "needs a CUDA GPU"),
+    (OptimizationConfig(fp8="te"), "needs a CUDA GPU"),
+])
+def test_unavailable_option_raises_with_reason(engine, house, config, reason):
+    assert not all(choice.ok for choice in engine.options()["fp8"].values())
+    with pytest.raises(UnavailableOptionError, match=reason):
+        engine.run(request(house), config)
+
+
+def test_progress_fires_once_per_step_in_order(engine, house):
+    events = []
+    engine.run(request(house, steps=5), on_progress=events.append)
+    steps = [e.step for e in events if e.stage == "denoising" and e.step_seconds is not None]
+    assert steps == [1, 2, 3, 4, 5]
+    final = [e for e in events if e.stage == "denoising" and e.step_seconds is not None][-1]
+    assert final.total_steps == 5 and final.eta == 0
+    assert final.memory.kind == "host" and final.memory.label == "host memory (process RSS)"
+
+
+def test_telemetry_has_every_stage(house):
+    fresh = Engine("tiny", device="cpu")
+    result = fresh.run(request(house), OptimizationConfig(compile="regional"))
+    summary = result.telemetry.summary()
+    assert list(summary["stages_s"]) == ["load", "prepare", "compile warm-up", "image encoding", "text encoding",
+                                         "denoising", "decoding"]
+    assert set(summary["prepare_steps_s"]) == {"copy", "quantize", "compile"}
+    assert all(seconds > 0 for seconds in summary["stages_s"].values())
+    assert len(summary["step_s"]) == SMALL["steps"]
+    assert summary["total_s"] >= sum(summary["stages_s"].values()) * 0.99
+    assert summary["peak_host_rss_gib"] > 0
+
+
+def test_lru_budget_evicts_and_frees(house):
+    small = Engine("tiny", device="cpu", cache_budget_gib=1e-6)  # room for one prepared variant only
+    small.run(request(house), OptimizationConfig(fp8="storage"))
+    prepared, _ = small.prepare(OptimizationConfig(fp8="storage"))
+    evicted_dit = weakref.ref(prepared.dit)
+    del prepared
+    small.run(request(house), OptimizationConfig(lora=lora()))
+    assert [entry["config"] for entry in small.cached()] == [OptimizationConfig(lora=lora()).label]
+    assert evicted_dit() is None  # really freed, not just forgotten
+    assert small.run(request(house), OptimizationConfig(fp8="storage")).telemetry.cache_hit is False
+
+
+def test_concurrent_callers_are_serialized(engine, house):
+    results, errors = {}, []
+
+    def edit(seed):
+        try:
+            results[seed] = engine.run(request(house, seed=seed, steps=2))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=edit, args=(seed,)) for seed in (1, 2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for seed, result in results.items():
+        assert np.array_equal(pixels(result), pixels(engine.run(request(house, seed=seed, steps=2))))
+
+
+def test_multi_image_edit(engine, house):
+    from PIL import Image
+    from conftest import ASSETS
+    portrait = Image.open(ASSETS / "portrait.png")
+    result = engine.run(EditRequest(images=[house, portrait, house], prompt="put the person in front of the house",
+                                    **SMALL))
+    assert result.image.size == (128, 128) and len(result.inputs) == 3
