@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -21,7 +22,8 @@ from .config import EditRequest, OptimizationConfig
 from .device import Availability, UnavailableOptionError, default_device, empty_cache
 from .models import ModelSpec, availability as model_availability, load_base_pipeline, resolve
 from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt
-from .telemetry import ProgressCallback, RunRecorder, RunTelemetry
+from .paths import ghostedit_home
+from .telemetry import ProgressCallback, RunCancelled, RunRecorder, RunTelemetry
 from .tensors import storage_bytes, storage_pointers
 
 GIB = 1024**3
@@ -199,24 +201,63 @@ class Engine:
     # ---- runs ----
 
     def run(self, request: EditRequest, config: OptimizationConfig = OptimizationConfig(),
-            on_progress: ProgressCallback | None = None) -> EditResult:
+            on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None) -> EditResult:
+        """One edit. `on_progress` gets a ProgressEvent at every stage and step; setting `cancel` stops the run at
+        the next stage or step boundary with RunCancelled."""
         with self._lock:
-            recorder = RunRecorder(self.device, on_progress)
-            prepared, hit = self.prepare(config, recorder)
-            recorder.telemetry.cache_hit = hit
-            recorder.telemetry.notes.extend(prepared.warnings)
-            width, height, inputs = self._fit_inputs(request)
-            backend = self._resolve_attention(config.attention, prepared, width, height, inputs)
-            if lora_opt.has_runtime_lora(prepared.dit):
-                lora_opt.set_runtime_lora_scale(prepared.dit, config.lora.scale)
-            with attention.active(backend), _instrumented(prepared, recorder):
-                image = prepared.pipe(prompt=request.prompt, negative_prompt=request.negative_prompt,
-                                      cfg_scale=request.cfg_scale, edit_image=inputs, edit_image_auto_resize=False,
-                                      height=height, width=width, seed=request.seed,
-                                      num_inference_steps=request.steps, progress_bar_cmd=recorder.timed_steps)
-                recorder.decoding_done()
-            telemetry = recorder.finish()
-            return EditResult(image, inputs, request, config, width, height, backend, dict(prepared.report), telemetry)
+            recorder = RunRecorder(self.device, on_progress, cancel)
+            try:
+                return self._run(request, config, recorder)
+            except RunCancelled:
+                gc.collect()
+                empty_cache(self.device)
+                raise
+
+    def _run(self, request: EditRequest, config: OptimizationConfig, recorder: RunRecorder) -> EditResult:
+        prepared, hit = self.prepare(config, recorder)
+        recorder.telemetry.cache_hit = hit
+        recorder.telemetry.notes.extend(prepared.warnings)
+        width, height, inputs = self._fit_inputs(request)
+        backend = self._resolve_attention(config.attention, prepared, width, height, inputs)
+        if lora_opt.has_runtime_lora(prepared.dit):
+            lora_opt.set_runtime_lora_scale(prepared.dit, config.lora.scale)
+        with attention.active(backend), _instrumented(prepared, recorder):
+            image = prepared.pipe(prompt=request.prompt, negative_prompt=request.negative_prompt,
+                                  cfg_scale=request.cfg_scale, edit_image=inputs, edit_image_auto_resize=False,
+                                  height=height, width=width, seed=request.seed,
+                                  num_inference_steps=request.steps, progress_bar_cmd=recorder.timed_steps)
+            recorder.decoding_done()
+        telemetry = recorder.finish()
+        if not hit:
+            self._remember_prepare_time(config, telemetry)
+        return EditResult(image, inputs, request, config, width, height, backend, dict(prepared.report), telemetry)
+
+    # ---- how long preparing takes, as measured on this machine before ----
+
+    def _prepare_times_file(self):
+        return ghostedit_home() / "prepare-times.json"
+
+    def _prepare_time_key(self, config: OptimizationConfig) -> str:
+        device = torch.cuda.get_device_name() if self.device.startswith("cuda") else "cpu"
+        return f"{self.spec.source} | {device} | {config.cache_key.label}"
+
+    def _remember_prepare_time(self, config: OptimizationConfig, telemetry: RunTelemetry) -> None:
+        seconds = telemetry.stages.get("prepare", 0.0) + telemetry.stages.get("compile warm-up", 0.0)
+        path = self._prepare_times_file()
+        times = json.loads(path.read_text()) if path.exists() else {}
+        times[self._prepare_time_key(config)] = seconds
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(times, indent=1))
+
+    def expected_prepare_seconds(self, config: OptimizationConfig) -> float | None:
+        """Preparation plus compile warm-up as last measured here for this configuration; None if never measured,
+        0 if it is prepared and warm now."""
+        with self._lock:
+            if config.cache_key in self._prepared and (config.compile == "off" or self._prepared[config.cache_key].warmed_shapes):
+                return 0.0
+        path = self._prepare_times_file()
+        times = json.loads(path.read_text()) if path.exists() else {}
+        return times.get(self._prepare_time_key(config))
 
     def _fit_inputs(self, request: EditRequest):
         first = image_utils.to_rgb(request.images[0])

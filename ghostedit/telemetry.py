@@ -129,11 +129,17 @@ class RunTelemetry:
         }
 
 
-class RunRecorder:
-    """Times stages and steps of one run, tracks memory peaks and forwards progress to a callback."""
+class RunCancelled(RuntimeError):
+    """The caller cancelled the run; it stopped at a step boundary."""
 
-    def __init__(self, device: str, on_progress: ProgressCallback | None = None):
+
+class RunRecorder:
+    """Times stages and steps of one run, tracks memory peaks, forwards progress to a callback, and stops the run
+    at the next step boundary once `cancel` is set."""
+
+    def __init__(self, device: str, on_progress: ProgressCallback | None = None, cancel=None):
         self.device = device
+        self.cancel = cancel
         self.telemetry = RunTelemetry(device)
         self.on_progress = on_progress
         self.probe = MemoryProbe(device)
@@ -161,6 +167,10 @@ class RunRecorder:
         )
         return now
 
+    def check_cancelled(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise RunCancelled(f"cancelled after {self._steps_done} of {self.total_steps} steps")
+
     def emit(self, stage: str, message: str = "", step_seconds: float | None = None) -> None:
         memory = self._sample()
         if self.on_progress is None:
@@ -174,6 +184,7 @@ class RunRecorder:
     @contextlib.contextmanager
     def stage(self, name: str, message: str = "", into_prepare: bool = False):
         """Time a stage; `into_prepare` files it as a named prepare step (fuse, quantize, compile...)."""
+        self.check_cancelled()
         self.emit("preparing" if into_prepare else name, message or name)
         synchronize(self.device)
         start = time.perf_counter()
@@ -198,6 +209,7 @@ class RunRecorder:
         self._steps_done = 0
         self.emit("denoising", f"step 0/{self.total_steps}")
         for timestep in timesteps:
+            self.check_cancelled()
             synchronize(self.device)
             start = time.perf_counter()
             self._excluded_from_step = 0.0

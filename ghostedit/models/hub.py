@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..paths import ghostedit_home
+
 # (DiffSynth's model, file pattern inside the repo or folder)
 WEIGHT_FILES = (
     ("dit", "transformer/diffusion_pytorch_model*.safetensors"),
@@ -51,7 +53,7 @@ def load_pretrained_pipeline(spec, device: str, torch_dtype: torch.dtype):
     if spec.kind == "local":
         model_configs, tokenizer_config, processor_config = _local_configs(Path(spec.source))
     else:
-        os.environ.setdefault("DIFFSYNTH_MODEL_BASE_PATH", str(Path("~/.cache/ghostedit/hub").expanduser()))
+        os.environ.setdefault("DIFFSYNTH_MODEL_BASE_PATH", str(ghostedit_home() / "hub"))
         model_configs, tokenizer_config, processor_config = _hub_configs(spec.source)
     try:
         return QwenImagePipeline.from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,

@@ -12,7 +12,7 @@ import torch
 
 from ..device import Availability, needs_cuda
 from .processor import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, load_processor, special_token_ids, write_processor
-from .tiny import ghostedit_home
+from ..paths import ghostedit_home
 
 # bf16 weights: DiT 38 GiB + text encoder 15.5 GiB + VAE, plus room for activations
 MIN_GPU_GIB = 64
