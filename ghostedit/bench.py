@@ -53,9 +53,12 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
     }
 
 
-def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, on_row=None) -> list[dict]:
+def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, one_at_a_time: bool = False,
+              on_row=None) -> list[dict]:
     rows = []
     for config in configs:
+        if one_at_a_time:
+            engine.free()
         row = bench_configuration(engine, request, config, repeats)
         baseline = rows[0] if rows else row
         row["speedup_step"] = baseline["s_per_step"] / row["s_per_step"]
@@ -106,16 +109,19 @@ def cmd_bench(args) -> int:
     from .device import UnavailableOptionError
     from .engine import Engine
 
-    engine = Engine(args.model, device=args.device)
+    engine = Engine(args.model, device=args.device, host_memory=args.host_memory)
     configs = [OptimizationConfig.parse(text) for text in args.configs]
     for config in configs:  # refuse up front, with the reason, rather than after an hour of benchmarking
         try:
             engine.check(config)
         except UnavailableOptionError as error:
             raise SystemExit(f"{config.label}: {error}")
+    if args.level == "dit":
+        from .bench_dit import cmd_bench_dit
+        return cmd_bench_dit(args, engine, configs)
     args.image = args.image or [str(DEFAULT_IMAGE)]
     request = request_from_args(args, engine.spec.default_steps)
-    rows = run_bench(engine, request, configs, args.repeats,
+    rows = run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
                      on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
                                               f"{row['end_to_end_s']:.2f} s end to end", flush=True))
     context = {"model": engine.spec.source, "device": engine.device, "steps": request.steps,
@@ -160,7 +166,18 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--width", type=int, default=None)
     bench.add_argument("--height", type=int, default=None)
-    bench.add_argument("--repeats", type=int, default=2, help="warm runs per configuration after the cold one")
+    bench.add_argument("--repeats", type=int, default=2,
+                       help="pipeline: warm runs per configuration after the cold one; dit: timed forwards")
+    bench.add_argument("--level", choices=("pipeline", "dit"), default="pipeline",
+                       help="pipeline: whole edits; dit: one DiT forward at the edit's shape (CUDA events)")
+    bench.add_argument("--text-tokens", type=int, default=256, help="dit level: prompt tokens")
+    bench.add_argument("--experiments", action="store_true",
+                       help="dit level: also time CFG batching and a CUDA graph of the last configuration")
+    bench.add_argument("--host-memory", nargs="*", default=(), choices=("base-dit", "text-encoder"),
+                       help="keep these in host memory instead of on the device (see optimize/offload.py)")
+    bench.add_argument("--one-at-a-time", action="store_true",
+                       help="pipeline level: free prepared pipelines before each configuration, so each "
+                            "configuration's memory peak is its own")
     bench.add_argument("--out-dir", default="bench-results")
     bench.add_argument("--title", default=None)
     bench.set_defaults(run=cmd_bench)

@@ -6,8 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-from PIL import Image
-
 from .config import ATTENTION_BACKENDS, COMPILE_MODES, FP8_MODES, LORA_MODES, EditRequest, LoraChoice, OptimizationConfig
 
 
@@ -30,7 +28,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def request_from_args(args, default_steps: int) -> EditRequest:
-    return EditRequest(images=[Image.open(path) for path in args.image], prompt=args.prompt,
+    return EditRequest(images=args.image, prompt=args.prompt,
                        negative_prompt=args.negative_prompt, steps=args.steps or default_steps, cfg_scale=args.cfg,
                        seed=args.seed, width=args.width, height=args.height)
 

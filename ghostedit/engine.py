@@ -5,11 +5,13 @@ One job runs on the device at a time; every public method takes the engine's loc
 """
 from __future__ import annotations
 
-import copy
 import gc
 import json
+import logging
+import re
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -18,11 +20,13 @@ import torch
 from PIL import Image
 
 from . import images as image_utils
-from .config import EditRequest, OptimizationConfig
+from .config import SIZE_RANGE, EditRequest, OptimizationConfig
 from .device import Availability, UnavailableOptionError, default_device, empty_cache
+from .errors import GpuOutOfMemoryError
 from .models import ModelSpec, availability as model_availability, load_base_pipeline, resolve
-from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt
+from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt, offload, rewrites
 from .paths import ghostedit_home
+from .recipe import prepare_dit
 from .telemetry import ProgressCallback, RunCancelled, RunRecorder, RunTelemetry
 from .tensors import storage_bytes, storage_pointers
 
@@ -31,6 +35,10 @@ GIB = 1024**3
 UNIT_STAGES = {"QwenImageUnit_PromptEmbedder": "text encoding", "QwenImageUnit_EditImageEmbedder": "image encoding"}
 # Text tokens assumed when timing attention backends for "auto" before the prompt is encoded
 AUTO_ATTENTION_TEXT_TOKENS = 256
+OUT_OF_MEMORY_RETRY_NOTE = ("ran out of GPU memory on the first try: every cached pipeline was freed and the edit "
+                            "was run again")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,9 +71,12 @@ class EditResult:
 
 class Engine:
     def __init__(self, source: str = "tiny", device: str | None = None, cache_budget_gib: float | None = None,
-                 torch_dtype: torch.dtype = torch.bfloat16):
+                 torch_dtype: torch.dtype = torch.bfloat16, host_memory: tuple[str, ...] = ()):
+        """`host_memory` names what stays in host memory instead of on the device (see optimize/offload.py):
+        "base-dit" and/or "text-encoder". Both together let an FP8 DiT run on a 24 GB card."""
         self.spec: ModelSpec = resolve(source)
         self.device = device or default_device()
+        self.host_memory = offload.checked(host_memory)
         self.torch_dtype = torch_dtype
         self.cache_budget_gib = cache_budget_gib
         self._lock = threading.RLock()
@@ -78,11 +89,13 @@ class Engine:
 
     def options(self) -> dict[str, dict[str, Availability]]:
         """Every toggle's choices with whether each can run on this machine, and why not."""
-        from .config import ATTENTION_BACKENDS, COMPILE_MODES, FP8_MODES
+        from .config import ATTENTION_BACKENDS, COMPILE_MODES, FP8_MODES, REWRITES
+        compile_ok = compile_opt.availability("regional", self.device)
         return {
             "fp8": {mode: fp8.availability(mode, self.device) for mode in FP8_MODES},
             "attention": {name: attention.availability(name, self.device) for name in ATTENTION_BACKENDS},
             "compile": {mode: compile_opt.availability(mode, self.device) for mode in COMPILE_MODES},
+            "rewrites": {name: compile_ok if name == "inductor-cdt" else Availability.yes() for name in REWRITES},
         }
 
     def check(self, config: OptimizationConfig) -> None:
@@ -104,52 +117,35 @@ class Engine:
                 with recorder.stage("load", f"loading {self.spec.description}"):
                     self._base = load_base_pipeline(self.spec, self.device, self.torch_dtype)
                     attention.install()
+                    offload.keep_in_host_memory(self._base, self.host_memory, self.device)
                 self._base_pointers = storage_pointers(self._base.dit)
                 self.load_count += 1
             return self._base
 
     def prepare(self, config: OptimizationConfig, recorder: RunRecorder | None = None) -> tuple[PreparedPipeline, bool]:
-        """The prepared pipeline for `config` and whether it came from the cache."""
+        """The prepared pipeline for `config` and whether it came from the cache. Out of GPU memory, it frees every
+        prepared pipeline and tries once more, as run does."""
+        with self._lock:
+            return self._recovering_memory(lambda: self._prepare(config, recorder or RunRecorder(self.device)),
+                                           f"preparing {config.label}")[0]
+
+    def _prepare(self, config: OptimizationConfig, recorder: RunRecorder) -> tuple[PreparedPipeline, bool]:
         self.check(config)
         with self._lock:
             key = config.cache_key
             if key in self._prepared:
                 self._prepared.move_to_end(key)
                 return self._prepared[key], True
-            recorder = recorder or RunRecorder(self.device)
             prepared = self._build(key, recorder, self.load(recorder))
             self._prepared[key] = prepared
             self._evict_over_budget(keep=key)
             return prepared, False
 
     def _build(self, config: OptimizationConfig, recorder: RunRecorder, base) -> PreparedPipeline:
-        """The recipe, one named step per toggle: lossless steps (LoRA, compile) and the lossy one (FP8) apart.
-        Works on a copy that shares the base's tensors and only ever replaces them, so a failure leaves the base
-        and the cache as they were."""
-        report = {}
-        with recorder.stage("copy", "copying the DiT (weights shared)", into_prepare=True):
-            dit = _clone_sharing_weights(base.dit)
-        if config.lora is not None:
-            with recorder.stage("read LoRA", "reading the LoRA", into_prepare=True):
-                matched = lora_opt.match_lora(dit, lora_opt.read_lora_file(config.lora.path))
-            if config.lora.mode == "fused":
-                with recorder.stage("fuse LoRA", "fusing the LoRA into bf16 weights", into_prepare=True):
-                    lora_opt.fuse_lora(dit, matched, config.lora.scale)
-            else:
-                with recorder.stage("attach LoRA", "attaching runtime LoRA layers", into_prepare=True):
-                    lora_opt.attach_runtime_lora(dit, matched)
-            report["lora"] = f"{config.lora.name}: {matched.report}, {config.lora.mode}"
-        # Lossy: FP8 comes after any fusing, so a LoRA is merged into bf16 weights, never into quantized ones.
-        with recorder.stage("quantize", "quantizing to FP8", into_prepare=True):
-            report["fp8"] = fp8.apply_fp8(dit, config.fp8).text
-        if config.compile != "off":
-            with recorder.stage("compile", "setting up torch.compile", into_prepare=True):
-                blocks = compile_opt.compile_regions(dit, config.compile)
-            report["compile"] = f"{config.compile}: {blocks} transformer blocks (compiled on first call)"
+        dit, report = prepare_dit(base.dit, config, recorder, self.device)
         report["attention"] = self._attention_words(config.attention)
-        pipe = _pipeline_with_dit(base, dit)
-        return PreparedPipeline(config, pipe, storage_bytes(dit, exclude=self._base_pointers), report,
-                                dict(recorder.telemetry.prepare_steps))
+        return PreparedPipeline(config, _pipeline_with_dit(base, dit), storage_bytes(dit, exclude=self._base_pointers),
+                                report, dict(recorder.telemetry.prepare_steps))
 
     def _attention_words(self, backend: str) -> str:
         if backend == "diffsynth":
@@ -203,21 +199,55 @@ class Engine:
     def run(self, request: EditRequest, config: OptimizationConfig = OptimizationConfig(),
             on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None) -> EditResult:
         """One edit. `on_progress` gets a ProgressEvent at every stage and step; setting `cancel` stops the run at
-        the next stage or step boundary with RunCancelled."""
+        the next stage or step boundary with RunCancelled. Out of GPU memory while preparing or running, every
+        prepared pipeline is freed and the edit run once more (its telemetry notes say so); a second failure raises
+        GpuOutOfMemoryError. After a failure or a cancel, the run's memory is free when the error reaches the
+        caller, and the engine serves the next request as usual."""
+        size = f"{request.width}x{request.height}" if request.width else "default-size"
         with self._lock:
-            recorder = RunRecorder(self.device, on_progress, cancel)
-            try:
-                return self._run(request, config, recorder)
-            except RunCancelled:
-                gc.collect()
-                empty_cache(self.device)
-                raise
+            result, retried = self._recovering_memory(
+                lambda: self._run(request, config, RunRecorder(self.device, on_progress, cancel)),
+                f"running a {size} edit with {config.label}")
+        if retried:
+            result.telemetry.notes.append(OUT_OF_MEMORY_RETRY_NOTE)
+        return result
+
+    def _recovering_memory(self, attempt, what: str):
+        """`attempt()` and whether it was retried after running out of memory, with every prepared pipeline freed
+        in between. Out-of-memory and cancel errors leave without their traceback: its frames hold the failed
+        attempt's tensors, which must be freed before the retry, not whenever the caller drops the error."""
+        result, error = _outcome(attempt)
+        retried = isinstance(error, torch.OutOfMemoryError)
+        if retried:
+            self._free_after_out_of_memory()
+            result, error = _outcome(attempt)
+        if isinstance(error, torch.OutOfMemoryError):
+            self._free_after_out_of_memory()
+            error = GpuOutOfMemoryError(self._out_of_memory_message(what, error))
+        if error is not None:
+            gc.collect()
+            empty_cache(self.device)
+            raise error
+        return result, retried
+
+    def _free_after_out_of_memory(self) -> None:
+        freed = self.free()
+        logger.warning("out of memory: freed %.2f GiB of prepared pipelines", freed / GIB)
+
+    def _out_of_memory_message(self, what: str, error: torch.OutOfMemoryError) -> str:
+        memory = "GPU memory" if self.device.startswith("cuda") else "memory"
+        wanted = re.search(r"Tried to allocate ([\d.]+ \w+)", str(error))
+        needed = f" (it needed another {wanted[1]})" if wanted else ""
+        return (f"out of {memory} while {what}{needed}: GhostEdit freed every cached pipeline and tried once more, "
+                "and it still did not fit. Try a smaller output size, fewer input images, or FP8 storage weights")
 
     def _run(self, request: EditRequest, config: OptimizationConfig, recorder: RunRecorder) -> EditResult:
-        prepared, hit = self.prepare(config, recorder)
+        prepared, hit = self._prepare(config, recorder)
         recorder.telemetry.cache_hit = hit
         recorder.telemetry.notes.extend(prepared.warnings)
         width, height, inputs = self._fit_inputs(request)
+        recorder.telemetry.notes.extend(f"input image {index}: {note}" for index, image in enumerate(request.images, 1)
+                                        for note in image_utils.image_notes(image))
         backend = self._resolve_attention(config.attention, prepared, width, height, inputs)
         if lora_opt.has_runtime_lora(prepared.dit):
             lora_opt.set_runtime_lora_scale(prepared.dit, config.lora.scale)
@@ -260,12 +290,14 @@ class Engine:
         return times.get(self._prepare_time_key(config))
 
     def _fit_inputs(self, request: EditRequest):
-        first = image_utils.to_rgb(request.images[0])
-        if request.width and request.height:
+        """The output size (the request's, else the first image's aspect ratio at the model's default area) and the
+        inputs (RGB, checked by EditRequest) resized to about that area, each keeping its aspect ratio."""
+        max_side = SIZE_RANGE[1]
+        if request.width:
             width, height = request.width, request.height
         else:
-            width, height = image_utils.size_for_area(*first.size, self.spec.default_area)
-        inputs = [image_utils.fit(image, image_utils.size_for_area(*image.size, width * height))
+            width, height = image_utils.size_for_area(*request.images[0].size, self.spec.default_area, max_side)
+        inputs = [image_utils.fit(image, image_utils.size_for_area(*image.size, width * height, max_side))
                   for image in request.images]
         return width, height, inputs
 
@@ -281,12 +313,16 @@ class Engine:
         return winner
 
 
-def _clone_sharing_weights(module: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the module tree whose parameters are new Parameter objects over the same storage: replacing a
-    weight in the copy (fusing, quantizing) leaves the original untouched, and unchanged weights cost nothing."""
-    memo = {id(p): torch.nn.Parameter(p.data, requires_grad=False) for p in module.parameters()}
-    memo.update({id(b): b for b in module.buffers()})
-    return copy.deepcopy(module, memo)
+def _outcome(attempt):
+    """(result, None), or (None, error) for running out of memory or being cancelled, the error detached from the
+    frames of the failed attempt (its traceback and any exception it interrupted)."""
+    try:
+        return attempt(), None
+    except (torch.OutOfMemoryError, RunCancelled) as error:
+        if isinstance(error, torch.OutOfMemoryError):
+            logger.warning("out of memory:\n%s", traceback.format_exc())  # text only: a record would keep the frames
+        error.__traceback__ = error.__context__ = error.__cause__ = None
+        return None, error
 
 
 def _pipeline_with_dit(base, dit):
@@ -335,13 +371,14 @@ class _instrumented:
     def _warm_up(self, inputs):
         start = time.perf_counter()
         try:
-            with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"):
+            with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"), \
+                    rewrites.compile_settings(self.prepared.config.rewrites):
                 self.model_fn(**inputs)
         except Exception as error:
             if not compile_opt.is_compile_error(error):
                 raise
             compile_opt.revert_to_eager(self.prepared.dit)
-            warning = (f"torch.compile failed ({type(error).__name__}: {str(error).splitlines()[0][:300]}); "
+            warning = (f"torch.compile failed ({type(error).__name__}: {compile_opt.compile_error_summary(error)}); "
                        "this configuration runs in eager mode")
             self.prepared.warnings.append(warning)
             self.prepared.report["compile"] = "failed: eager"

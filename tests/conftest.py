@@ -29,3 +29,11 @@ def house():
 def artifacts():
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def app(tmp_path_factory):
+    """The real app on the tiny model, served on 127.0.0.1 for the API and browser tests."""
+    from app_server import running_app
+    with running_app(tmp_path_factory.mktemp("app")) as running:
+        yield running

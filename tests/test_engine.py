@@ -161,7 +161,7 @@ def test_telemetry_has_every_stage(house):
     summary = result.telemetry.summary()
     assert list(summary["stages_s"]) == ["load", "prepare", "compile warm-up", "image encoding", "text encoding",
                                          "denoising", "decoding"]
-    assert set(summary["prepare_steps_s"]) == {"copy", "quantize", "compile"}
+    assert set(summary["prepare_steps_s"]) == {"copy", "quantize", "to device", "compile"}
     assert all(seconds > 0 for seconds in summary["stages_s"].values())
     assert len(summary["step_s"]) == SMALL["steps"]
     assert summary["total_s"] >= sum(summary["stages_s"].values()) * 0.99

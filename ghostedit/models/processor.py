@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-from transformers import Qwen2Tokenizer, Qwen2VLImageProcessor
+from transformers import Qwen2Tokenizer, Qwen2VLImageProcessor, Qwen2VLProcessor
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
@@ -143,3 +143,8 @@ def special_token_ids(folder_or_processor) -> dict:
         "video_token_id": token_id("<|video_pad|>"),
         "vocab_size": len(tokenizer),
     }
+
+
+def load_processor(folder: Path) -> Qwen2VLProcessor:
+    """The processor written by write_processor, loaded the way DiffSynth loads Qwen's."""
+    return Qwen2VLProcessor.from_pretrained(str(folder))

@@ -20,9 +20,10 @@ from diffsynth.models.qwen_image_vae import QwenImageVAE
 from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 
-from ghostedit.models.processor import special_token_ids, write_processor
+from ..paths import ghostedit_home  # re-exported: $GHOSTEDIT_HOME or ~/.cache/ghostedit
+from .processor import special_token_ids, write_processor
 
-TINY_MODEL_NAME = "tiny-v1"  # bump when the generated files change
+TINY_MODEL_NAME = "tiny-v2"  # bump whenever the generated files change: caches keep old versions
 SEED = 20260101
 
 # DiT: 64 wide, 2 heads x 32, 2 blocks; rope axes are even and sum to the head dim.
@@ -45,7 +46,8 @@ TEXT_MROPE_SECTION = [4, 6, 6]
 VISION_DIM = 32
 VISION_DEPTH = 2
 
-VAE_KWARGS = {"base_dim": 16, "z_dim": 16, "num_res_blocks": 1}
+# The VAE dominates a tiny edit (its full-resolution stage); base width 8 halves the edit time of width 16.
+VAE_KWARGS = {"base_dim": 8, "z_dim": 16, "num_res_blocks": 1}
 
 # The text encoder's vision tower sees at most 8x8 patches of 14 px (16 tokens after the 2x2 merge).
 TINY_MIN_PIXELS = 56 * 56
@@ -55,12 +57,12 @@ FILES = {"dit": "dit.safetensors", "text_encoder": "text_encoder.safetensors", "
 PROCESSOR_DIR = "processor"
 
 # What the generated files hold (checked by tests/test_tiny_model.py).
-TINY_PARAM_COUNTS = {"dit": 340_480, "text_encoder": 226_272, "vae": 2_577_987}
-TINY_FILE_BYTES = {"dit": 688_864, "text_encoder": 458_744, "vae": 5_171_766, "processor": 12_137}
+TINY_PARAM_COUNTS = {"dit": 340_480, "text_encoder": 226_272, "vae": 668_043}
+TINY_FILE_BYTES = {"dit": 688_864, "text_encoder": 458_744, "vae": 1_351_638, "processor": 12_137}
 
 LORA_RANK = 4
 LORA_ALPHA = LORA_RANK / 2  # kohya files carry it; the delta is scaled by alpha / rank
-LORA_STD = 0.2  # an edit with the LoRA at scale 1 moves pixels by ~10 levels on average
+LORA_STD = 0.25  # an edit with the LoRA at scale 1 moves pixels by ~8 levels on average
 LORA_TARGETS = (
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
@@ -116,10 +118,6 @@ def tiny_text_encoder_config(token_ids: dict) -> Qwen2_5_VLConfig:
         },
         **ids,
     )
-
-
-def ghostedit_home() -> Path:
-    return Path(os.environ.get("GHOSTEDIT_HOME") or Path.home() / ".cache" / "ghostedit")
 
 
 def _atomic_save_file(tensors: dict, path: Path) -> None:
@@ -182,11 +180,12 @@ def ensure_tiny_model(folder: Path | None = None) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    staging.chmod(0o755)  # mkdtemp makes it private; the cache is not secret
     try:
         generate_tiny_model(staging)
         os.rename(staging, folder)
     except OSError:
-        if not folder.is_dir():  # another process did not win the race: a real error
+        if not folder.is_dir():  # only losing the race to another process leaves the folder in place
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -197,7 +196,9 @@ def register_tiny_models(folder: Path) -> None:
     """Add the tiny classes to DiffSynth's model table, keyed by the hash DiffSynth computes for each file.
 
     VRAM-management maps are shared with the real classes (same dict objects), so offload/FP8 wraps the
-    tiny models layer by layer exactly as it wraps the real ones.
+    tiny models layer by layer exactly as it wraps the real ones, including DiffSynth 2.1.12's stale
+    text-encoder map (``Qwen2_5_VisionRotaryEmbedding`` no longer exists in transformers 5), and a fix
+    applied to the real map applies here too. Idempotent: an entry with the same hash is replaced.
     """
     folder = Path(folder)
     entries = {

@@ -52,3 +52,12 @@ def is_compile_error(error: BaseException) -> bool:
     """Errors raised by Dynamo or Inductor while compiling (Inductor's errors derive from Dynamo's base)."""
     from torch._dynamo.exc import TorchDynamoException
     return isinstance(error, TorchDynamoException)
+
+
+def compile_error_summary(error: BaseException) -> str:
+    """The informative start of a compile error's message. Dynamo's first line is sometimes only a heading
+    ("backend='inductor' raised:"), with the cause on the next line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return (" ".join(lines[:2]) if lines[0].endswith(":") else lines[0])[:300]

@@ -4,7 +4,8 @@ storage  FP8 weights with per-row scales, dequantized to bf16 inside each layer:
          bf16 (torchao Float8WeightOnlyConfig). Costs time, saves memory.
 torchao  FP8 weights and dynamically quantized FP8 activations with per-row scales, multiplied by FP8 tensor cores
          (torchao Float8DynamicActivationFloat8WeightConfig, PerRow): real FP8 compute.
-te       NVIDIA Transformer Engine Linear layers under FP8 autocast (see optimize/te.py).
+te       NVIDIA Transformer Engine Linear layers under FP8 autocast, current scaling (see optimize/te.py);
+te-delayed  the same with delayed scaling (scales from an amax history).
 Only linears whose both dimensions are multiples of 16 (the FP8 GEMM's requirement) are converted, and never a
 LoRA adapter's own small layers.
 """
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..device import Availability, needs_cuda
+
+TE_SCALING = {"te": "current", "te-delayed": "delayed"}
 
 
 @dataclass
@@ -55,29 +58,35 @@ def _eligible(module: torch.nn.Module, name: str) -> bool:
             and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
-def apply_fp8(model: torch.nn.Module, mode: str) -> Fp8Report:
-    """Converts `model`'s linear layers in place (new weight tensors; shared old ones are left alone)."""
+def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
+    """Converts `model`'s linear layers in place (new weight tensors; shared old ones are left alone), each on
+    `device`: a layer in host memory is moved over just before it is quantized."""
     report = Fp8Report(mode)
     if mode == "off":
         return report
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".lora_" not in f".{name}"}
     report.kept_bf16 = sorted(name for name, m in linears.items() if not _eligible(m, name))
     report.converted = len(linears) - len(report.kept_bf16)
-    if mode == "te":
+    if mode.startswith("te"):
         from . import te
-        te.convert(model, _eligible, report)
+        te.convert(model, _eligible, report, device, scaling=TE_SCALING[mode])
         return report
+    targets = [m for name, m in linears.items() if _eligible(m, name)]
     from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, PerRow,
                                       quantize_)
-    config = (Float8WeightOnlyConfig() if mode == "storage"
-              else Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
-    quantize_(model, config, filter_fn=_eligible)
+    # set_inductor_config=False: torchao would otherwise switch on Inductor's coordinate-descent tuning for the
+    # whole process, which multiplies compile time; GhostEdit offers it as its own measured toggle (inductor-cdt).
+    config = (Float8WeightOnlyConfig(set_inductor_config=False) if mode == "storage"
+              else Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False))
+    for linear in targets:  # one layer at a time: the device holds one bf16 layer at most, beside the FP8 ones
+        linear.to(device)
+        quantize_(linear, config)
     return report
 
 
 def forward_context(model: torch.nn.Module, mode: str):
     """The context a forward of an FP8 model runs under (TE's FP8 autocast; nothing for the other modes)."""
-    if mode == "te":
+    if mode.startswith("te"):
         from . import te
         return te.autocast(model)
     return contextlib.nullcontext()

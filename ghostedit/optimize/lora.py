@@ -10,21 +10,30 @@ Nothing here changes a tensor in place that the base model owns: fused weights a
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from ..errors import GhostEditError
+
 ADAPTER_NAME = "ghostedit"
+MAX_LORA_BYTES = 4 * 1024**3      # the largest Qwen-Image LoRAs in use are under 2 GB
+MAX_HEADER_BYTES = 100 * 1024**2  # the safetensors library's own limit
+# How other files that people call LoRAs begin: refused by content with a reason, whatever their name says
+_FOREIGN_MAGIC = {b"PK\x03\x04": "a zip archive (PyTorch .pt/.ckpt/.bin files are zipped pickles)",
+                  b"\x80\x02": "a Python pickle", b"\x80\x03": "a Python pickle", b"\x80\x04": "a Python pickle",
+                  b"\x80\x05": "a Python pickle", b"GGUF": "a GGUF file"}
 _KEY = re.compile(r"^(?P<layer>.+?)\.(?P<kind>lora_A|lora_B|lora_down|lora_up)(?:\.default)?\.weight$")
 _ALPHA = re.compile(r"^(?P<layer>.+?)\.alpha$")
 _KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")
 
 
-class LoraError(ValueError):
-    """A LoRA file that cannot be applied to this model; the message says why."""
+class LoraError(GhostEditError, ValueError):
+    """A LoRA file that cannot be read or applied to this model; the message says why."""
 
 
 @dataclass
@@ -50,8 +59,53 @@ class MatchedLora:
         return text
 
 
+def check_lora_file(path: str | Path, display_name: str | None = None) -> int:
+    """Checks by content, whatever the file is named, that it is a complete safetensors file holding LoRA layers;
+    returns how many. Only the header is read. Pickle-based files (.pt, .ckpt, .bin) are refused: unpickling an
+    untrusted file runs whatever code it carries. Messages name the file `display_name` (default: its name)."""
+    path = Path(path)
+    name = display_name or path.name
+    if not path.is_file():
+        raise LoraError(f"{name} is not a file")
+    size = path.stat().st_size
+    if size > MAX_LORA_BYTES:
+        raise LoraError(f"{name} is {size / 1024**3:.1f} GiB; a LoRA file may be at most "
+                        f"{MAX_LORA_BYTES / 1024**3:.0f} GiB")
+    with open(path, "rb") as f:
+        start = f.read(8)
+    for magic, kind in _FOREIGN_MAGIC.items():
+        if start.startswith(magic):
+            raise LoraError(f"{name} is {kind}, not a safetensors file. GhostEdit only reads .safetensors LoRAs "
+                            "(loading a pickle runs the code inside it): convert it to safetensors first")
+    header_bytes = struct.unpack("<Q", start)[0] if len(start) == 8 else 0
+    if not 2 <= header_bytes <= MAX_HEADER_BYTES:
+        raise LoraError(f"{name} is not a safetensors file (it does not begin with a safetensors header)")
+    if header_bytes > size - 8:
+        raise LoraError(f"{name} is truncated: it ends inside its header (an interrupted upload?)")
+    try:
+        with safe_open(str(path), framework="pt") as lora:  # validates the header against the file's size
+            keys = list(lora.keys())
+    except SafetensorError as error:
+        raise LoraError(_safetensors_problem(name, error)) from error
+    layers = {found["layer"] for key in keys if (found := _KEY.match(key))}
+    if not layers:
+        raise LoraError(f"{name} is a safetensors file but holds no LoRA layers (no lora_A/lora_B or "
+                        f"lora_down/lora_up weights among its {len(keys)} tensors)")
+    return len(layers)
+
+
+def _safetensors_problem(name: str, error: SafetensorError) -> str:
+    text = str(error).removeprefix("Error while deserializing header: ")
+    if "not fully covered" in text:
+        return (f"{name} is damaged: its size does not match what its header describes "
+                "(truncated by an interrupted upload?)")
+    return f"{name} has an invalid safetensors header ({text})"
+
+
 def read_lora_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """Reads tensors from a safetensors file only: its header is parsed, no code in the file is ever run."""
+    """Reads tensors from a safetensors file only, after check_lora_file: its header is parsed, no code in the file
+    is ever run."""
+    check_lora_file(path)
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as error:
@@ -101,11 +155,18 @@ def _checked_layer(name: str, linear: torch.nn.Linear, parts: dict) -> LoraLayer
     if down.shape[1] != linear.in_features or up.shape[0] != linear.out_features:
         raise LoraError(f"LoRA layer for {name} has shape {up.shape[0]}x{down.shape[1]} but the model's layer is "
                         f"{linear.out_features}x{linear.in_features}: it was made for another model size")
+    rank = down.shape[0]
+    if rank == 0:
+        raise LoraError(f"LoRA layer for {name} has rank 0")
     if not (torch.isfinite(down).all() and torch.isfinite(up).all()):
         raise LoraError(f"LoRA layer for {name} holds NaN or infinite values")
-    rank = down.shape[0]
-    factor = float(parts["alpha"]) / rank if "alpha" in parts else 1.0
-    return LoraLayer(down, up, factor)
+    return LoraLayer(down, up, _alpha(name, parts["alpha"]) / rank if "alpha" in parts else 1.0)
+
+
+def _alpha(name: str, alpha: torch.Tensor) -> float:
+    if alpha.numel() != 1 or not torch.isfinite(alpha).all():
+        raise LoraError(f"LoRA layer for {name} has an alpha that is not a single finite number")
+    return float(alpha)
 
 
 def fuse_lora(model: torch.nn.Module, lora: MatchedLora, scale: float) -> int:

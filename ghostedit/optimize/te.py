@@ -8,14 +8,11 @@ modulation and timestep linears see one row per sample, so those stay in bf16 an
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
 from ..device import Availability, needs_cuda
 
-# "current" (per-tensor scale from the tensor itself, every call) or "delayed" (scale from an amax history)
-RECIPE_ENV = "GHOSTEDIT_TE_RECIPE"
 _IMAGE_STREAM_SKIP = ("txt_", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "_mod.", "time_text_embed",
                       "norm_out")
 
@@ -39,14 +36,13 @@ def _fp8_support(te):
     return te.fp8.check_fp8_support()
 
 
-def recipe(name: str | None = None):
+def recipe(scaling: str):
+    """"current": per-tensor scales computed from each tensor at every call; "delayed": scales from the amax
+    history of earlier calls (cheaper, one step behind)."""
     from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format
-    name = name or os.environ.get(RECIPE_ENV, "current")
-    if name == "current":
+    if scaling == "current":
         return Float8CurrentScaling(fp8_format=Format.E4M3)
-    if name == "delayed":
-        return DelayedScaling(fp8_format=Format.E4M3, amax_history_len=16, amax_compute_algo="max")
-    raise ValueError(f"{RECIPE_ENV} must be 'current' or 'delayed'; got {name!r}")
+    return DelayedScaling(fp8_format=Format.E4M3, amax_history_len=16, amax_compute_algo="max")
 
 
 def _model_init(fp8_recipe):
@@ -55,16 +51,17 @@ def _model_init(fp8_recipe):
     return init(enabled=True, recipe=fp8_recipe)
 
 
-def convert(model: torch.nn.Module, eligible, report) -> None:
+def convert(model: torch.nn.Module, eligible, report, device: str, scaling: str) -> None:
     import transformer_engine.pytorch as te
-    fp8_recipe = recipe()
+    fp8_recipe = recipe(scaling)
     targets = [(name, m) for name, m in model.named_modules()
                if eligible(m, name) and not any(part in name for part in _IMAGE_STREAM_SKIP)]
     refused = {name for name, m in model.named_modules() if eligible(m, name)} - {name for name, _ in targets}
     for name, linear in targets:
+        linear.to(device)
         with _model_init(fp8_recipe):
             replacement = te.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                    params_dtype=linear.weight.dtype, device=linear.weight.device)
+                                    params_dtype=linear.weight.dtype, device=device)
         with torch.no_grad():
             replacement.weight.copy_(linear.weight)  # quantizes once into the FP8 weight
             if linear.bias is not None:

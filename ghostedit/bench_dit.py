@@ -1,0 +1,260 @@
+"""DiT-level benchmark: one forward of the DiT exactly as DiffSynth's edit pipeline calls it (its `model_fn` with the
+edit latents appended), at a real edit shape, for each configuration.
+
+Per configuration: preparation and the first call (compile warm-up) timed apart; then the median of `repeats`
+forwards timed with CUDA events after two warm-up calls; the DiT output's relative error against the first
+(baseline, bf16 eager) configuration's output on the same inputs; memory: the prepared DiT's weights and the
+activation peak of a forward, whose sum is what the DiT needs on its own.
+Two lossless ideas are measured on the block loop of the last configuration, each alone: the conditional and
+unconditional branches batched into one forward, and the whole loop captured as one CUDA graph.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .config import OptimizationConfig
+from .device import empty_cache, synchronize
+from .optimize import attention, fp8, rewrites
+from .recipe import prepare_dit
+from .telemetry import GIB, RunRecorder
+from .tensors import storage_bytes
+
+
+def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtype, seed: int = 0) -> dict:
+    """The inputs DiffSynth's model_fn gets for a one-image edit: noisy latents, the edit image's latents (as many
+    tokens again) and the encoded prompt."""
+    generator = torch.Generator(device).manual_seed(seed)
+    latent = (1, 16, height // 8, width // 8)
+    return {
+        "latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
+        "edit_latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
+        "prompt_emb": torch.randn((1, text_tokens, dit.txt_in.in_features), generator=generator, device=device,
+                                  dtype=dtype),
+        "prompt_emb_mask": torch.ones((1, text_tokens), dtype=torch.long, device=device),
+        "timestep": torch.tensor([500.0], device=device, dtype=dtype),
+        "height": height, "width": width,
+    }
+
+
+def image_tokens(inputs: dict) -> int:
+    return 2 * (inputs["height"] // 16) * (inputs["width"] // 16)
+
+
+def forward(dit, inputs: dict, config: OptimizationConfig, backend: str) -> torch.Tensor:
+    from diffsynth.pipelines.qwen_image import model_fn_qwen_image
+    with torch.no_grad(), attention.active(backend), fp8.forward_context(dit, config.fp8):
+        return model_fn_qwen_image(dit=dit, **inputs)
+
+
+def median_ms(fn, device: str, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        if device.startswith("cuda"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((output.float() - reference.float()).norm() / reference.float().norm())
+
+
+def resolve_backend(config: OptimizationConfig, dit, inputs: dict, device: str) -> str:
+    if config.attention != "auto":
+        return config.attention
+    attn = dit.transformer_blocks[0].attn
+    seq = image_tokens(inputs) + inputs["prompt_emb"].shape[1]
+    return attention.fastest_backend(device, attn.num_heads, attn.head_dim, seq)[0]
+
+
+def bench_dit_configuration(base_dit, config: OptimizationConfig, inputs: dict, device: str, repeats: int,
+                            reference: torch.Tensor | None):
+    """Returns (row, output, prepared DiT)."""
+    recorder = RunRecorder(device)
+    dit, report = prepare_dit(base_dit, config, recorder, device)
+    backend = resolve_backend(config, dit, inputs, device)
+    allocated_before = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    synchronize(device)
+    start = time.perf_counter()
+    with rewrites.compile_settings(config.rewrites):
+        output = forward(dit, inputs, config, backend)
+    synchronize(device)
+    first_call_s = time.perf_counter() - start
+    for _ in range(2):
+        forward(dit, inputs, config, backend)
+    ms = median_ms(lambda: forward(dit, inputs, config, backend), device, repeats)
+    on_gpu = device.startswith("cuda")
+    peak_gib = (torch.cuda.max_memory_allocated() - allocated_before) / GIB if on_gpu else None
+    weights_gib = storage_bytes(dit) / GIB
+    row = {
+        "config": config.label,
+        "ms_per_forward": ms,
+        "prepare_s": sum(recorder.telemetry.prepare_steps.values()),
+        "first_call_s": first_call_s,
+        "weights_gib": weights_gib,
+        "activation_peak_gib": peak_gib,
+        "dit_alone_gib": weights_gib + peak_gib if peak_gib is not None else None,
+        # everything on the device at the peak: the DiT alone when the base lives in host memory
+        "device_peak_gib": torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
+        "rel_error": relative_error(output, reference) if reference is not None else 0.0,
+        "finite": bool(torch.isfinite(output).all()),
+        "attention_ran": backend,
+        "report": report,
+    }
+    return row, output, dit
+
+
+def block_loop_inputs(dit, inputs: dict, config: OptimizationConfig, backend: str) -> dict:
+    """What the first transformer block receives, captured from a real forward."""
+    captured = {}
+
+    def grab(module, args, kwargs):
+        captured.update(kwargs)
+        raise _Captured
+    handle = dit.transformer_blocks[0].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        forward(dit, inputs, config, backend)
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    return {name: captured[name] for name in ("image", "text", "temb", "image_rotary_emb")}
+
+
+class _Captured(Exception):
+    pass
+
+
+def run_blocks(dit, block_inputs: dict, config: OptimizationConfig, backend: str):
+    image, text = block_inputs["image"], block_inputs["text"]
+    with torch.no_grad(), attention.active(backend), fp8.forward_context(dit, config.fp8):
+        for block in dit.transformer_blocks:
+            text, image = block(image=image, text=text, temb=block_inputs["temb"],
+                                image_rotary_emb=block_inputs["image_rotary_emb"])
+    return image
+
+
+def lossless_batching_experiments(dit, inputs: dict, config: OptimizationConfig, device: str, repeats: int) -> dict:
+    """The block loop (all of the DiT's cost but the tiny embedding and output layers) timed three ways."""
+    backend = resolve_backend(config, dit, inputs, device)
+    single = block_loop_inputs(dit, inputs, config, backend)
+    doubled = {name: (torch.cat([value, value]) if name != "image_rotary_emb" else value)
+               for name, value in single.items()}
+    for _ in range(2):
+        run_blocks(dit, single, config, backend)
+        run_blocks(dit, doubled, config, backend)
+    two_forwards = median_ms(lambda: (run_blocks(dit, single, config, backend),
+                                      run_blocks(dit, single, config, backend)), device, repeats)
+    batched = median_ms(lambda: run_blocks(dit, doubled, config, backend), device, repeats)
+    result = {"config": config.label, "cfg_two_forwards_ms": two_forwards, "cfg_batched_ms": batched,
+              "cfg_batching_gain": two_forwards / batched}
+    if device.startswith("cuda"):
+        result.update(_cuda_graph_experiment(dit, single, config, backend, repeats))
+    return result
+
+
+def _cuda_graph_experiment(dit, block_inputs, config, backend, repeats) -> dict:
+    eager = median_ms(lambda: run_blocks(dit, block_inputs, config, backend), "cuda", repeats)
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run_blocks(dit, block_inputs, config, backend)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run_blocks(dit, block_inputs, config, backend)
+        replay = median_ms(graph.replay, "cuda", repeats)
+    except Exception as error:  # capture refused (a sync or a kernel that cannot be captured): report why
+        return {"cuda_graph_loop_ms": None, "cuda_graph_error": f"{type(error).__name__}: {error}"[:300]}
+    return {"block_loop_ms": eager, "cuda_graph_loop_ms": replay, "cuda_graph_gain": eager / replay}
+
+
+DIT_COLUMNS = {
+    "config": "configuration",
+    "ms_per_forward": "ms / forward",
+    "speedup": "speedup",
+    "first_call_s": "first call s",
+    "prepare_s": "prepare s",
+    "weights_gib": "weights GiB",
+    "activation_peak_gib": "activations GiB",
+    "dit_alone_gib": "DiT alone GiB",
+    "rel_error": "rel. error",
+    "attention_ran": "attention",
+}
+
+
+def dit_markdown_table(rows: list[dict]) -> str:
+    import pandas as pd
+    return pd.DataFrame(rows)[list(DIT_COLUMNS)].rename(columns=DIT_COLUMNS).to_markdown(index=False, floatfmt=".3f")
+
+
+def write_dit_chart(rows: list[dict], path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [row["config"] for row in rows]
+    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(13, 0.55 * len(rows) + 2.5))
+    time_ax.barh(labels, [row["ms_per_forward"] for row in rows], color="#5b6ee1")
+    time_ax.set_xlabel("ms per DiT forward (lower is better)")
+    memory_ax.barh(labels, [row["dit_alone_gib"] or 0 for row in rows], color="#e1875b")
+    memory_ax.set_xlabel("DiT alone: weights + activation peak, GiB")
+    memory_ax.set_yticks([])
+    for ax in (time_ax, memory_ax):
+        ax.invert_yaxis()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
+    import json
+    from pathlib import Path
+
+    from .bench import environment
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base_dit = engine.load().dit
+    width, height = args.width or 1024, args.height or 1024
+    inputs = dit_inputs(base_dit, width, height, args.text_tokens, engine.device, engine.torch_dtype, args.seed)
+    context = {"model": engine.spec.source, "device": engine.device, "size": [width, height],
+               "image_tokens": image_tokens(inputs), "text_tokens": args.text_tokens, "repeats": args.repeats,
+               "environment": environment(), "rows": [], "experiments": None}
+    reference, dit = None, None
+    for config in configs:
+        del dit  # the previous configuration's DiT: free it before building the next
+        empty_cache(engine.device)
+        row, output, dit = bench_dit_configuration(base_dit, config, inputs, engine.device, args.repeats, reference)
+        if reference is None:
+            reference = output.float()
+        row["speedup"] = context["rows"][0]["ms_per_forward"] / row["ms_per_forward"] if context["rows"] else 1.0
+        context["rows"].append(row)
+        (out_dir / "results.json").write_text(json.dumps(context, indent=2))  # kept even if a later one fails
+        print(f"{row['config']}: {row['ms_per_forward']:.1f} ms/forward, first call {row['first_call_s']:.1f} s, "
+              f"rel. error {row['rel_error']:.4f}", flush=True)
+    if args.experiments:
+        context["experiments"] = lossless_batching_experiments(dit, inputs, configs[-1], engine.device, args.repeats)
+        print(json.dumps(context["experiments"], indent=2), flush=True)
+    (out_dir / "results.json").write_text(json.dumps(context, indent=2))
+    (out_dir / "table.md").write_text(dit_markdown_table(context["rows"]) + "\n")
+    write_dit_chart(context["rows"], out_dir / "chart.png",
+                    args.title or f"GhostEdit DiT forward, {width}x{height} edit: {engine.spec.source} on {engine.device}")
+    print(dit_markdown_table(context["rows"]))
+    return 0

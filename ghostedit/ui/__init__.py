@@ -1,0 +1,26 @@
+"""GhostEdit's Gradio app: a thin layer over the engine (see layout.py for the page, handlers.py for the events)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def create_app(model: str, lora_dir: str | Path, device: str | None = None):
+    """The Blocks app on an engine for `model` (loaded on the first run), with its queue: one GPU job at a time."""
+    from ..engine import Engine
+    from .layout import build_app
+
+    demo = build_app(Engine(model, device=device), Path(lora_dir))
+    demo.queue(default_concurrency_limit=1, max_size=64)
+    return demo
+
+
+def launch_options() -> dict:
+    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS. System fonts: nothing is fetched from
+    the internet, so the page renders the same offline."""
+    import gradio as gr
+
+    from .layout import ASSETS, CSS
+    theme = gr.themes.Soft(primary_hue="indigo", secondary_hue="slate",
+                           font=["ui-sans-serif", "system-ui", "sans-serif"],
+                           font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
+    return {"theme": theme, "css": CSS, "allowed_paths": [str(ASSETS)]}

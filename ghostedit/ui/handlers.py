@@ -1,0 +1,276 @@
+"""What the page's events do, as methods over one engine: each turns control values into engine calls and engine
+results into what the components show. Layout lives in layout.py."""
+from __future__ import annotations
+
+import html
+import random
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+import gradio as gr
+from PIL import Image
+
+from ..config import SEED_RANGE
+from ..device import UnavailableOptionError
+from ..errors import GhostEditError
+from ..telemetry import RunCancelled
+from . import live
+from .history import COMPARISON_RULE, History
+from .settings import (NO_LORA, VARIANTS, LoraLibrary, edit_request, panel_config, toggle_choices,
+                       variant_configs)
+from .system import cache_table, hardware_markdown, options_table, system_report
+
+# Errors whose message is meant for the user as it is
+USER_ERRORS = (GhostEditError, ValueError, UnavailableOptionError, FileNotFoundError)
+
+
+def user_error(error: BaseException) -> gr.Error:
+    """An engine error as the toast the page shows (and the AppError an API client gets); the app keeps serving."""
+    if isinstance(error, gr.Error):
+        return error
+    if isinstance(error, USER_ERRORS):
+        return gr.Error(html.escape(str(error), quote=False), title="Cannot run this")
+    traceback.print_exception(error)
+    return gr.Error(html.escape(f"{type(error).__name__}: {error}", quote=False), title="Run failed")
+
+
+def builtin_loras(engine) -> dict:
+    """The tiny model's own LoRA, so LoRA fusion can be tried on it (real LoRAs are made for the real model). It is
+    generated when first picked: importing the tiny model's code would slow the app's start."""
+    if engine.spec.kind != "tiny":
+        return {}
+
+    def tiny_lora():
+        from ..models.tiny import ensure_tiny_lora
+        return ensure_tiny_lora("peft")
+    return {"tiny_lora_peft.safetensors": ("tiny", tiny_lora)}
+
+
+class Handlers:
+    def __init__(self, engine, lora_dir: Path):
+        self.engine = engine
+        self.loras = LoraLibrary(lora_dir, builtin_loras(engine))
+        self.options = engine.options()
+        self._cancel_events: dict[str, threading.Event] = {}
+        self._exports = Path(tempfile.mkdtemp(prefix="ghostedit-exports-"))
+
+    # ---- choices shown on the page ----
+
+    def choices(self, toggle: str) -> list[tuple[str, str]]:
+        return toggle_choices(toggle, self.options[toggle])
+
+    def lora_dropdown(self, value: str = NO_LORA) -> dict:
+        return gr.update(choices=self.loras.choices(), value=value)
+
+    # ---- one edit ----
+
+    # The page passes every value; a default of None makes a parameter optional for API clients (Gradio takes the
+    # component's initial value as the client's default, and the extra images have none).
+    def edit(self, image, image_2=None, image_3=None, prompt=None, negative_prompt=None, steps=None, cfg_scale=None,
+             seed=None, width=None, height=None, lora=None, lora_mode=None, lora_scale=None, fp8=None, attention=None,
+             compile_mode=None, rewrites=None, history: History | None = None, request: gr.Request = None,
+             progress=gr.Progress()):
+        """Edits 1 to 3 images with an instruction under the chosen toggles. Streams the live status (markdown)
+        and progress (JSON: stage, step, total_steps, s/step, elapsed, ETA, memory) at every step, then returns
+        the before/after pair, the run summary, the run's telemetry (JSON) and the session's comparison table."""
+        try:
+            config = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
+            self.engine.check(config)
+            edit = edit_request([image, image_2, image_3], prompt, negative_prompt, steps, cfg_scale, seed, width,
+                                height)
+        except Exception as error:
+            raise user_error(error) from error
+        result = yield from self._stream(edit, config, request, progress, heading="")
+        if result is None:
+            return
+        record = history.add(result)
+        yield (live.done_status(result), _before_after(result), live.run_summary(result),
+               live.result_json(result, record.number), history.table(), history)
+
+    def run_variants(self, image, image_2=None, image_3=None, prompt=None, negative_prompt=None, steps=None,
+                     cfg_scale=None, seed=None, width=None, height=None, lora=None, lora_mode=None, lora_scale=None,
+                     fp8=None, attention=None, compile_mode=None, rewrites=None, variants=None,
+                     history: History | None = None, request: gr.Request = None, progress=gr.Progress()):
+        """Runs the same edit under several configurations in one go ("baseline", "lora-fused", "lora-runtime",
+        "fp8", "attention", "compile", "rewrites", "all": each "+" variant adds that one panel setting to the stock
+        baseline).
+        Streams like /edit; each finished variant joins the comparison table, with "baseline" as its baseline."""
+        try:
+            panel = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
+            runs, notes = variant_configs(list(variants or []), panel)
+            for name, config in runs:  # refuse before the first run, not after an hour of them
+                try:
+                    self.engine.check(config)
+                except UnavailableOptionError as error:
+                    raise UnavailableOptionError(f"“{VARIANTS[name]}”: {error}") from error
+            edit = edit_request([image, image_2, image_3], prompt, negative_prompt, steps, cfg_scale, seed, width,
+                                height)
+        except Exception as error:
+            raise user_error(error) from error
+        finished = []
+        for index, (name, config) in enumerate(runs, 1):
+            heading = f"**Variant {index} of {len(runs)}: {VARIANTS[name]}** ({config.label})\n\n"
+            result = yield from self._stream(edit, config, request, progress, heading)
+            if result is None:
+                return
+            record = history.add(result)
+            if name == "baseline":
+                history.set_baseline(record.number)
+            finished.append(live.result_json(result, record.number))
+            status = live.done_status(result, heading)
+            if index == len(runs):
+                status = f"### ✅ Ran {len(runs)} variants: see the comparison below\n" + "\n".join(
+                    f"- {note}" for note in notes)
+            yield (status, _before_after(result), live.run_summary(result),
+                   {"state": "done" if index == len(runs) else "running", "runs": finished, "notes": notes},
+                   history.table(), history)
+
+    def _stream(self, edit, config, request: gr.Request, progress, heading: str):
+        """Yields the live view while the engine runs; returns the result, or None when the run was cancelled."""
+        cancel = threading.Event()
+        self._cancel_events[request.session_hash] = cancel
+        notice = self.prepare_notice(config)
+        skip = gr.skip()
+        yield (heading + "### ⏳ Starting…\n" + notice, None, "", {"state": "starting"}, skip, skip)
+        try:
+            for item in live.stream_run(self.engine, edit, config, cancel):
+                if not isinstance(item, live.Live):
+                    return item
+                if item.event is not None and item.event.stage == "done":
+                    continue  # the result follows at once
+                if item.event is not None and item.event.stage == "denoising" and item.event.total_steps:
+                    progress((item.event.step, item.event.total_steps), desc="denoising", unit="steps")
+                yield live.live_status(item, heading), skip, skip, live.progress_json(item), skip, skip
+        except RunCancelled as cancelled:
+            yield (heading + f"### ⏹ Cancelled ({cancelled})", None, "", {"state": "cancelled",
+                                                                          "message": str(cancelled)}, skip, skip)
+            return None
+        except Exception as error:
+            raise user_error(error) from error
+        finally:
+            self._cancel_events.pop(request.session_hash, None)
+
+    def cancel(self, request: gr.Request) -> None:
+        cancel = self._cancel_events.get(request.session_hash)
+        if cancel is None:
+            gr.Info("Nothing of yours is running.")
+            return
+        cancel.set()
+        gr.Info("Cancelling: the run stops at the next step.")
+
+    # ---- before a run ----
+
+    def prepare_notice(self, config) -> str:
+        """What the next run with `config` will spend before denoising, from earlier runs on this machine."""
+        try:
+            self.engine.check(config)
+        except UnavailableOptionError as error:
+            return f"⚠️ {error}"
+        expected = self.engine.expected_prepare_seconds(config)
+        notice = []
+        if self.engine.load_count == 0:
+            notice.append("The model loads on the first run.")
+        if expected == 0:
+            notice.append(f"**{config.label}** is prepared and warm: the run goes straight to encoding and denoising.")
+        elif expected is None:
+            notice.append(f"First use of **{config.label}**: it is prepared before the run "
+                          "(not measured yet on this machine).")
+        else:
+            notice.append(f"First use of **{config.label}**: preparing took {expected:.1f} s last time on this "
+                          "machine.")
+        return " ".join(notice)
+
+    def panel_notice(self, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites) -> str:
+        try:
+            config = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
+        except Exception as error:
+            return f"⚠️ {html.escape(str(error), quote=False)}"
+        return self.prepare_notice(config)
+
+    @staticmethod
+    def random_seed() -> int:
+        return random.randint(*SEED_RANGE)
+
+    def upload_lora(self, file) -> tuple[dict, str]:
+        """Saves an uploaded .safetensors LoRA into the LoRA folder under a safe name and selects it."""
+        if file is None:
+            raise gr.Error("no file received")
+        try:
+            name = self.loras.add(file, Path(file).name)
+        except Exception as error:
+            raise user_error(error) from error
+        return self.lora_dropdown(name), f"Saved as `{name}` in `{self.loras.folder}`."
+
+    # ---- the comparison ----
+
+    def compare_views(self, history: History, request: gr.Request):
+        """Gallery, charts, baseline picker and exports for the session's history."""
+        folder = self._exports / (request.session_hash or "api")
+        csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
+        labels = [(run.label, run.number) for run in history.runs]
+        return (history.gallery(), history.stage_chart(), history.memory_chart(),
+                gr.update(choices=labels, value=history.baseline_number),
+                gr.update(value=csv_path, interactive=csv_path is not None),
+                gr.update(value=json_path, interactive=json_path is not None),
+                _comparison_caption(history))
+
+    @staticmethod
+    def set_baseline(number, history: History):
+        history.set_baseline(None if number is None else int(number))
+        return history.table(), history
+
+    @staticmethod
+    def clear_history(history: History):
+        history.clear()
+        return history.table(), history
+
+    # ---- the system ----
+
+    def system(self) -> dict:
+        """GPU, driver, CUDA, library versions, every option's availability with the reason, cached pipelines."""
+        return system_report(self.engine)
+
+    def system_views(self):
+        report = system_report(self.engine, with_cache=False)
+        return hardware_markdown(report), options_table(report)
+
+    def cache_view(self):
+        return cache_table(self.engine.cached())
+
+    def free_cache(self) -> dict:
+        """Drops every prepared pipeline (the base weights stay loaded) and says how much memory that freed."""
+        freed = self.engine.free()
+        return {"freed_gib": freed / 1024**3, "cached_pipelines": self.engine.cached()}
+
+    def free_cache_views(self):
+        freed = self.free_cache()
+        return (f"Freed {freed['freed_gib']:.3f} GiB of prepared pipelines (the base weights stay loaded).",
+                cache_table(freed["cached_pipelines"]))
+
+    def api_options(self) -> dict:
+        """Every toggle's choices with availability and reason, the LoRA choices, and the model's defaults."""
+        return {
+            "options": {toggle: {choice: {"available": available.ok, "reason": available.reason}
+                                 for choice, available in choices.items()}
+                        for toggle, choices in self.options.items()},
+            "loras": [value for _, value in self.loras.choices()],
+            "variants": dict(VARIANTS),
+            "model": {"source": self.engine.spec.source, "default_steps": self.engine.spec.default_steps},
+        }
+
+
+def _before_after(result) -> tuple[Image.Image, Image.Image]:
+    """The first input as the model saw it, at the output's size, beside the output."""
+    before = result.inputs[0]
+    if before.size != result.image.size:
+        before = before.resize(result.image.size, Image.LANCZOS)
+    return before, result.image
+
+
+def _comparison_caption(history: History) -> str:
+    if not history.runs:
+        return "No runs yet: every run joins this comparison."
+    baseline = history.baseline()
+    return (f"Baseline: **{baseline.label}**. Memory is {history.memory_kind()}. {COMPARISON_RULE}")

@@ -1,0 +1,189 @@
+"""One browser session's runs: the comparison table against a chosen baseline run, the chart data, the gallery,
+and CSV/JSON exports. Plain data and pandas; no Gradio here."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from PIL import Image
+
+from .live import stage_words
+
+MAX_RUNS = 50  # a session keeps its latest runs; each holds its output image
+
+COLUMNS = ("run", "configuration", "steps", "size", "end-to-end s", "denoise s/step", "compile warm-up s",
+           "load + prepare s", "peak memory GiB", "cache", "speedup e2e ×", "speedup s/step ×", "PSNR dB", "SSIM")
+
+COMPARISON_RULE = ("Speedup, PSNR and SSIM compare each run with the baseline run when both edited the same input "
+                   "images with the same prompt, seed and output size (steps, CFG and the toggles may differ); "
+                   "other rows leave them empty. The end-to-end speedup leaves out loading the model (a one-time cost of "
+                   "the app, not of a configuration) but counts preparing and compiling; the speedup per denoising "
+                   "step is the steady-state number.")
+
+
+@dataclass
+class RunRecord:
+    number: int
+    configuration: str        # the configuration's label, e.g. "fp8-storage + compile-regional"
+    toggles: dict             # the configuration, toggle by toggle
+    params: dict              # the edit request without its images
+    edit_key: str             # equal keys: the same edit, so outputs and timings are comparable
+    image: Image.Image
+    telemetry: dict           # RunTelemetry.summary()
+    attention_ran: str
+    prepared_report: dict
+
+    @property
+    def label(self) -> str:
+        return f"#{self.number} {self.configuration}"
+
+    @property
+    def seconds_without_load(self) -> float:
+        return self.telemetry["total_s"] - self.telemetry["stages_s"].get("load", 0.0)
+
+
+def record_from_result(result, number: int) -> RunRecord:
+    request, config = result.request, result.config
+    lora = config.lora
+    toggles = {"lora": None if lora is None else {"name": lora.name, "mode": lora.mode, "scale": lora.scale,
+                                                  "sha256": lora.sha256},
+               "fp8": config.fp8, "attention": config.attention, "compile": config.compile}
+    params = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "steps": request.steps,
+              "cfg_scale": request.cfg_scale, "seed": request.seed, "width": result.width, "height": result.height,
+              "input_images": len(result.inputs)}
+    return RunRecord(number, config.label, toggles, params, edit_key(result), result.image,
+                     result.telemetry.summary(), result.attention_backend, dict(result.prepared_report))
+
+
+def edit_key(result) -> str:
+    """Identifies the edit apart from the things being compared (toggles, steps, CFG)."""
+    digest = hashlib.sha256()
+    for image in result.inputs:
+        digest.update(f"{image.size}".encode())
+        digest.update(image.tobytes())
+    request = result.request
+    digest.update(json.dumps([request.prompt, request.negative_prompt, request.seed, result.width,
+                              result.height]).encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class History:
+    runs: list[RunRecord] = field(default_factory=list)
+    baseline_number: int | None = None
+    next_number: int = 1
+    _metrics: dict = field(default_factory=dict)   # (run, baseline) -> compare_images(), computed once
+
+    def add(self, result) -> RunRecord:
+        record = record_from_result(result, self.next_number)
+        self.next_number += 1
+        self.runs = (self.runs + [record])[-MAX_RUNS:]
+        if self.baseline() is None:
+            self.baseline_number = self.runs[0].number
+        return record
+
+    def baseline(self) -> RunRecord | None:
+        return next((run for run in self.runs if run.number == self.baseline_number), None)
+
+    def set_baseline(self, number: int | None) -> None:
+        if number is not None and any(run.number == number for run in self.runs):
+            self.baseline_number = number
+
+    def clear(self) -> None:
+        self.runs, self.baseline_number, self._metrics = [], None, {}
+
+    def comparison(self, run: RunRecord) -> dict:
+        """Speedups and image differences against the baseline; empty when the two runs are not the same edit."""
+        baseline = self.baseline()
+        if baseline is None or run.edit_key != baseline.edit_key:
+            return {}
+        key = (run.number, baseline.number)
+        if key not in self._metrics:
+            from ..metrics import compare_images  # scikit-image: imported on the first comparison, not at start
+            self._metrics[key] = compare_images(run.image, baseline.image)
+        metrics = self._metrics[key]
+        return {"speedup_e2e": baseline.seconds_without_load / run.seconds_without_load,
+                "speedup_step": _ratio(baseline.telemetry["denoise_s_per_step"], run.telemetry["denoise_s_per_step"]),
+                "max_abs": metrics["max_abs"], "psnr_db": metrics["psnr_db"], "ssim": metrics["ssim"]}
+
+    def table(self) -> pd.DataFrame:
+        rows = [self._row(run) for run in self.runs]
+        return pd.DataFrame(rows, columns=list(COLUMNS))
+
+    def _row(self, run: RunRecord) -> dict:
+        telemetry, versus = run.telemetry, self.comparison(run)
+        return {
+            "run": f"#{run.number}" + (" (baseline)" if run.number == self.baseline_number else ""),
+            "configuration": run.configuration,
+            "steps": run.params["steps"],
+            "size": f"{run.params['width']}×{run.params['height']}",
+            "end-to-end s": round(telemetry["total_s"], 3),
+            "denoise s/step": _round(telemetry["denoise_s_per_step"], 4),
+            "compile warm-up s": round(telemetry["stages_s"].get("compile warm-up", 0.0), 3),
+            "load + prepare s": round(telemetry["stages_s"].get("load", 0.0)
+                                      + telemetry["stages_s"].get("prepare", 0.0), 3),
+            "peak memory GiB": _round(telemetry["peak_allocated_gib"], 3),
+            "cache": "hit" if telemetry["cache_hit"] else "miss",
+            "speedup e2e ×": _round(versus.get("speedup_e2e"), 2),
+            "speedup s/step ×": _round(versus.get("speedup_step"), 2),
+            "PSNR dB": _psnr_words(versus.get("psnr_db")),
+            "SSIM": _round(versus.get("ssim"), 4),
+        }
+
+    def memory_kind(self) -> str:
+        return self.runs[0].telemetry["memory_kind"] if self.runs else ""
+
+    def stage_chart(self) -> pd.DataFrame:
+        """Seconds per stage per run (long format, for a stacked bar chart)."""
+        rows = [{"run": run.label, "stage": stage_words(stage), "seconds": seconds}
+                for run in self.runs for stage, seconds in run.telemetry["stages_s"].items()]
+        return pd.DataFrame(rows, columns=["run", "stage", "seconds"])
+
+    def memory_chart(self) -> pd.DataFrame:
+        rows = [{"run": run.label, "peak GiB": run.telemetry["peak_allocated_gib"]} for run in self.runs]
+        return pd.DataFrame(rows, columns=["run", "peak GiB"])
+
+    def run_labels(self) -> list[str]:
+        return [run.label for run in self.runs]
+
+    def gallery(self) -> list[tuple[Image.Image, str]]:
+        return [(run.image, f"{run.label} · {run.telemetry['total_s']:.2f} s") for run in self.runs]
+
+    def to_records(self) -> list[dict]:
+        """Everything about every run (no images), for the JSON export."""
+        return [{"run": run.number, "baseline": run.number == self.baseline_number, "configuration": run.configuration,
+                 "toggles": run.toggles, "params": run.params, "attention_ran": run.attention_ran,
+                 "prepared_report": run.prepared_report, "telemetry": run.telemetry,
+                 "versus_baseline": _json_safe(self.comparison(run))} for run in self.runs]
+
+    def write_exports(self, folder: Path) -> tuple[Path, Path]:
+        folder.mkdir(parents=True, exist_ok=True)
+        csv_path, json_path = folder / "ghostedit-history.csv", folder / "ghostedit-history.json"
+        self.table().to_csv(csv_path, index=False)
+        json_path.write_text(json.dumps({"comparison_rule": COMPARISON_RULE, "memory": self.memory_kind(),
+                                         "runs": self.to_records()}, indent=2))
+        return csv_path, json_path
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _psnr_words(psnr: float | None) -> str:
+    if psnr is None:
+        return ""
+    return "identical" if psnr == float("inf") else f"{psnr:.2f}"
+
+
+def _json_safe(values: dict) -> dict:
+    """PSNR of identical images is infinite, which JSON cannot hold: say it in words."""
+    return {key: ("identical" if value == float("inf") else value) for key, value in values.items()}

@@ -1,0 +1,226 @@
+"""The page (Edit & compare, System) and the named API endpoints, wired to Handlers."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+
+from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
+from .gpu import on_gpu
+from .handlers import Handlers
+from .history import COLUMNS, History
+from .settings import DEFAULT_VARIANTS, NO_LORA, VARIANTS
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+EXAMPLES = [
+    ("house.png", "turn it into a haunted house at night, with a full moon"),
+    ("portrait.png", "give the person a wizard hat and a glowing cape"),
+    ("mountains.png", "cover the mountains in snow under a pink sunset"),
+]
+COLUMN_WIDTHS = ["8%", "16%"] + [f"{76 / (len(COLUMNS) - 2):.2f}%"] * (len(COLUMNS) - 2)
+GPU_QUEUE = dict(concurrency_limit=1, concurrency_id="gpu")  # edits and variant batches: one GPU job at a time
+LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job
+PRIVATE = dict(api_visibility="private")
+
+CSS = """
+#status {min-height: 8em}
+#prepare_notice {font-size: 0.92em}
+.ghost-note {font-size: 0.9em; opacity: 0.85}
+"""
+
+
+def build_app(engine, lora_dir: Path) -> gr.Blocks:
+    handlers = Handlers(engine, lora_dir)
+    with gr.Blocks(title="GhostEdit", analytics_enabled=False) as demo:
+        gr.Markdown(_intro(engine))
+        history = gr.State(History())
+        with gr.Tab("Edit & compare"):
+            edit = _edit_section(handlers, engine)
+            compare = _compare_section()
+        with gr.Tab("System") as system_tab:
+            system = _system_section()
+        _wire_edit(demo, handlers, edit, compare, history)
+        _wire_system(demo, handlers, system, system_tab)
+        gr.api(handlers.api_options, api_name="options", **LIGHT)
+        gr.api(handlers.system, api_name="system", **LIGHT)
+        gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
+    return demo
+
+
+def _intro(engine) -> str:
+    memory = "GPU memory" if engine.device.startswith("cuda") else "host memory (RSS: there is no GPU)"
+    text = f"""# 👻 GhostEdit
+Edit an image with an instruction (Qwen-Image-Edit), switch the speed options on and off (LoRA fusion, FP8,
+attention backend, torch.compile, steps) and see what each one costs: every run is timed stage by stage and
+step by step while it happens, and joins the comparison below.
+
+**1.** Upload an image or pick an example and say what to change. **2.** Choose the toggles (a choice this
+machine cannot run says why). **3.** Run and watch stage, step, seconds per step, ETA and memory live.
+**4.** Change a toggle and run again, or use *Run variants*: the table shows the speedup and the image
+difference (PSNR, SSIM) against the baseline run.
+
+<span class="ghost-note">Model: {engine.spec.description} · device: {engine.device} · memory figures:
+{memory}.</span>"""
+    if engine.spec.kind == "tiny":
+        text += ("\n\n<span class=\"ghost-note\">The tiny model has random weights: it runs the real "
+                 "Qwen-Image-Edit pipeline end to end in seconds on a CPU, but its outputs are not meaningful "
+                 "pictures. For real edits start the app on a GPU with `--model Qwen/Qwen-Image-Edit-2509`.</span>")
+    return text
+
+
+def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
+    ui = SimpleNamespace()
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            _inputs(ui)
+        with gr.Column(scale=1):
+            _settings(ui, handlers, engine)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            ui.status = gr.Markdown("Ready: the live status of a run shows here.", elem_id="status")
+            ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="pil", interactive=False,
+                                       elem_id="result", max_height=560, format="png")
+        with gr.Column(scale=1):
+            ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
+            with gr.Accordion("Run telemetry (JSON)", open=False):
+                ui.run_json = gr.JSON(elem_id="run_json")
+    ui.panel = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
+                ui.width, ui.height, ui.lora, ui.lora_mode, ui.lora_scale, ui.fp8, ui.attention, ui.compile_mode, ui.rewrites]
+    ui.toggles = [ui.lora, ui.lora_mode, ui.lora_scale, ui.fp8, ui.attention, ui.compile_mode, ui.rewrites]
+    return ui
+
+
+def _inputs(ui: SimpleNamespace) -> None:
+    ui.image = gr.Image(label="Image to edit", type="pil", elem_id="input_image", height=300,
+                        sources=["upload", "clipboard"])
+    with gr.Accordion("More input images (optional: up to 3 in all)", open=False):
+        with gr.Row():
+            ui.image_2 = gr.Image(label="Image 2", type="pil", elem_id="input_image_2", height=180)
+            ui.image_3 = gr.Image(label="Image 3", type="pil", elem_id="input_image_3", height=180)
+    ui.prompt = gr.Textbox(label="Instruction", lines=2, elem_id="prompt",
+                           placeholder="What should change? e.g. make it night and add snow")
+    ui.negative_prompt = gr.Textbox(label="Negative prompt (optional)", elem_id="negative_prompt")
+    gr.Examples([[str(ASSETS / "examples" / name), prompt] for name, prompt in EXAMPLES],
+                inputs=[ui.image, ui.prompt], label="Examples (images made by the project)")
+
+
+def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
+    with gr.Accordion("Generation", open=True):
+        with gr.Row():
+            ui.steps = gr.Slider(*STEPS_RANGE, value=engine.spec.default_steps, step=1, label="Steps",
+                                 elem_id="steps")
+            ui.cfg_scale = gr.Slider(*CFG_RANGE, value=4.0, step=0.5, label="CFG scale", elem_id="cfg")
+        with gr.Row(equal_height=True):
+            ui.seed = gr.Number(value=0, precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1], label="Seed",
+                                elem_id="seed", scale=3)
+            ui.seed_button = gr.Button("🎲 Random seed", scale=1, size="sm")
+        with gr.Row():
+            ui.width = gr.Slider(0, SIZE_RANGE[1], value=0, step=16, label="Output width",
+                                 info="0: from the input's aspect ratio", elem_id="width")
+            ui.height = gr.Slider(0, SIZE_RANGE[1], value=0, step=16, label="Output height",
+                                  info="0: from the input's aspect ratio", elem_id="height")
+    with gr.Accordion("Speed toggles", open=True):
+        with gr.Row(equal_height=True):
+            ui.lora = gr.Dropdown(handlers.loras.choices(), value=NO_LORA, label="LoRA", scale=3, elem_id="lora",
+                                  allow_custom_value=True,  # files added later are checked by LoraLibrary.path
+                                  info=f"*.safetensors files in {handlers.loras.folder}")
+            ui.lora_upload = gr.UploadButton("⬆ Upload a LoRA", file_types=[".safetensors"], scale=1, size="sm",
+                                             elem_id="lora_upload")
+        ui.lora_message = gr.Markdown(elem_classes="ghost-note")
+        with gr.Row():
+            ui.lora_mode = gr.Radio([("fused into the weights", "fused"), ("runtime (PEFT layers)", "runtime")],
+                                    value="fused", label="LoRA mode", elem_id="lora_mode")
+            ui.lora_scale = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="LoRA scale", elem_id="lora_scale")
+        ui.fp8 = gr.Dropdown(handlers.choices("fp8"), value="off", label="FP8", elem_id="fp8")
+        ui.attention = gr.Dropdown(handlers.choices("attention"), value="diffsynth", label="Attention backend",
+                                   elem_id="attention")
+        ui.compile_mode = gr.Dropdown(handlers.choices("compile"), value="off", label="torch.compile",
+                                      elem_id="compile")
+        ui.rewrites = gr.CheckboxGroup(handlers.choices("rewrites"), value=[], elem_id="rewrites",
+                                       label="Lossless DiT rewrites", info="the same function with fewer kernels")
+    ui.prepare_notice = gr.Markdown(elem_id="prepare_notice")
+    with gr.Row():
+        ui.run = gr.Button("Run", variant="primary", elem_id="run", scale=3)
+        ui.cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=1)
+
+
+def _compare_section() -> SimpleNamespace:
+    ui = SimpleNamespace()
+    gr.Markdown("## Compare runs")
+    with gr.Row():
+        ui.variants = gr.CheckboxGroup([(words, name) for name, words in VARIANTS.items()], value=DEFAULT_VARIANTS,
+                                       label="Run variants: the current inputs under each chosen configuration",
+                                       info="Each “+” variant is the stock baseline plus that one setting of the "
+                                            "toggles above; “all” is every setting above.",
+                                       elem_id="variants", scale=5)
+        ui.run_variants = gr.Button("Run variants", variant="primary", elem_id="run_variants", scale=1,
+                                    min_width=160)
+    ui.table = gr.Dataframe(History().table(), headers=list(COLUMNS), interactive=False, wrap=True,
+                            column_widths=COLUMN_WIDTHS, elem_id="history", label="Runs of this browser session",
+                            max_height=420)
+    ui.caption = gr.Markdown("No runs yet: every run joins this comparison.", elem_classes="ghost-note")
+    with gr.Row(equal_height=True):
+        ui.baseline = gr.Dropdown([], label="Baseline run", elem_id="baseline", scale=3)
+        ui.download_csv = gr.DownloadButton("Export CSV", interactive=False, elem_id="export_csv", scale=1)
+        ui.download_json = gr.DownloadButton("Export JSON", interactive=False, elem_id="export_json", scale=1)
+        ui.clear = gr.Button("Clear history", elem_id="clear_history", scale=1)
+    with gr.Row():
+        ui.time_plot = gr.BarPlot(x="run", y="seconds", color="stage", y_lim=[0, None], x_label_angle=-15,
+                                  title="Time per run, by stage (seconds)", elem_id="time_plot")
+        ui.memory_plot = gr.BarPlot(x="run", y="peak GiB", y_lim=[0, None], x_label_angle=-15,
+                                    title="Peak memory per run (GiB)", elem_id="memory_plot")
+    ui.gallery = gr.Gallery(label="Outputs side by side", columns=6, height=300, object_fit="contain", format="png",
+                            elem_id="outputs_gallery")
+    return ui
+
+
+def _system_section() -> SimpleNamespace:
+    ui = SimpleNamespace()
+    with gr.Row():
+        ui.refresh = gr.Button("Refresh", scale=0)
+    ui.hardware = gr.Markdown(elem_id="hardware")
+    ui.options = gr.Dataframe(label="Every option on this machine", interactive=False, wrap=True,
+                              elem_id="backends")
+    gr.Markdown("### Prepared pipelines in the cache\nEach configuration used is prepared once (LoRA fused, FP8 "
+                "quantized, compiled…) and kept for the next run, within a memory budget.")
+    ui.cache = gr.Dataframe(label="Cached pipelines", interactive=False, wrap=True, elem_id="cache")
+    with gr.Row():
+        ui.free = gr.Button("Free cached pipelines", variant="stop", scale=0, elem_id="free_cache")
+        ui.free_message = gr.Markdown()
+    return ui
+
+
+def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history) -> None:
+    outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, history]
+    compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
+                       compare.download_csv, compare.download_json, compare.caption]
+    edit_fn = on_gpu(handlers.edit)
+    variants_fn = on_gpu(handlers.run_variants, runs_for=lambda arguments: len(arguments.get("variants") or [1]))
+    for button, fn, inputs, name in ((edit.run, edit_fn, edit.panel + [history], "edit"),
+                                     (compare.run_variants, variants_fn, edit.panel + [compare.variants, history],
+                                      "run_variants")):
+        (button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result], **GPU_QUEUE)
+         .then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
+         .then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT))
+    edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)
+    edit.seed_button.click(handlers.random_seed, None, edit.seed, queue=False, **PRIVATE)
+    edit.lora_upload.upload(handlers.upload_lora, edit.lora_upload, [edit.lora, edit.lora_message],
+                            api_name="upload_lora", **LIGHT)
+    for toggle in edit.toggles:
+        toggle.change(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden",
+                      **PRIVATE, **LIGHT)
+    demo.load(handlers.lora_dropdown, None, edit.lora, **PRIVATE, **LIGHT).then(
+        handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
+    compare.baseline.input(handlers.set_baseline, [compare.baseline, history], [compare.table, history],
+                           **PRIVATE, **LIGHT).then(handlers.compare_views, history, compare_outputs,
+                                                    **PRIVATE, **LIGHT)
+    compare.clear.click(handlers.clear_history, history, [compare.table, history], **PRIVATE, **LIGHT).then(
+        handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
+
+
+def _wire_system(demo: gr.Blocks, handlers: Handlers, system, system_tab) -> None:
+    for trigger in (system.refresh.click, system_tab.select):
+        trigger(handlers.system_views, None, [system.hardware, system.options], **PRIVATE, **LIGHT).then(
+            handlers.cache_view, None, system.cache, **PRIVATE, **LIGHT)
+    system.free.click(handlers.free_cache_views, None, [system.free_message, system.cache], **PRIVATE, **LIGHT)

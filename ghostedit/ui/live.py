@@ -1,0 +1,189 @@
+"""A run seen while it happens: the engine runs in a worker thread and its progress events stream out, and the
+words, tables and JSON that show a progress event or a finished run."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from ..telemetry import ProgressEvent
+
+# Engine stage names in the words the page uses
+STAGE_WORDS = {
+    "load": "loading the model",
+    "prepare": "preparing",
+    "preparing": "preparing",
+    "compile warm-up": "compiling",
+    "image encoding": "encoding images",
+    "text encoding": "encoding text",
+    "denoising": "denoising",
+    "decoding": "decoding",
+    "done": "done",
+}
+
+
+def stage_words(stage: str) -> str:
+    return STAGE_WORDS.get(stage, stage)
+
+
+@dataclass
+class Live:
+    """What to show now: the latest progress event (None before the first: the run waits for the engine) and the
+    seconds since the run started, which keep counting during a long stage."""
+    event: ProgressEvent | None
+    elapsed: float
+
+
+_FINISHED = object()
+
+
+def stream_run(engine, request, config, cancel: threading.Event, tick_seconds: float = 1.0):
+    """Runs `engine.run` in a worker thread; yields a Live at every progress event and every `tick_seconds` without
+    one, then the EditResult. An engine error is raised here. If the consumer stops listening (a closed page), the
+    run is cancelled at its next step instead of holding the device."""
+    events: queue.Queue = queue.Queue()
+    outcome: dict = {}
+
+    def work():
+        try:
+            outcome["result"] = engine.run(request, config, on_progress=events.put, cancel=cancel)
+        except BaseException as error:  # noqa: BLE001 - raised again in the consumer below
+            outcome["error"] = error
+        finally:
+            events.put(_FINISHED)
+
+    worker = threading.Thread(target=work, name="ghostedit-run", daemon=True)
+    waiting_since = time.perf_counter()
+    worker.start()
+    latest, arrived = None, waiting_since
+    try:
+        while (item := _next(events, tick_seconds)) is not _FINISHED:
+            if item is not None:
+                latest, arrived = item, time.perf_counter()
+                yield Live(latest, latest.elapsed)
+            elif latest is None:
+                yield Live(None, time.perf_counter() - waiting_since)
+            else:
+                yield Live(latest, latest.elapsed + time.perf_counter() - arrived)
+    finally:
+        if worker.is_alive():
+            cancel.set()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield outcome["result"]
+
+
+def _next(events: queue.Queue, timeout: float):
+    try:
+        return events.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
+def _gib(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f} GiB"
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def memory_words(label: str) -> str:
+    """The memory label, saying plainly when it is not GPU memory."""
+    if label.startswith("host"):
+        return f"{label}: no GPU, so this is the app's own RAM"
+    return label
+
+
+def live_status(live: Live, heading: str = "") -> str:
+    """Markdown for the live view: stage, step i/N, s/step, elapsed, ETA, current and peak memory."""
+    event, elapsed = live.event, live.elapsed
+    if event is None:
+        return (f"{heading}### ⏳ Waiting for the engine… {elapsed:.0f} s\n"
+                "Another job is using the device; this run starts when it ends.")
+    title = stage_words(event.stage).capitalize()
+    if event.total_steps:
+        title += f" · step {event.step}/{event.total_steps}"
+    detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing") else ""
+    return (f"{heading}### ⏳ {title}{detail}\n"
+            "| step | s/step | elapsed | ETA | memory now | peak |\n|---|---|---|---|---|---|\n"
+            f"| {event.step}/{event.total_steps or '–'} | {_seconds(event.step_seconds)} | {elapsed:.1f} s | "
+            f"{_seconds(event.eta)} | {_gib(event.memory.allocated_gib)} | {_gib(event.peak.allocated_gib)} |\n\n"
+            f"<small>Memory: {memory_words(event.memory.label)}.</small>")
+
+
+def progress_json(live: Live) -> dict:
+    """The live state for API clients (the same numbers as the status text)."""
+    event, elapsed = live.event, live.elapsed
+    if event is None:
+        return {"state": "waiting", "elapsed_s": elapsed}
+    return {
+        "state": "running",
+        "stage": event.stage,
+        "stage_words": stage_words(event.stage),
+        "step": event.step,
+        "total_steps": event.total_steps,
+        "step_s": event.step_seconds,
+        "elapsed_s": elapsed,
+        "eta_s": event.eta,
+        "memory": {"label": event.memory.label, "now_gib": event.memory.allocated_gib,
+                   "peak_gib": event.peak.allocated_gib},
+        "message": event.message,
+    }
+
+
+def done_status(result, heading: str = "") -> str:
+    summary = result.telemetry.summary()
+    per_step = summary["denoise_s_per_step"]
+    cache = "prepared pipeline from the cache" if summary["cache_hit"] else "pipeline prepared for this run"
+    return (f"{heading}### ✅ Done in {summary['total_s']:.2f} s\n"
+            f"{per_step:.3f} s per denoising step · {cache} · peak {_gib(summary['peak_allocated_gib'])} "
+            f"({summary['memory_kind']})")
+
+
+def run_summary(result) -> str:
+    """Markdown beside the result: what ran, cache hit or miss, the stage breakdown, what each toggle did."""
+    summary = result.telemetry.summary()
+    request = result.request
+    lines = [f"**{result.config.label}** · {result.width}×{result.height} · {request.steps} steps · "
+             f"CFG {request.cfg_scale:g} · seed {request.seed} · attention ran: {result.attention_backend}", ""]
+    if summary["cache_hit"]:
+        lines.append("**Prepared pipeline: cache hit** (prepared by an earlier run, reused as is)")
+    else:
+        prepare = summary["stages_s"].get("prepare", 0.0)
+        lines.append(f"**Prepared pipeline: cache miss** (built for this run in {prepare:.2f} s; the next run with "
+                     "this configuration reuses it)")
+    lines += ["", "| stage | seconds | share |", "|---|---:|---:|"]
+    total = summary["total_s"] or 1.0
+    for stage, seconds in summary["stages_s"].items():
+        lines.append(f"| {stage_words(stage)} | {seconds:.3f} | {100 * seconds / total:.0f}% |")
+        if stage == "prepare":
+            lines += [f"| &nbsp;&nbsp;↳ {step} | {step_seconds:.3f} | |"
+                      for step, step_seconds in summary["prepare_steps_s"].items()]
+    lines.append(f"| **end to end** | **{summary['total_s']:.3f}** | |")
+    if summary["denoise_s_per_step"] is not None:
+        lines += ["", f"Denoising: **{summary['denoise_s_per_step']:.3f} s/step** (median of "
+                      f"{len(summary['step_s'])}: {' '.join(f'{s:.3f}' for s in summary['step_s'])})"]
+    lines.append(f"Peak {memory_words(summary['memory_kind'])}: **{_gib(summary['peak_allocated_gib'])}**")
+    lines += ["", "What each toggle did:"] + [f"- {name}: {words}" for name, words in result.prepared_report.items()]
+    lines += [f"\n⚠️ {note}" for note in summary["notes"]]
+    return "\n".join(lines)
+
+
+def result_json(result, run_number: int) -> dict:
+    """The finished run for API clients: configuration, sizes, what each toggle did, and the full telemetry."""
+    request = result.request
+    return {
+        "state": "done",
+        "run": run_number,
+        "configuration": result.config.label,
+        "width": result.width,
+        "height": result.height,
+        "steps": request.steps,
+        "cfg_scale": request.cfg_scale,
+        "seed": request.seed,
+        "attention_ran": result.attention_backend,
+        "prepared_report": dict(result.prepared_report),
+        "telemetry": result.telemetry.summary(),
+    }

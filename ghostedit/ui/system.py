@@ -1,0 +1,100 @@
+"""What this machine is and holds: GPU, driver, CUDA, library versions, every backend's availability with its reason,
+and the prepared pipelines in the engine's cache."""
+from __future__ import annotations
+
+import os
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import pandas as pd
+import psutil
+import torch
+
+from .settings import TOGGLE_WORDS
+
+LIBRARIES = ("torch", "diffsynth", "transformers", "gradio", "gradio_client", "torchao", "peft", "safetensors",
+             "transformer_engine", "flash_attn", "flash_attn_3", "sageattention", "spaces")
+GIB = 1024**3
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # NVML missing or refused (containers): the rest of the report stands
+        return None
+
+
+def hardware(device: str) -> dict:
+    info = {"device": device, "cpu": platform.processor() or platform.machine(), "cpu_cores": os.cpu_count(),
+            "ram_gib": round(psutil.virtual_memory().total / GIB, 1), "python": platform.python_version(),
+            "torch_cuda": torch.version.cuda, "gpus": []}
+    if torch.cuda.is_available():
+        info["driver"] = _driver_version()
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            info["gpus"].append({"name": props.name, "memory_gib": round(props.total_memory / GIB, 1),
+                                 "compute_capability": f"{props.major}.{props.minor}"})
+    return info
+
+
+def system_report(engine, with_cache: bool = True) -> dict:
+    """Everything the System tab shows, as JSON (the /system endpoint). The cache listing waits for a running job
+    to end (the engine's lock), so the page asks for it apart."""
+    report = {
+        "model": {"source": engine.spec.source, "description": engine.spec.description,
+                  "loaded": engine.load_count > 0},
+        "hardware": hardware(engine.device),
+        "libraries": {name: _package_version(name) for name in LIBRARIES},
+        "options": {toggle: {choice: {"available": available.ok, "reason": available.reason}
+                             for choice, available in choices.items()}
+                    for toggle, choices in engine.options().items()},
+    }
+    if with_cache:
+        report["cached_pipelines"] = engine.cached()
+    return report
+
+
+def hardware_markdown(report: dict) -> str:
+    hw, model = report["hardware"], report["model"]
+    lines = [f"**Model:** {model['description']} ({'loaded' if model['loaded'] else 'loads on the first run'})", ""]
+    if hw["gpus"]:
+        for gpu in hw["gpus"]:
+            lines.append(f"**GPU:** {gpu['name']} · {gpu['memory_gib']} GiB · compute capability "
+                         f"{gpu['compute_capability']}")
+        lines.append(f"**Driver:** {hw.get('driver') or 'unknown (NVML unavailable)'} · **CUDA (torch build):** "
+                     f"{hw['torch_cuda']}")
+    else:
+        lines.append(f"**GPU:** none: GhostEdit runs on the CPU ({hw['cpu']}, {hw['cpu_cores']} cores), and the "
+                     "memory it reports is the app's host memory (RSS)")
+    lines.append(f"**Host:** {hw['ram_gib']} GiB RAM · Python {hw['python']}")
+    installed = [f"{name} {ver}" for name, ver in report["libraries"].items() if ver]
+    missing = [name for name, ver in report["libraries"].items() if not ver]
+    lines.append("**Libraries:** " + ", ".join(installed))
+    if missing:
+        lines.append("**Not installed:** " + ", ".join(missing))
+    return "\n\n".join(lines)
+
+
+def options_table(report: dict) -> pd.DataFrame:
+    rows = [{"toggle": toggle, "choice": TOGGLE_WORDS.get(toggle, {}).get(choice, choice),
+             "available here": "yes" if state["available"] else "no", "reason": state["reason"]}
+            for toggle, choices in report["options"].items() for choice, state in choices.items()]
+    return pd.DataFrame(rows, columns=["toggle", "choice", "available here", "reason"])
+
+
+def cache_table(cached: list[dict]) -> pd.DataFrame:
+    rows = [{"configuration": entry["config"], "memory GiB (beyond base weights)": round(entry["owned_gib"], 3),
+             "prepare s": round(entry["prepare_s"], 3),
+             "what each toggle did": "; ".join(f"{k}: {v}" for k, v in entry["report"].items())}
+            for entry in cached]
+    return pd.DataFrame(rows, columns=["configuration", "memory GiB (beyond base weights)", "prepare s",
+                                       "what each toggle did"])

@@ -1,0 +1,63 @@
+"""Starts the real app (`python app.py --model tiny`) as a subprocess on a free port and waits until it serves."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+READY_TIMEOUT_S = 180  # generous: a loaded CI machine; the startup time itself is checked in a test
+
+
+@dataclass
+class RunningApp:
+    url: str
+    lora_dir: Path
+    log: Path
+    startup_wall_s: float
+    startup_cpu_s: float   # CPU time of the server process until it served: what a start costs without contention
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serves(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def running_app(folder: Path):
+    port, lora_dir, log = free_port(), folder / "loras", folder / "server.log"
+    url = f"http://127.0.0.1:{port}/"
+    start = time.perf_counter()
+    with open(log, "w") as log_file:
+        process = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--port", str(port),
+                                    "--lora-dir", str(lora_dir)], cwd=REPO, stdout=log_file,
+                                   stderr=subprocess.STDOUT)
+    try:
+        while not _serves(url):
+            if process.poll() is not None or time.perf_counter() - start > READY_TIMEOUT_S:
+                raise RuntimeError(f"the app did not start (exit code {process.poll()}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.25)
+        cpu = psutil.Process(process.pid).cpu_times()
+        yield RunningApp(url, lora_dir, log, time.perf_counter() - start, cpu.user + cpu.system)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()

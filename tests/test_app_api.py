@@ -1,0 +1,183 @@
+"""The real app on 127.0.0.1 (tiny model), driven through its named API endpoints with gradio_client."""
+import math
+import time
+
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+from gradio_client.utils import Status
+from PIL import Image
+
+from conftest import ASSETS
+
+SMALL = dict(steps=3, width=128, height=128)
+# /edit and /run_variants outputs, in order
+STATUS, BEFORE_AFTER, SUMMARY, RUN_JSON, TABLE = range(5)
+
+
+def client(app) -> Client:
+    """A new client is a new session: its own history."""
+    return Client(app.url, verbose=False)
+
+
+def inputs(**overrides) -> dict:
+    return {"image": handle_file(str(ASSETS / "house.png")), "prompt": "make it a haunted house at night",
+            **SMALL, **overrides}
+
+
+def wait_until(condition, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def reached(job, key, value) -> bool:
+    """Whether the job has streamed a live update with update[key] >= value (or == for strings)."""
+    for out in job.outputs():
+        update = out[RUN_JSON]
+        if isinstance(update, dict) and key in update:
+            if update[key] == value or (not isinstance(value, str) and update[key] >= value):
+                return True
+    return False
+
+
+def rows(table: dict) -> list[dict]:
+    return [dict(zip(table["headers"], row)) for row in table["data"]]
+
+
+def test_starts_within_30_cpu_seconds(app, artifacts):
+    (artifacts / "app-startup.txt").write_text(f"wall {app.startup_wall_s:.1f} s, cpu {app.startup_cpu_s:.1f} s\n")
+    # CPU time, not wall time: other jobs on a shared CI machine stretch the wall clock, not the work
+    assert app.startup_cpu_s < 30
+
+
+def test_default_edit_streams_every_step(app):
+    """Only an image and an instruction: the model's default steps and size; the view updates at every step."""
+    job = client(app).submit(image=handle_file(str(ASSETS / "house.png")), prompt="make it night",
+                             api_name="/edit")
+    live = [out[RUN_JSON] for out in job if isinstance(out[RUN_JSON], dict) and out[RUN_JSON].get("state") == "running"]
+    final = job.result()
+    steps = [update["step"] for update in live if update["stage"] == "denoising"]
+    assert steps == sorted(steps) and set(range(1, 5)) <= set(steps), steps
+    assert {"load", "denoising", "decoding"} <= {update["stage"] for update in live}
+    per_step = [update for update in live if update["step_s"] is not None]
+    assert all(update["eta_s"] is not None and update["memory"]["label"] == "host memory (process RSS)"
+               for update in per_step)
+    telemetry = final[RUN_JSON]["telemetry"]
+    assert final[RUN_JSON]["state"] == "done" and len(telemetry["step_s"]) == 4
+    before, after = (Image.open(path) for path in final[BEFORE_AFTER])
+    assert before.size == after.size == (256, 256)
+    assert "Done in" in final[STATUS] and "Prepared pipeline" in final[SUMMARY]
+
+
+def test_two_configurations_give_two_comparison_rows(app):
+    session = client(app)
+    session.predict(**inputs(), api_name="/edit")
+    second = session.predict(**inputs(fp8="storage"), api_name="/edit")
+    baseline, fp8 = rows(second[TABLE])  # exactly two: other tests' sessions never show here
+    assert baseline["run"] == "#1 (baseline)" and baseline["configuration"] == "bf16"
+    assert fp8["configuration"] == "fp8-storage"
+    assert fp8["speedup e2e ×"] > 0 and fp8["speedup s/step ×"] > 0
+    assert 25 < float(fp8["PSNR dB"]) < math.inf and 0 < fp8["SSIM"] < 1
+    assert baseline["PSNR dB"] == "identical"
+
+
+def test_identical_second_run_is_a_cache_hit(app):
+    session = client(app)
+    first = session.predict(**inputs(attention="sdpa-math"), api_name="/edit")
+    second = session.predict(**inputs(attention="sdpa-math"), api_name="/edit")
+    assert first[RUN_JSON]["telemetry"]["cache_hit"] is False
+    assert second[RUN_JSON]["telemetry"]["cache_hit"] is True
+    assert [row["cache"] for row in rows(second[TABLE])] == ["miss", "hit"]
+    assert "cache hit" in second[SUMMARY]
+
+
+def test_run_variants_fills_the_comparison(app):
+    result = client(app).predict(**inputs(lora="built-in/tiny_lora_peft.safetensors"),
+                                 variants=["baseline", "lora-fused", "lora-runtime"], api_name="/run_variants")
+    table = rows(result[TABLE])
+    assert [row["configuration"] for row in table] == [
+        "bf16", "bf16 + lora-tiny_lora_peft-fused@1", "bf16 + lora-tiny_lora_peft-runtime@1"]
+    assert table[0]["run"].endswith("(baseline)")
+    fused, runtime = table[1:]
+    assert float(fused["PSNR dB"]) < 40  # the LoRA changes the picture
+    assert fused["speedup s/step ×"] > 0 and runtime["speedup s/step ×"] > 0
+    assert result[RUN_JSON]["state"] == "done" and len(result[RUN_JSON]["runs"]) == 3
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(fp8="torchao"), "needs a CUDA GPU"),
+    (dict(attention="fa3"), "needs a CUDA GPU"),
+    (dict(width=100), "multiple of 16"),
+    (dict(prompt="  "), "prompt is empty"),
+    (dict(lora="../../etc/passwd"), "not a LoRA name"),
+    (dict(lora="missing.safetensors"), "no LoRA named"),
+    (dict(compile_mode="off", rewrites=["inductor-cdt"]), "needs compile on"),
+])
+def test_refused_runs_say_why_and_the_app_keeps_serving(app, overrides, message):
+    session = client(app)
+    with pytest.raises(AppError, match=message):
+        session.predict(**inputs(**overrides), api_name="/edit")
+
+
+def test_variant_needing_an_unset_toggle_is_refused(app):
+    with pytest.raises(AppError, match="stock value"):
+        client(app).predict(**inputs(), variants=["baseline", "fp8"], api_name="/run_variants")
+
+
+def test_queue_runs_one_job_at_a_time_and_shows_the_place(app):
+    first = client(app).submit(**inputs(steps=40), api_name="/edit")
+    wait_until(lambda: reached(first, "stage", "denoising"))
+    second = client(app).submit(**inputs(), api_name="/edit")
+    seen = []  # the second job's status while the first one is still running
+    while not first.done():
+        seen.append(second.status())
+        time.sleep(0.05)
+    queued = [status for status in seen if status.code == Status.IN_QUEUE]
+    assert queued and queued[-1].rank == 0 and queued[-1].queue_size >= 1, seen[-5:]
+    assert second.result()[RUN_JSON]["state"] == "done"
+
+
+def test_cancel_stops_the_run_at_a_step(app):
+    session = client(app)
+    job = session.submit(**inputs(steps=100), api_name="/edit")
+    wait_until(lambda: reached(job, "step", 1))
+    session.predict(api_name="/cancel")
+    final = job.result()
+    assert final[RUN_JSON]["state"] == "cancelled" and "Cancelled" in final[STATUS]
+    assert "of 100 steps" in final[RUN_JSON]["message"]
+
+
+def test_lora_upload_is_saved_under_a_safe_name(app, tmp_path):
+    from ghostedit.models.tiny import ensure_tiny_lora
+    upload = tmp_path / "my ghost style!.safetensors"
+    upload.write_bytes(ensure_tiny_lora("kohya").read_bytes())
+    dropdown, message = client(app).predict(handle_file(str(upload)), api_name="/upload_lora")
+    assert (app.lora_dir / "my_ghost_style.safetensors").read_bytes() == upload.read_bytes()
+    assert "my_ghost_style.safetensors" in message
+    result = client(app).predict(**inputs(lora="my_ghost_style.safetensors", lora_mode="runtime"), api_name="/edit")
+    assert "24 layers matched" in result[RUN_JSON]["prepared_report"]["lora"]
+
+
+def test_lora_upload_refuses_a_file_that_is_not_safetensors(app, tmp_path):
+    fake = tmp_path / "evil.safetensors"
+    fake.write_bytes(b"\x80\x04not a safetensors file")
+    with pytest.raises(AppError, match="not a safetensors file"):
+        client(app).predict(handle_file(str(fake)), api_name="/upload_lora")
+    assert not (app.lora_dir / "evil.safetensors").exists()
+
+
+def test_options_system_and_free_cache(app):
+    session = client(app)
+    options = session.predict(api_name="/options")
+    assert options["options"]["fp8"]["storage"]["available"] is True
+    assert "needs a CUDA GPU" in options["options"]["attention"]["sage"]["reason"]
+    assert "built-in/tiny_lora_peft.safetensors" in options["loras"]
+    session.predict(**inputs(), api_name="/edit")
+    system = session.predict(api_name="/system")
+    assert system["hardware"]["device"] == "cpu" and system["hardware"]["gpus"] == []
+    assert system["libraries"]["gradio"] and system["cached_pipelines"]
+    freed = session.predict(api_name="/free_cache")
+    assert freed["cached_pipelines"] == [] and isinstance(freed["freed_gib"], float)
+    assert session.predict(**inputs(), api_name="/edit")[RUN_JSON]["telemetry"]["cache_hit"] is False
