@@ -15,7 +15,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home; the
 try:  # ZeroGPU needs `spaces` imported before torch touches CUDA; outside a Space it changes nothing
     import spaces  # noqa: F401
 except ImportError:
-    spaces = None
+    pass  # not on a Space: nothing to prepare
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -17,7 +17,7 @@ import torch
 
 from .config import OptimizationConfig
 from .device import empty_cache, synchronize
-from .optimize import attention, fp8, rewrites
+from .optimize import attention, fp8
 from .recipe import prepare_dit
 from .telemetry import GIB, RunRecorder
 from .tensors import storage_bytes
@@ -89,8 +89,7 @@ def bench_dit_configuration(base_dit, config: OptimizationConfig, inputs: dict, 
         torch.cuda.reset_peak_memory_stats()
     synchronize(device)
     start = time.perf_counter()
-    with rewrites.compile_settings(config.rewrites):
-        output = forward(dit, inputs, config, backend)
+    output = forward(dit, inputs, config, backend)
     synchronize(device)
     first_call_s = time.perf_counter() - start
     for _ in range(2):

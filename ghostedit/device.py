@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import GhostEditError
+
 
 @dataclass(frozen=True)
 class Availability:
@@ -22,7 +24,7 @@ class Availability:
         return cls(False, reason)
 
 
-class UnavailableOptionError(RuntimeError):
+class UnavailableOptionError(GhostEditError, RuntimeError):
     """Raised when a run asks for an option this machine cannot run; the message is the reason."""
 
 

@@ -371,8 +371,7 @@ class _instrumented:
     def _warm_up(self, inputs):
         start = time.perf_counter()
         try:
-            with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"), \
-                    rewrites.compile_settings(self.prepared.config.rewrites):
+            with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"):
                 self.model_fn(**inputs)
         except Exception as error:
             if not compile_opt.is_compile_error(error):

@@ -27,7 +27,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from .errors import InputImageError
 
 MULTIPLE = 16
-MAX_INPUT_PIXELS = 40_000_000    # 40 MP: well past any camera photo, and 160 MB once decoded to RGBA
+MAX_INPUT_PIXELS = 40_000_000    # 40 MP: common camera photos (12-24 MP) with room to spare; 160 MB as RGBA
 MIN_INPUT_SIDE = 16              # one latent patch
 MAX_ASPECT_RATIO = 8.0
 FORMATS = ("PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF", "AVIF")

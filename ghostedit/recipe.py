@@ -58,7 +58,7 @@ def prepare_dit(base_dit: torch.nn.Module, config: OptimizationConfig, recorder:
     # Lossless, last: compile what the steps above produced
     if config.compile != "off":
         with step("compile", "setting up torch.compile"):
-            blocks = compile_opt.compile_regions(dit, config.compile)
+            blocks = compile_opt.compile_regions(dit, config.compile, rewrites.inductor_options(config.rewrites))
         report["compile"] = f"{config.compile}: {blocks} transformer blocks (compiled on first call)"
         if "inductor-cdt" in config.rewrites:
             report["compile"] += ", coordinate-descent tuning"

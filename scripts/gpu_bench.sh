@@ -32,8 +32,8 @@ case ${1:?phase} in
     rm -rf "$TORCHINDUCTOR_CACHE_DIR"
     for phase in cold warm; do
       start=$(date +%s%N)
-      bench --level dit "${SIZE[@]}" --repeats 4 --host-memory text-encoder --out-dir "$OUT/coldstart-$phase" \
-        --configs "$BEST"
+      bench --level dit "${SIZE[@]}" --repeats 6 --host-memory text-encoder --out-dir "$OUT/coldstart-$phase" \
+        --configs "$BEST" $([ $phase = warm ] && echo --experiments)
       echo "$phase process wall: $(( ($(date +%s%N) - start) / 1000000 )) ms"
     done ;;
   e2e)

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# On the GPU machine (no network): reassemble wheels carried in 45 MiB parts, install every carried wheel in one pip
-# call into /tmp/site, and print what the machine has. Source it: `source scripts/gpu_setup.sh`.
-# Carried folders (see ../shared/tools/device-wheels): .whl-* with whole wheels; parts copied beforehand into
-# /tmp/parts by `mkdir -p /tmp/parts && cp .whl-<x>-partN/* /tmp/parts/`, one run call per part folder.
+# On the GPU machine (no network): install the wheels carried there, then print what the machine has.
+# Source it: `source scripts/gpu_setup.sh`.
+# Wheels arrive over several device calls (at most 64 MiB each; ../shared/tools/device-wheels lays them out):
+# each call copies its whole wheels into /tmp/wheels and its 45 MiB parts into /tmp/parts:
+#   mkdir -p /tmp/wheels /tmp/parts; cp .whl-x/*.whl /tmp/wheels/; cp .whl-x-partN/* /tmp/parts/
+# This reassembles the parts and installs everything in ONE pip call (pip --target replaces a package folder
+# that a later call installs again).
 set -u
 if [ ! -d /tmp/site/diffsynth ]; then
+  mkdir -p /tmp/wheels
   if [ -d /tmp/parts ]; then
-    (cd /tmp/parts && for w in $(ls | sed 's/\.part[0-9]*$//' | sort -u); do cat "$w".part* > "/tmp/$w"; done)
+    (cd /tmp/parts && for w in $(ls | sed 's/\.part[0-9]*$//' | sort -u); do cat "$w".part* > "/tmp/wheels/$w"; done)
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-*/*.whl /tmp/*.whl 2>&1 | grep -v "^WARNING: Target directory" | tail -5
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wheels/*.whl 2>&1 |
+    grep -v "^WARNING: Target directory" | tail -5
 fi
-export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
+export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD:/tmp/site-te  # site-te: scripts/install_te_on_gpu.sh
 export GHOSTEDIT_HOME=/tmp/ghostedit-home PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 - <<'PY'

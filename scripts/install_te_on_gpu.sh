@@ -16,13 +16,13 @@ for w in $(ls "$parts" | sed 's/\.part[0-9]*$//' | sort -u); do
   whls+=("/tmp/$w")
 done
 (cd /tmp && sha256sum -c "$OLDPWD/.whl-te/SHA256SUMS")   # every part arrived, in order
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "${whls[@]}" "$@"
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "${whls[@]}" "$@"
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 
 python3 - <<'EOF'
 import torch, transformer_engine, transformer_engine.pytorch as te, transformer_engine_torch as tex
 from transformer_engine.common.recipe import Float8CurrentScaling
-print("torch", torch.__version__, "| TE", transformer_engine.__version__, "| cuDNN", tex.get_cudnn_version(), "|", torch.cuda.get_device_name())
+print("torch", torch.__version__, torch.version.git_version[:8], "| TE", transformer_engine.__version__, "| cuDNN", tex.get_cudnn_version(), "|", torch.cuda.get_device_name())
 lin = te.Linear(256, 256, params_dtype=torch.bfloat16, device="cuda")
 x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 with te.autocast(enabled=True, recipe=Float8CurrentScaling()):  # = te.fp8_autocast(fp8_recipe=...), deprecated

@@ -122,7 +122,7 @@ def test_refused_runs_say_why_and_the_app_keeps_serving(app, overrides, message)
 
 
 def test_variant_needing_an_unset_toggle_is_refused(app):
-    with pytest.raises(AppError, match="stock value"):
+    with pytest.raises(AppError, match="stock setting"):
         client(app).predict(**inputs(), variants=["baseline", "fp8"], api_name="/run_variants")
 
 

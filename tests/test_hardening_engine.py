@@ -169,18 +169,17 @@ def test_refused_image_among_several_is_named():
         EditRequest(images=[noise(32, 32), encoded(Image.new("RGB", (1, 1)))], prompt="make it night")
 
 
-def test_converted_images_edit_at_multiples_of_16_within_the_area(engine, house):
-    first = EditRequest(images=[gradient_16bit_png(), cmyk_jpeg(), animated_gif()], prompt="make it night", steps=1)
-    second = EditRequest(images=[encoded(noise(256, 32)), rotated_jpeg(), half_transparent_png()],
-                         prompt="make it night", steps=1)
-    results = [engine.run(edit) for edit in (first, second)]
-    for result in results:
-        width, height = result.image.size
-        assert width % 16 == 0 and height % 16 == 0
-        assert width * height <= engine.spec.default_area * 1.1
-        assert all(image.size[0] % 16 == 0 and image.size[1] % 16 == 0 for image in result.inputs)
-    assert results[0].telemetry.notes == [f"input image 3: {GIF_NOTE}"]
-    assert results[1].width / results[1].height == pytest.approx(8, rel=0.15)  # the 256x32 image sets the aspect
+def test_converted_images_edit_at_multiples_of_16_within_the_area(engine):
+    """No size given: the first image's aspect ratio (8:1 here) at the model's default area."""
+    result = engine.run(EditRequest(images=[encoded(noise(256, 32)), gradient_16bit_png(), animated_gif()],
+                                    prompt="make it night", steps=1))
+    width, height = result.image.size
+    assert width % 16 == 0 and height % 16 == 0 and width / height == pytest.approx(8, rel=0.15)
+    assert width * height <= engine.spec.default_area * 1.1
+    for image in result.inputs:
+        assert image.size[0] % 16 == 0 and image.size[1] % 16 == 0
+        assert image.size[0] * image.size[1] <= width * height * 1.1
+    assert result.telemetry.notes == [f"input image 3: {GIF_NOTE}"]
 
 
 # ---- parameters: refused, never clamped ----
@@ -379,7 +378,7 @@ def _out_of_memory():
 
 
 def test_out_of_memory_while_running_evicts_the_cache_and_retries_once(engine, house, monkeypatch):
-    reference = engine.run(request(house, seed=5))
+    reference = engine.run(request(house, seed=5, steps=1))
     engine.prepare(OptimizationConfig(fp8="storage"))
     loads = engine.load_count
     first_attempt_alive = []
@@ -391,7 +390,7 @@ def test_out_of_memory_while_running_evicts_the_cache_and_retries_once(engine, h
             first_attempt_alive.extend(ref for ref in tensors[:calls[1]] if ref() is not None)
 
     tensors, calls = _spy_on_dit_calls(monkeypatch, fail_first_call)
-    result = engine.run(request(house, seed=5))
+    result = engine.run(request(house, seed=5, steps=1))
     assert OUT_OF_MEMORY_RETRY_NOTE in result.telemetry.notes
     assert not first_attempt_alive
     assert [entry["config"] for entry in engine.cached()] == [OptimizationConfig().label]  # others evicted
@@ -410,7 +409,7 @@ def test_out_of_memory_while_preparing_retries(engine, house, monkeypatch):
         return build(self, *args)
 
     monkeypatch.setattr(Engine, "_build", build_failing_first)
-    result = engine.run(request(house), OptimizationConfig(fp8="storage"))
+    result = engine.run(request(house, steps=1), OptimizationConfig(fp8="storage"))
     assert builds == ["fp8-storage"] * 2 and OUT_OF_MEMORY_RETRY_NOTE in result.telemetry.notes
     failures.append(_out_of_memory())
     prepared, hit = engine.prepare(OptimizationConfig(attention="sdpa-math"))  # preparing alone recovers too
@@ -419,7 +418,7 @@ def test_out_of_memory_while_preparing_retries(engine, house, monkeypatch):
 
 
 def test_out_of_memory_twice_is_a_clear_error_and_the_next_edit_succeeds(engine, house, monkeypatch):
-    reference = engine.run(request(house, seed=9))
+    reference = engine.run(request(house, seed=9, steps=1))
     def always(n):
         raise _out_of_memory()
 
@@ -427,12 +426,12 @@ def test_out_of_memory_twice_is_a_clear_error_and_the_next_edit_succeeds(engine,
     with pytest.raises(GpuOutOfMemoryError, match=r"out of (GPU )?memory while running a 128x128 edit with bf16 "
                                                   r"\(it needed another 2.00 GiB\): GhostEdit freed every cached "
                                                   r"pipeline and tried once more.*smaller output size") as failed:
-        engine.run(request(house, seed=9))
+        engine.run(request(house, seed=9, steps=1))
     assert failed.value.__context__ is None and failed.value.__cause__ is None
     assert all(ref() is None for ref in tensors)  # both attempts' tensors freed, though the error is still held
     assert engine.cached() == []
     monkeypatch.undo()
-    after = engine.run(request(house, seed=9))
+    after = engine.run(request(house, seed=9, steps=1))
     assert np.array_equal(pixels(after), pixels(reference)) and not after.telemetry.notes
 
 
@@ -464,21 +463,21 @@ def _allocated(device: str) -> int | None:
 
 
 def test_cancelled_run_stops_early_frees_its_memory_and_the_next_run_succeeds(engine, house, monkeypatch):
-    reference = engine.run(request(house, steps=5, seed=3))
+    reference = engine.run(request(house, steps=3, seed=3))
     allocated = _allocated(engine.device)
-    for _ in range(3):  # repeated cancels leave nothing behind
+    for _ in range(2):  # a second cancel finds nothing left behind by the first
         tensors, calls = _spy_on_dit_calls(monkeypatch)
         cancel = threading.Event()
-        with pytest.raises(RunCancelled, match=r"cancelled after 1 of 5 steps") as cancelled:
-            engine.run(request(house, steps=5, seed=3), on_progress=_cancel_after_step(1, cancel), cancel=cancel)
-        assert 0 < len(calls) < 5 * 2  # CFG: two DiT calls a step
+        with pytest.raises(RunCancelled, match=r"cancelled after 1 of 3 steps") as cancelled:
+            engine.run(request(house, steps=3, seed=3), on_progress=_cancel_after_step(1, cancel), cancel=cancel)
+        assert 0 < len(calls) <= 2  # one step's DiT calls (two with CFG) of three steps
         assert tensors and all(ref() is None for ref in tensors), "the cancelled run's tensors are still alive"
         assert not [frame for frame in traceback.extract_tb(cancelled.value.__traceback__)
                     if "diffsynth" in frame.filename]  # the error no longer holds the pipeline's frames
         assert _lock_is_free(engine)
         assert _allocated(engine.device) == allocated
         monkeypatch.undo()
-    after = engine.run(request(house, steps=5, seed=3))
+    after = engine.run(request(house, steps=3, seed=3))
     assert np.array_equal(pixels(after), pixels(reference))
 
 
@@ -520,45 +519,43 @@ def test_compile_failure_falls_back_to_eager_with_a_visible_warning(engine, hous
 
 def test_concurrent_callers_each_get_their_own_result_and_telemetry(engine, house):
     """Eight callers at once: one cancels, one sends a LoRA for another model, one an animated GIF. Every call
-    returns or raises its own outcome, with its own image, steps, progress events and notes."""
+    returns or raises its own outcome, with its own request, image, steps, progress events and notes."""
     gif = load_image(animated_gif())
-    jobs = {index: dict(seed=200 + index, steps=steps) for index, steps in enumerate((1, 2, 3, 1, 2, 3, 3, 2))}
+    steps = (1, 2, 1, 2, 1, 2, 3, 2)
     cancelled_job, foreign_job, gif_job = 6, 7, 5
+    requests = [request(gif if index == gif_job else house, seed=200 + index, steps=count)
+                for index, count in enumerate(steps)]
+    foreign = OptimizationConfig(lora=LoraChoice.from_file(ensure_foreign_lora()))
     cancel = threading.Event()
-    events = {index: [] for index in jobs}
+    events = [[] for _ in requests]
     outcomes = {}
 
     def edit(index):
-        job = jobs[index]
-        config = OptimizationConfig(lora=LoraChoice.from_file(ensure_foreign_lora())) if index == foreign_job else \
-            OptimizationConfig()
-
         def on_progress(event):
             events[index].append(event)
             if index == cancelled_job:
                 _cancel_after_step(1, cancel)(event)
         try:
-            outcomes[index] = engine.run(request(gif if index == gif_job else house, **job), config,
+            outcomes[index] = engine.run(requests[index], foreign if index == foreign_job else OptimizationConfig(),
                                          on_progress=on_progress, cancel=cancel if index == cancelled_job else None)
         except Exception as error:  # noqa: BLE001 - every outcome is checked below
             outcomes[index] = error
 
-    threads = [threading.Thread(target=edit, args=(index,)) for index in jobs]
+    threads = [threading.Thread(target=edit, args=(index,)) for index in range(len(requests))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=300)
-    assert set(outcomes) == set(jobs)
+    assert sorted(outcomes) == list(range(len(requests)))  # every request completed or was reported
     assert isinstance(outcomes.pop(cancelled_job), RunCancelled)
     assert isinstance(outcomes.pop(foreign_job), LoraError)
     for index, result in outcomes.items():
-        steps = jobs[index]["steps"]
-        assert result.request.seed == jobs[index]["seed"]
-        assert len(result.telemetry.step_seconds) == steps
+        assert result.request is requests[index]
+        assert len(result.telemetry.step_seconds) == steps[index]
         step_events = [event for event in events[index]
                        if event.stage == "denoising" and event.step_seconds is not None]
-        assert [event.step for event in step_events] == list(range(1, steps + 1))
-        assert {event.total_steps for event in step_events} == {steps}
+        assert [event.step for event in step_events] == list(range(1, steps[index] + 1))
+        assert {event.total_steps for event in step_events} == {steps[index]}
         assert result.telemetry.notes == ([f"input image 1: {GIF_NOTE}"] if index == gif_job else [])
-        alone = engine.run(request(gif if index == gif_job else house, **jobs[index]))
-        assert np.array_equal(pixels(result), pixels(alone)), f"caller {index} got another caller's image"
+    for index in (0, 2, gif_job):  # the image is the one this request makes on its own
+        assert np.array_equal(pixels(outcomes[index]), pixels(engine.run(requests[index])))

@@ -117,7 +117,8 @@ def test_variants_add_one_panel_setting_each_and_run_duplicates_once():
 
 
 @pytest.mark.parametrize("names, message", [
-    (["fp8"], "stock value"), (["lora-fused"], "no LoRA is picked"), ([], "at least one"), (["turbo"], "unknown"),
+    (["fp8"], "stock setting"), (["rewrites"], "stock setting"), (["lora-fused"], "no LoRA is picked"),
+    ([], "at least one"), (["turbo"], "unknown"),
 ])
 def test_variants_that_cannot_mean_anything_are_refused(names, message):
     with pytest.raises(ValueError, match=message):
@@ -127,7 +128,8 @@ def test_variants_that_cannot_mean_anything_are_refused(names, message):
 def test_unavailable_choices_carry_their_reason(engine):
     choices = dict((value, label) for label, value in toggle_choices("fp8", engine.options()["fp8"]))
     assert choices["storage"] == "storage (FP8 weights, bf16 compute)"
-    assert choices["torchao"].endswith("unavailable: torchao FP8 compute needs a CUDA GPU; this machine runs on the CPU")
+    assert choices["torchao"].endswith(
+        "unavailable: torchao FP8 compute needs a CUDA GPU; this machine runs on the CPU")
 
 
 def test_lora_library_lists_resolves_and_stores_uploads(tmp_path):

@@ -9,9 +9,10 @@ import torch
 
 from ..device import Availability
 
-COMPILE_OPTIONS = {
-    "regional": {"dynamic": True},
-    "max-autotune": {"dynamic": True, "mode": "max-autotune-no-cudagraphs"},
+# Inductor options per mode (torch.compile's `mode` names these same sets; options can be extended, a mode cannot)
+INDUCTOR_OPTIONS = {
+    "regional": {},
+    "max-autotune": {"max_autotune": True},
 }
 
 
@@ -36,10 +37,21 @@ def compiled_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(model.transformer_blocks)
 
 
-def compile_regions(model: torch.nn.Module, mode: str) -> int:
+# Every prepared configuration compiles the same block code, each one adding guarded entries to that code's cache:
+# past Dynamo's default limit of 8, later configurations would quietly run eager.
+RECOMPILE_LIMIT = 64
+
+
+def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | None = None) -> int:
+    """Compiles each transformer block. Inductor options go with the compiled module (not the global config),
+    so configurations with different options get their own compiled code rather than reusing another's."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           16 * RECOMPILE_LIMIT)
     blocks = compiled_blocks(model)
+    options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
     for block in blocks:
-        block.compile(**COMPILE_OPTIONS[mode])
+        block.compile(dynamic=True, options=options or None)
     return len(blocks)
 
 

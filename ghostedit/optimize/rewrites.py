@@ -11,8 +11,6 @@ floating-point rounding.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from diffsynth.models import qwen_image_dit
 from einops import rearrange
@@ -107,9 +105,6 @@ class FusedQKVAttention(qwen_image_dit.QwenDoubleStreamAttention):
         return self.to_out(joint[:, seq_txt:]), self.to_add_out(joint[:, :seq_txt])
 
 
-def compile_settings(rewrites: tuple[str, ...]):
-    """Inductor settings in force while a compiled model compiles (its first call)."""
-    if "inductor-cdt" in rewrites:
-        from torch._inductor import config
-        return config.patch(coordinate_descent_tuning=True)
-    return contextlib.nullcontext()
+def inductor_options(rewrites: tuple[str, ...]) -> dict:
+    """Extra Inductor options the rewrites ask for, given to the compiled blocks."""
+    return {"coordinate_descent_tuning": True} if "inductor-cdt" in rewrites else {}

@@ -95,8 +95,8 @@ class Handlers:
                      history: History | None = None, request: gr.Request = None, progress=gr.Progress()):
         """Runs the same edit under several configurations in one go ("baseline", "lora-fused", "lora-runtime",
         "fp8", "attention", "compile", "rewrites", "all": each "+" variant adds that one panel setting to the stock
-        baseline).
-        Streams like /edit; each finished variant joins the comparison table, with "baseline" as its baseline."""
+        baseline). Streams like /edit; each finished variant joins the comparison table, with "baseline" as its
+        baseline."""
         try:
             panel = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
             runs, notes = variant_configs(list(variants or []), panel)
@@ -209,9 +209,8 @@ class Handlers:
         """Gallery, charts, baseline picker and exports for the session's history."""
         folder = self._exports / (request.session_hash or "api")
         csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
-        labels = [(run.label, run.number) for run in history.runs]
-        return (history.gallery(), history.stage_chart(), history.memory_chart(),
-                gr.update(choices=labels, value=history.baseline_number),
+        return (history.gallery(), history.stage_chart(), history.memory_chart(),  # bars in data order: run order
+                gr.update(choices=[(run.label, run.number) for run in history.runs], value=history.baseline_number),
                 gr.update(value=csv_path, interactive=csv_path is not None),
                 gr.update(value=json_path, interactive=json_path is not None),
                 _comparison_caption(history))

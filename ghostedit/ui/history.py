@@ -19,9 +19,9 @@ COLUMNS = ("run", "configuration", "steps", "size", "end-to-end s", "denoise s/s
 
 COMPARISON_RULE = ("Speedup, PSNR and SSIM compare each run with the baseline run when both edited the same input "
                    "images with the same prompt, seed and output size (steps, CFG and the toggles may differ); "
-                   "other rows leave them empty. The end-to-end speedup leaves out loading the model (a one-time cost of "
-                   "the app, not of a configuration) but counts preparing and compiling; the speedup per denoising "
-                   "step is the steady-state number.")
+                   "other rows leave them empty. The end-to-end speedup leaves out loading the model (a one-time "
+                   "cost of the app, not of a configuration) but counts preparing and compiling; the speedup per "
+                   "denoising step is the steady-state number.")
 
 
 @dataclass
@@ -145,9 +145,6 @@ class History:
     def memory_chart(self) -> pd.DataFrame:
         rows = [{"run": run.label, "peak GiB": run.telemetry["peak_allocated_gib"]} for run in self.runs]
         return pd.DataFrame(rows, columns=["run", "peak GiB"])
-
-    def run_labels(self) -> list[str]:
-        return [run.label for run in self.runs]
 
     def gallery(self) -> list[tuple[Image.Image, str]]:
         return [(run.image, f"{run.label} · {run.telemetry['total_s']:.2f} s") for run in self.runs]

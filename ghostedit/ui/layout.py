@@ -85,9 +85,9 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
             ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
             with gr.Accordion("Run telemetry (JSON)", open=False):
                 ui.run_json = gr.JSON(elem_id="run_json")
-    ui.panel = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
-                ui.width, ui.height, ui.lora, ui.lora_mode, ui.lora_scale, ui.fp8, ui.attention, ui.compile_mode, ui.rewrites]
     ui.toggles = [ui.lora, ui.lora_mode, ui.lora_scale, ui.fp8, ui.attention, ui.compile_mode, ui.rewrites]
+    ui.panel = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
+                ui.width, ui.height] + ui.toggles  # the order of Handlers.edit's parameters
     return ui
 
 
@@ -167,10 +167,11 @@ def _compare_section() -> SimpleNamespace:
         ui.clear = gr.Button("Clear history", elem_id="clear_history", scale=1)
     with gr.Row():
         ui.time_plot = gr.BarPlot(x="run", y="seconds", color="stage", y_lim=[0, None], x_label_angle=-15,
-                                  title="Time per run, by stage (seconds)", elem_id="time_plot")
+                                  title="Time per run, by stage (seconds)", height=340, elem_id="time_plot")
         ui.memory_plot = gr.BarPlot(x="run", y="peak GiB", y_lim=[0, None], x_label_angle=-15,
-                                    title="Peak memory per run (GiB)", elem_id="memory_plot")
-    ui.gallery = gr.Gallery(label="Outputs side by side", columns=6, height=300, object_fit="contain", format="png",
+                                    title="Peak memory per run (GiB)", height=340, elem_id="memory_plot")
+    ui.gallery = gr.Gallery(label="Outputs side by side", columns=6, fit_columns=False, height=260,
+                            object_fit="contain", format="png",
                             elem_id="outputs_gallery")
     return ui
 

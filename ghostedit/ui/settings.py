@@ -61,8 +61,9 @@ DEFAULT_VARIANTS = ["baseline", "all"]
 def toggle_choices(toggle: str, options: dict[str, Availability]) -> list[tuple[str, str]]:
     """Dropdown choices as (label, value); a choice this machine cannot run says so, with the reason."""
     words = TOGGLE_WORDS.get(toggle, {})
-    return [(words.get(value, value) if available.ok else f"{words.get(value, value)} — unavailable: {available.reason}",
-             value) for value, available in options.items()]
+    labels = {value: words.get(value, value) for value in options}
+    return [(labels[value] if available.ok else f"{labels[value]} — unavailable: {available.reason}", value)
+            for value, available in options.items()]
 
 
 class LoraLibrary:
@@ -109,7 +110,7 @@ def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, se
                        width=width or None, height=height or None)
 
 
-def variant_configs(names: list[str], panel: OptimizationConfig) -> tuple[list[tuple[str, OptimizationConfig]], list[str]]:
+def variant_configs(names: list[str], panel: OptimizationConfig) -> tuple[list[tuple[str, OptimizationConfig]], list]:
     """The (variant, configuration) pairs to run, in the order of VARIANTS, and notes on variants left out because
     they repeat an earlier one. A "+" variant whose setting is off in the panel is an error that says what to set:
     it would otherwise silently repeat the baseline."""
