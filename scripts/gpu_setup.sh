@@ -13,7 +13,7 @@ if [ ! -d /tmp/site/diffsynth ]; then
     (cd /tmp/parts && for w in $(ls | sed 's/\.part[0-9]*$//' | sort -u); do cat "$w".part* > "/tmp/wheels/$w"; done)
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wheels/*.whl 2>&1 |
-    grep -v "^WARNING: Target directory" | tail -5
+    { grep -v "^WARNING: Target directory" || true; } | tail -5
 fi
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD:/tmp/site-te  # site-te: scripts/install_te_on_gpu.sh
 export GHOSTEDIT_HOME=/tmp/ghostedit-home PYTHONUNBUFFERED=1

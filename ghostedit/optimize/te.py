@@ -8,6 +8,10 @@ modulation and timestep linears see one row per sample, so those stay in bf16 an
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import glob
+import importlib.util
+import os
 
 import torch
 
@@ -21,19 +25,29 @@ def availability(device: str) -> Availability:
     gpu = needs_cuda(device, "Transformer Engine FP8", min_capability=(8, 9))
     if not gpu.ok:
         return gpu
-    try:
-        import transformer_engine.pytorch as te
-    except Exception as error:  # ImportError, or the binding failing to load its CUDA libraries
-        return Availability.no(f"transformer_engine is not installed or does not load ({type(error).__name__}: {error})")
-    available, reason = _fp8_support(te)
-    return Availability.yes() if available else Availability.no(f"Transformer Engine refuses FP8 here: {reason}")
+    # Found, not imported: importing TE changes the whole process (see docs/benchmarks.md), so only a run that
+    # asks for TE pays for it; a broken install then fails at preparation with TE's own message.
+    if importlib.util.find_spec("transformer_engine") is None:
+        return Availability.no("transformer_engine is not installed (see scripts/build_te_wheel.sh)")
+    return Availability.yes()
 
 
-def _fp8_support(te):
-    check = getattr(te, "is_fp8_available", None)
-    if check is not None:
-        return check(return_reason=True)
-    return te.fp8.check_fp8_support()
+def import_te():
+    """Imports transformer_engine.pytorch against the cuDNN that PyTorch itself runs with.
+
+    TE looks for cuDNN on the system before Python packages, and cuDNN's sub-libraries are found by name. On a
+    machine whose system cuDNN is older than PyTorch's bundled one (the GPU image here: 9.14 against 9.19), TE
+    either loads the system one first, and PyTorch then turns its own cuDNN kernels off (SDPA falls back to
+    FlashAttention-2: every configuration in the process ran 16% slower), or, once PyTorch's is loaded, fails on
+    mixed versions. Loading PyTorch's bundled cuDNN libraries first, graph library first, makes both use them."""
+    spec = importlib.util.find_spec("nvidia.cudnn")
+    if spec is not None and spec.submodule_search_locations:
+        libraries = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "lib", "libcudnn*.so*")),
+                           key=lambda path: ("_graph" not in path, path))
+        for library in libraries:
+            ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    import transformer_engine.pytorch as te
+    return te
 
 
 def recipe(scaling: str):
@@ -46,13 +60,13 @@ def recipe(scaling: str):
 
 
 def _model_init(fp8_recipe):
-    import transformer_engine.pytorch as te
+    te = import_te()
     init = getattr(te, "quantized_model_init", None) or te.fp8_model_init
     return init(enabled=True, recipe=fp8_recipe)
 
 
 def convert(model: torch.nn.Module, eligible, report, device: str, scaling: str) -> None:
-    import transformer_engine.pytorch as te
+    te = import_te()
     fp8_recipe = recipe(scaling)
     targets = [(name, m) for name, m in model.named_modules()
                if eligible(m, name) and not any(part in name for part in _IMAGE_STREAM_SKIP)]
@@ -74,7 +88,7 @@ def convert(model: torch.nn.Module, eligible, report, device: str, scaling: str)
 
 
 def autocast(model: torch.nn.Module):
-    import transformer_engine.pytorch as te
+    te = import_te()
     fp8_recipe = getattr(model, "ghostedit_te_recipe", None)
     if fp8_recipe is None:
         return contextlib.nullcontext()
