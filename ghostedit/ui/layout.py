@@ -10,7 +10,7 @@ from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
 from .handlers import Handlers
 from .history import COLUMNS, History
-from .settings import DEFAULT_VARIANTS, NO_LORA, VARIANTS
+from .settings import DEFAULT_VARIANTS, FP8_MEASURED, NO_LORA, VARIANTS
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EXAMPLES = [
@@ -132,7 +132,8 @@ def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
             ui.lora_mode = gr.Radio([("fused into the weights", "fused"), ("runtime (PEFT layers)", "runtime")],
                                     value="fused", label="LoRA mode", elem_id="lora_mode")
             ui.lora_scale = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="LoRA scale", elem_id="lora_scale")
-        ui.fp8 = gr.Dropdown(handlers.choices("fp8"), value="off", label="FP8", elem_id="fp8")
+        ui.fp8 = gr.Dropdown(handlers.choices("fp8"), value="off", label="FP8", elem_id="fp8",
+                             info=FP8_MEASURED)
         ui.attention = gr.Dropdown(handlers.choices("attention"), value="diffsynth", label="Attention backend",
                                    elem_id="attention")
         ui.compile_mode = gr.Dropdown(handlers.choices("compile"), value="off", label="torch.compile",
