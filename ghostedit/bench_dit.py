@@ -11,7 +11,6 @@ unconditional branches batched into one forward, and the whole loop captured as 
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 
 import torch
@@ -20,7 +19,7 @@ from .config import OptimizationConfig
 from .device import empty_cache, synchronize
 from .optimize import attention, fp8
 from .recipe import prepare_dit
-from .telemetry import GIB, RunRecorder
+from .telemetry import GIB, RunRecorder, median_ms
 from .tensors import storage_bytes
 
 
@@ -48,23 +47,6 @@ def forward(dit, inputs: dict, config: OptimizationConfig, backend: str) -> torc
     from diffsynth.pipelines.qwen_image import model_fn_qwen_image
     with torch.no_grad(), attention.active(backend), fp8.forward_context(dit, config.fp8):
         return model_fn_qwen_image(dit=dit, **inputs)
-
-
-def median_ms(fn, device: str, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
@@ -218,31 +200,11 @@ def dit_markdown_table(rows: list[dict]) -> str:
     return pd.DataFrame(rows)[list(DIT_COLUMNS)].rename(columns=DIT_COLUMNS).to_markdown(index=False, floatfmt=".3f")
 
 
-def write_dit_chart(rows: list[dict], path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [row["config"] for row in rows]
-    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(13, 0.55 * len(rows) + 2.5))
-    time_ax.barh(labels, [row["ms_per_forward"] for row in rows], color="#5b6ee1")
-    time_ax.set_xlabel("ms per DiT forward (lower is better)")
-    memory_ax.barh(labels, [row["dit_alone_gib"] or 0 for row in rows], color="#e1875b")
-    memory_ax.set_xlabel("DiT alone: weights + activation peak, GiB")
-    memory_ax.set_yticks([])
-    for ax in (time_ax, memory_ax):
-        ax.invert_yaxis()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
     import json
     from pathlib import Path
 
-    from .bench import environment
+    from .bench import environment, write_bar_charts
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -276,7 +238,11 @@ def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
         print(json.dumps(context["experiments"], indent=2), flush=True)
     (out_dir / "results.json").write_text(json.dumps(context, indent=2))
     (out_dir / "table.md").write_text(dit_markdown_table(context["rows"]) + "\n")
-    write_dit_chart(context["rows"], out_dir / "chart.png",
-                    args.title or f"GhostEdit DiT forward, {width}x{height} edit: {engine.spec.source} on {engine.device}")
+    rows = context["rows"]
+    write_bar_charts(out_dir / "chart.png",
+                     args.title or f"GhostEdit DiT forward, {width}x{height} edit: {engine.spec.source} on {engine.device}",
+                     [row["config"] for row in rows], [row["ms_per_forward"] for row in rows],
+                     "ms per DiT forward (lower is better)", [row["dit_alone_gib"] or 0 for row in rows],
+                     "DiT alone: weights + activation peak, GiB")
     print(dit_markdown_table(context["rows"]))
     return 0

@@ -24,7 +24,7 @@ from .config import SIZE_RANGE, EditRequest, OptimizationConfig
 from .device import Availability, UnavailableOptionError, default_device, empty_cache
 from .errors import GpuOutOfMemoryError
 from .models import ModelSpec, availability as model_availability, load_base_pipeline, resolve
-from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt, offload, rewrites
+from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt, offload
 from .paths import ghostedit_home
 from .recipe import prepare_dit
 from .telemetry import ProgressCallback, RunCancelled, RunRecorder, RunTelemetry

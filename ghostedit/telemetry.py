@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import psutil
@@ -20,6 +20,26 @@ GIB = 1024**3
 
 # The order in which stages are shown; a run reports the ones it went through.
 STAGE_ORDER = ("load", "prepare", "compile warm-up", "image encoding", "text encoding", "denoising", "decoding")
+
+
+def median_ms(fn, device: str, repeats: int, warmup: int = 0) -> float:
+    """Median milliseconds of `fn` after `warmup` untimed calls: CUDA events on a GPU, the host clock otherwise."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.startswith("cuda"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
 
 
 @dataclass
@@ -239,7 +259,3 @@ class RunRecorder:
 def _max_or_none(a: float | None, b: float | None) -> float | None:
     values = [v for v in (a, b) if v is not None]
     return max(values) if values else None
-
-
-def memory_sample_dict(sample: MemorySample) -> dict:
-    return {**asdict(sample), "label": sample.label}

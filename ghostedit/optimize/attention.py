@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +18,7 @@ from einops import rearrange
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..device import Availability, needs_cuda, synchronize
+from ..telemetry import median_ms
 
 SDPA_BACKENDS = {
     "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -176,25 +175,6 @@ def fastest_backend(device: str, heads: int, head_dim: int, seq_len: int, dtype:
     for backend in CONCRETE_BACKENDS:
         if not availability(backend, device).ok:
             continue
-        timings[backend] = _median_ms(lambda: attend(q, k, v, backend), device)
+        timings[backend] = median_ms(lambda: attend(q, k, v, backend), device, repeats=5, warmup=2)
     winner = min(timings, key=timings.get)
     return winner, timings
-
-
-def _median_ms(fn, device: str, warmup: int = 2, repeats: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
