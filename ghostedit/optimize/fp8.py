@@ -12,6 +12,7 @@ LoRA adapter's own small layers.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,8 @@ class Fp8Report:
             return "bf16 weights"
         text = f"{self.converted} linear layers in FP8 ({self.mode})"
         if self.kept_bf16:
-            text += f", {len(self.kept_bf16)} kept in bf16"
+            kinds = sorted({re.sub(r"\.\d+\.", ".*.", name) for name in self.kept_bf16})
+            text += f", {len(self.kept_bf16)} kept in bf16: {', '.join(kinds)}"
         return text
 
 
