@@ -29,7 +29,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="address to listen on (0.0.0.0 to serve your network)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
-    parser.add_argument("--lora-dir", default="loras", help="folder of LoRA .safetensors files (created if missing)")
+    parser.add_argument("--lora-dir", default=None,
+                        help="folder of LoRA .safetensors files, created if missing (default: loras/ in the working "
+                             "directory)")
     return parser.parse_args(argv)
 
 
@@ -42,9 +44,10 @@ def default_model() -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from ghostedit.loras import default_folder
     from ghostedit.ui import create_app, launch_options
 
-    demo = create_app(args.model or default_model(), args.lora_dir, device=args.device)
+    demo = create_app(args.model or default_model(), args.lora_dir or default_folder(), device=args.device)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
 
 

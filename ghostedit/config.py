@@ -55,11 +55,12 @@ class LoraChoice:
 
     def __post_init__(self):
         _check_choice("LoRA mode", self.mode, LORA_MODES)
+        object.__setattr__(self, "scale", _finite_number("LoRA scale", self.scale))
 
     @classmethod
     def from_file(cls, path: str | Path, scale: float = 1.0, mode: str = "fused") -> "LoraChoice":
         path = Path(path).resolve()
-        return cls(path=str(path), sha256=file_sha256(path), scale=float(scale), mode=mode)
+        return cls(path=str(path), sha256=file_sha256(path), scale=scale, mode=mode)
 
     @property
     def name(self) -> str:
@@ -82,9 +83,10 @@ class OptimizationConfig:
             _check_choice("rewrite", rewrite, REWRITES)
         object.__setattr__(self, "rewrites", tuple(sorted(set(self.rewrites))))  # one key per set of rewrites
         if "fused-qkv" in self.rewrites and self.lora is not None and self.lora.mode == "runtime":
-            raise ValueError("fused-qkv needs a fused LoRA: runtime LoRA layers sit on the separate q/k/v projections")
+            raise InvalidRequestError("fused-qkv needs a fused LoRA: runtime LoRA layers sit on the separate q/k/v "
+                                      "projections")
         if "inductor-cdt" in self.rewrites and self.compile == "off":
-            raise ValueError("inductor-cdt tunes compiled kernels: it needs compile on")
+            raise InvalidRequestError("inductor-cdt tunes compiled kernels: it needs compile on")
 
     @property
     def cache_key(self) -> "OptimizationConfig":
@@ -183,9 +185,13 @@ def _whole_number(name: str, value, bounds) -> int:
 
 
 def _real_number(name: str, value, bounds) -> float:
+    return _check_range(name, _finite_number(name, value), bounds)
+
+
+def _finite_number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise InvalidRequestError(f"{name} must be a number; got {value!r}")
-    return _check_range(name, float(value), bounds)
+    return float(value)
 
 
 def _side(name: str, value) -> int:

@@ -2,12 +2,15 @@
 (built on first use, reused after, evicted least-recently-used under a memory budget), and instrumented runs.
 
 One job runs on the device at a time; every public method takes the engine's lock, so concurrent callers are safe.
+The read-only cached() and expected_prepare_seconds() take no lock: the System tab and the prepare notice answer at
+once during someone else's run.
 """
 from __future__ import annotations
 
 import gc
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -82,7 +85,9 @@ class Engine:
         self._lock = threading.RLock()
         self._base = None
         self._base_pointers: set[int] = set()
-        self._prepared: OrderedDict[OptimizationConfig, PreparedPipeline] = OrderedDict()
+        self._prepared: OrderedDict[OptimizationConfig, PreparedPipeline] = OrderedDict()  # changed under the lock
+        # The same pipelines, most recently used first, replaced whole after every change: read without the lock
+        self._cache_view: tuple[PreparedPipeline, ...] = ()
         self.load_count = 0
 
     # ---- what can run here ----
@@ -135,11 +140,16 @@ class Engine:
             key = config.cache_key
             if key in self._prepared:
                 self._prepared.move_to_end(key)
+                self._publish_cache_view()
                 return self._prepared[key], True
             prepared = self._build(key, recorder, self.load(recorder))
             self._prepared[key] = prepared
+            self._publish_cache_view()
             self._evict_over_budget(keep=key)
             return prepared, False
+
+    def _publish_cache_view(self) -> None:
+        self._cache_view = tuple(reversed(self._prepared.values()))
 
     def _build(self, config: OptimizationConfig, recorder: RunRecorder, base) -> PreparedPipeline:
         dit, report = prepare_dit(base.dit, config, recorder, self.device)
@@ -176,6 +186,7 @@ class Engine:
 
     def _evict(self, key: OptimizationConfig) -> None:
         prepared = self._prepared.pop(key)
+        self._publish_cache_view()
         prepared.pipe.dit = None
         del prepared
         gc.collect()
@@ -190,9 +201,9 @@ class Engine:
             return freed
 
     def cached(self) -> list[dict]:
-        with self._lock:
-            return [{"config": p.config.label, "owned_gib": p.owned_bytes / GIB, "report": dict(p.report),
-                     "prepare_s": sum(p.prepare_seconds.values())} for p in reversed(self._prepared.values())]
+        """The prepared pipelines, most recently used first; answers at once, even during a run."""
+        return [{"config": p.config.label, "owned_gib": p.owned_bytes / GIB, "report": dict(p.report),
+                 "prepare_s": sum(p.prepare_seconds.values())} for p in self._cache_view]
 
     # ---- runs ----
 
@@ -242,6 +253,7 @@ class Engine:
                 "and it still did not fit. Try a smaller output size, fewer input images, or FP8 storage weights")
 
     def _run(self, request: EditRequest, config: OptimizationConfig, recorder: RunRecorder) -> EditResult:
+        compile_opt.allow_recompiles()  # in this thread: the app runs each edit in a thread of its own
         prepared, hit = self._prepare(config, recorder)
         recorder.telemetry.cache_hit = hit
         recorder.telemetry.notes.extend(prepared.warnings)
@@ -277,14 +289,17 @@ class Engine:
         times = json.loads(path.read_text()) if path.exists() else {}
         times[self._prepare_time_key(config)] = seconds
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(times, indent=1))
+        # written aside then renamed: expected_prepare_seconds reads it without the lock, and never sees half a file
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(times, indent=1))
+        os.replace(temporary, path)
 
     def expected_prepare_seconds(self, config: OptimizationConfig) -> float | None:
         """Preparation plus compile warm-up as last measured here for this configuration; None if never measured,
-        0 if it is prepared and warm now."""
-        with self._lock:
-            if config.cache_key in self._prepared and (config.compile == "off" or self._prepared[config.cache_key].warmed_shapes):
-                return 0.0
+        0 if it is prepared and warm now. Answers at once, even during a run."""
+        prepared = next((p for p in self._cache_view if p.config == config.cache_key), None)
+        if prepared is not None and (config.compile == "off" or prepared.warmed_shapes):
+            return 0.0
         path = self._prepare_times_file()
         times = json.loads(path.read_text()) if path.exists() else {}
         return times.get(self._prepare_time_key(config))

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from .config import file_sha256
 from .optimize.lora import LoraError, check_lora_file
-from .paths import ghostedit_home
 
 SUFFIX = ".safetensors"
 MAX_STEM_CHARS = 80
 
 
 def default_folder() -> Path:
-    return ghostedit_home() / "loras"
+    """Where the app keeps LoRA files unless told otherwise (app.py --lora-dir): `loras/` in the working directory,
+    which on a Space is the app's own folder."""
+    return Path("loras")
 
 
 def list_loras(folder: str | Path) -> list[str]:

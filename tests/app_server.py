@@ -1,7 +1,9 @@
-"""Starts the real app (`python app.py --model tiny`) as a subprocess on a free port and waits until it serves."""
+"""Starts the real app (`python app.py --model tiny`) as a subprocess on a free port and waits until it serves.
+A test may start it through another launcher script (the same command-line arguments), with extra environment."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -23,6 +25,7 @@ class RunningApp:
     log: Path
     startup_wall_s: float
     startup_cpu_s: float   # CPU time of the server process until it served: what a start costs without contention
+    pid: int
 
 
 def free_port() -> int:
@@ -40,21 +43,22 @@ def _serves(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def running_app(folder: Path):
+def running_app(folder: Path, launcher: str | Path = "app.py", env: dict[str, str] | None = None):
+    """The app served from `launcher` (a script taking app.py's arguments), with `env` added to the environment."""
     port, lora_dir, log = free_port(), folder / "loras", folder / "server.log"
     url = f"http://127.0.0.1:{port}/"
     start = time.perf_counter()
     with open(log, "w") as log_file:
-        process = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--port", str(port),
+        process = subprocess.Popen([sys.executable, str(launcher), "--model", "tiny", "--port", str(port),
                                     "--lora-dir", str(lora_dir)], cwd=REPO, stdout=log_file,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
         while not _serves(url):
             if process.poll() is not None or time.perf_counter() - start > READY_TIMEOUT_S:
                 raise RuntimeError(f"the app did not start (exit code {process.poll()}):\n{log.read_text()[-3000:]}")
             time.sleep(0.25)
         cpu = psutil.Process(process.pid).cpu_times()
-        yield RunningApp(url, lora_dir, log, time.perf_counter() - start, cpu.user + cpu.system)
+        yield RunningApp(url, lora_dir, log, time.perf_counter() - start, cpu.user + cpu.system, process.pid)
     finally:
         process.terminate()
         try:

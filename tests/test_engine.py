@@ -133,6 +133,20 @@ def test_regional_compile_matches_eager(engine, house):
     assert "compile warm-up" not in again.telemetry.stages
 
 
+def test_compiled_runs_in_a_new_thread_keep_the_raised_recompile_limit(engine, house):
+    """Dynamo's limits set from Python hold per thread, and the app runs each edit in a thread of its own: below the
+    raised limit, configurations past the eighth would quietly run eager."""
+    from ghostedit.optimize.compile import RECOMPILE_LIMIT
+    engine.run(request(house), OptimizationConfig(compile="regional"))  # compiled and warm: this thread set the limit
+    limits_seen = []
+    run = threading.Thread(target=lambda: engine.run(
+        request(house), OptimizationConfig(compile="regional"),
+        on_progress=lambda event: limits_seen.append(torch._dynamo.config.recompile_limit)))
+    run.start()
+    run.join()
+    assert limits_seen and min(limits_seen) >= RECOMPILE_LIMIT
+
+
 @pytest.mark.parametrize("config, reason", [
     (OptimizationConfig(fp8="torchao"), "needs a CUDA GPU"),
     (OptimizationConfig(attention="fa3"), "needs a CUDA GPU"),

@@ -3,11 +3,12 @@ share one compiled graph, so compiling costs one block's worth, not the whole mo
 from __future__ import annotations
 
 import functools
-import shutil
+import os
 
 import torch
 
 from ..device import Availability
+from ..paths import ghostedit_home
 
 # Inductor options per mode (torch.compile's `mode` names these same sets; options can be extended, a mode cannot)
 INDUCTOR_OPTIONS = {
@@ -26,28 +27,42 @@ def availability(mode: str, device: str) -> Availability:
         except ImportError:
             return Availability.no("torch.compile on a GPU needs Triton, which is not installed")
         return Availability.yes()
-    from torch._inductor import config
-    compiler = config.cpp.cxx[0] if isinstance(config.cpp.cxx, tuple) else config.cpp.cxx
-    if shutil.which(compiler or "g++") is None:
-        return Availability.no(f"torch.compile on the CPU needs a C++ compiler ({compiler or 'g++'} not found)")
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    try:
+        get_cpp_compiler()  # Inductor's own search: $CXX, its configured list, then g++ and clang++, each tried
+    except Exception as error:
+        return Availability.no(f"torch.compile on the CPU needs a working C++ compiler ({_first_line(error)})")
     return Availability.yes()
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def compiled_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(model.transformer_blocks)
 
 
-# Every prepared configuration compiles the same block code, each one adding guarded entries to that code's cache:
-# past Dynamo's default limit of 8, later configurations would quietly run eager.
 RECOMPILE_LIMIT = 64
+
+
+def allow_recompiles() -> None:
+    """Every prepared configuration compiles the same block code, each one adding guarded entries to that code's
+    cache: past Dynamo's default limit of 8, later configurations would quietly run eager. Dynamo's settings made
+    from Python hold only in the thread that makes them (torch 2.14), so every thread that prepares or runs
+    compiled blocks calls this first."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           16 * RECOMPILE_LIMIT)
 
 
 def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | None = None) -> int:
     """Compiles each transformer block. Inductor options go with the compiled module (not the global config),
     so configurations with different options get their own compiled code rather than reusing another's."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
-                                                           16 * RECOMPILE_LIMIT)
+    # Inductor's compiled graphs and kernels on disk, where a restarted process finds them (its default is in /tmp)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ghostedit_home() / "inductor-cache"))
+    allow_recompiles()
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
     for block in blocks:

@@ -23,4 +23,6 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="indigo", secondary_hue="slate",
                            font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": CSS, "allowed_paths": [str(ASSETS)]}
+    # show_error: a value Gradio itself refuses before GhostEdit sees it (text where a number belongs) reaches the
+    # API client with its reason, not "the app has raised an exception"; GhostEdit's own errors are shown anyway
+    return {"theme": theme, "css": CSS, "allowed_paths": [str(ASSETS)], "show_error": True}

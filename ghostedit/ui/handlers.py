@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 from PIL import Image
 
 from ..config import SEED_RANGE
@@ -19,18 +20,16 @@ from ..telemetry import RunCancelled
 from . import live
 from .history import COMPARISON_RULE, History
 from .settings import (NO_LORA, VARIANTS, LoraLibrary, edit_request, panel_config, toggle_choices,
-                       variant_configs)
+                       uploaded_images, variant_configs)
 from .system import cache_table, hardware_markdown, options_table, system_report
 
-# Errors whose message is meant for the user as it is
-USER_ERRORS = (GhostEditError, ValueError, UnavailableOptionError, FileNotFoundError)
-
-
 def user_error(error: BaseException) -> gr.Error:
-    """An engine error as the toast the page shows (and the AppError an API client gets); the app keeps serving."""
+    """An engine error as the toast the page shows (and the AppError an API client gets); the app keeps serving.
+    A GhostEditError's message is written for the user and shown as it is; anything else is a bug, logged with its
+    traceback and shown as a failure."""
     if isinstance(error, gr.Error):
         return error
-    if isinstance(error, USER_ERRORS):
+    if isinstance(error, GhostEditError):
         return gr.Error(html.escape(str(error), quote=False), title="Cannot run this")
     traceback.print_exception(error)
     return gr.Error(html.escape(f"{type(error).__name__}: {error}", quote=False), title="Run failed")
@@ -53,6 +52,7 @@ class Handlers:
         self.engine = engine
         self.loras = LoraLibrary(lora_dir, builtin_loras(engine))
         self.options = engine.options()
+        self.upload_folder = Path(get_upload_folder())
         self._cancel_events: dict[str, threading.Event] = {}
         self._exports = Path(tempfile.mkdtemp(prefix="ghostedit-exports-"))
 
@@ -67,7 +67,8 @@ class Handlers:
     # ---- one edit ----
 
     # The page passes every value; a default of None makes a parameter optional for API clients (Gradio takes the
-    # component's initial value as the client's default, and the extra images have none).
+    # component's initial value as the client's default, and the extra images have none). Values arrive as sent,
+    # unprocessed by Gradio (layout._wire_edit): the engine's objects check every one.
     def edit(self, image, image_2=None, image_3=None, prompt=None, negative_prompt=None, steps=None, cfg_scale=None,
              seed=None, width=None, height=None, lora=None, lora_mode=None, lora_scale=None, fp8=None, attention=None,
              compile_mode=None, rewrites=None, history: History | None = None, request: gr.Request = None,
@@ -78,8 +79,8 @@ class Handlers:
         try:
             config = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
             self.engine.check(config)
-            edit = edit_request([image, image_2, image_3], prompt, negative_prompt, steps, cfg_scale, seed, width,
-                                height)
+            edit = edit_request(uploaded_images([image, image_2, image_3], self.upload_folder), prompt,
+                                negative_prompt, steps, cfg_scale, seed, width, height)
         except Exception as error:
             raise user_error(error) from error
         result = yield from self._stream(edit, config, request, progress, heading="")
@@ -99,14 +100,14 @@ class Handlers:
         baseline."""
         try:
             panel = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
-            runs, notes = variant_configs(list(variants or []), panel)
+            runs, notes = variant_configs(variants, panel)
             for name, config in runs:  # refuse before the first run, not after an hour of them
                 try:
                     self.engine.check(config)
                 except UnavailableOptionError as error:
                     raise UnavailableOptionError(f"“{VARIANTS[name]}”: {error}") from error
-            edit = edit_request([image, image_2, image_3], prompt, negative_prompt, steps, cfg_scale, seed, width,
-                                height)
+            edit = edit_request(uploaded_images([image, image_2, image_3], self.upload_folder), prompt,
+                                negative_prompt, steps, cfg_scale, seed, width, height)
         except Exception as error:
             raise user_error(error) from error
         finished = []
@@ -228,11 +229,12 @@ class Handlers:
     # ---- the system ----
 
     def system(self) -> dict:
-        """GPU, driver, CUDA, library versions, every option's availability with the reason, cached pipelines."""
+        """GPU, driver, CUDA, library versions, every option's availability with the reason, the memory in use now
+        and the cached pipelines."""
         return system_report(self.engine)
 
     def system_views(self):
-        report = system_report(self.engine, with_cache=False)
+        report = system_report(self.engine)
         return hardware_markdown(report), options_table(report)
 
     def cache_view(self):

@@ -92,12 +92,12 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
 
 
 def _inputs(ui: SimpleNamespace) -> None:
-    ui.image = gr.Image(label="Image to edit", type="pil", elem_id="input_image", height=300,
+    ui.image = gr.Image(label="Image to edit", type="filepath", elem_id="input_image", height=300,
                         sources=["upload", "clipboard"])
     with gr.Accordion("More input images (optional: up to 3 in all)", open=False):
         with gr.Row():
-            ui.image_2 = gr.Image(label="Image 2", type="pil", elem_id="input_image_2", height=180)
-            ui.image_3 = gr.Image(label="Image 3", type="pil", elem_id="input_image_3", height=180)
+            ui.image_2 = gr.Image(label="Image 2", type="filepath", elem_id="input_image_2", height=180)
+            ui.image_3 = gr.Image(label="Image 3", type="filepath", elem_id="input_image_3", height=180)
     ui.prompt = gr.Textbox(label="Instruction", lines=2, elem_id="prompt",
                            placeholder="What should change? e.g. make it night and add snow")
     ui.negative_prompt = gr.Textbox(label="Negative prompt (optional)", elem_id="negative_prompt")
@@ -202,7 +202,11 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history) -> N
     for button, fn, inputs, name in ((edit.run, edit_fn, edit.panel + [history], "edit"),
                                      (compare.run_variants, variants_fn, edit.panel + [compare.variants, history],
                                       "run_variants")):
-        (button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result], **GPU_QUEUE)
+        # preprocess=False: the values reach the handler as sent, and the engine's checks are the only ones (with
+        # messages that name the parameter). Gradio's gr.Image would open an upload with Pillow before GhostEdit's
+        # safe reader sees it, and would open any file on the server named by a payload without FileData's "meta".
+        (button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result], preprocess=False,
+                      **GPU_QUEUE)
          .then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
          .then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT))
     edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)

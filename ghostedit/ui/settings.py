@@ -2,12 +2,15 @@
 reason), the LoRA folder, the configuration and edit request of a run, and the configurations of "Run variants"."""
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from ..config import EditRequest, LoraChoice, OptimizationConfig
 from ..device import Availability
+from ..errors import InvalidRequestError
 from ..loras import list_loras, resolve_lora, save_uploaded_lora
 
 NO_LORA = "none"
@@ -92,7 +95,7 @@ class LoraLibrary:
         """The file behind a choice: a checked file of the folder or a built-in LoRA; None for no LoRA."""
         if not value or value == NO_LORA:
             return None
-        if value.startswith(BUILTIN_PREFIX) and value.removeprefix(BUILTIN_PREFIX) in self.builtin:
+        if isinstance(value, str) and value.startswith(BUILTIN_PREFIX) and value.removeprefix(BUILTIN_PREFIX) in self.builtin:
             return self.builtin[value.removeprefix(BUILTIN_PREFIX)][1]()
         return resolve_lora(self.folder, value)
 
@@ -103,10 +106,46 @@ class LoraLibrary:
 
 def panel_config(library: LoraLibrary, lora: str, lora_mode: str, lora_scale: float, fp8: str, attention: str,
                  compile_mode: str, rewrites=()) -> OptimizationConfig:
+    """The configuration the panel's values ask for. The values may come as an API caller sent them: each is
+    checked by the LoRA library or the configuration."""
     path = library.path(lora)
-    choice = None if path is None else LoraChoice.from_file(path, float(lora_scale), lora_mode)
+    choice = None if path is None else LoraChoice.from_file(path, lora_scale, lora_mode)
     return OptimizationConfig(lora=choice, fp8=fp8, attention=attention, compile=compile_mode,
-                              rewrites=tuple(rewrites or ()))
+                              rewrites=_listed("rewrites", rewrites))
+
+
+def _listed(name: str, values) -> tuple:
+    if values is None:
+        return ()
+    if not isinstance(values, (list, tuple)):
+        raise InvalidRequestError(f"{name} must be a list; got {values!r}")
+    return tuple(values)
+
+
+def uploaded_images(payloads, upload_folder: Path) -> list[str | bytes]:
+    """The files behind input images as Gradio's API delivers them, unopened (None: no image): EditRequest reads
+    each with images.load_image, which takes hostile files safely and says what is wrong with them. A payload is a
+    file in Gradio's upload folder or a base64 data URL; nothing else on the server is ever read."""
+    return [_uploaded_image(payload, upload_folder) for payload in payloads if payload is not None]
+
+
+def _uploaded_image(payload, upload_folder: Path) -> str | bytes:
+    path, url = (payload.get("path"), payload.get("url")) if isinstance(payload, dict) else (None, None)
+    if isinstance(path, str):
+        try:
+            resolved = Path(path).resolve()
+        except (OSError, ValueError):  # a NUL byte, a symlink loop
+            resolved = None
+        # Gradio checks that a path is an upload only when the payload carries FileData's "meta" field
+        if resolved is None or not resolved.is_relative_to(upload_folder.resolve()):
+            raise InvalidRequestError(f"the image {path!r} was not uploaded: send the image file itself")
+        return str(resolved)
+    if isinstance(url, str) and url.startswith("data:"):
+        try:
+            return base64.b64decode(url.partition(",")[2], validate=True)
+        except binascii.Error as error:
+            raise InvalidRequestError(f"the image's data URL does not hold base64 data ({error})") from None
+    raise InvalidRequestError("an input image must be an uploaded file or a data URL")
 
 
 def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, seed, width, height) -> EditRequest:
@@ -122,11 +161,12 @@ def variant_configs(names: list[str], panel: OptimizationConfig) -> tuple[list[t
     they repeat an earlier one. A "+" variant whose setting is off in the panel is an error that says what to set:
     it would otherwise silently repeat the baseline."""
     stock = OptimizationConfig()
-    unknown = [name for name in names if name not in VARIANTS]
+    names = _listed("variants", names)
+    unknown = [name for name in names if not isinstance(name, str) or name not in VARIANTS]
     if unknown:
-        raise ValueError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+        raise InvalidRequestError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
     if not names:
-        raise ValueError("choose at least one variant to run")
+        raise InvalidRequestError("choose at least one variant to run")
     runs, notes = [], []
     for name in (name for name in VARIANTS if name in names):
         config = _variant(name, panel, stock)
@@ -145,10 +185,10 @@ def _variant(name: str, panel: OptimizationConfig, stock: OptimizationConfig) ->
         return panel
     if name.startswith("lora-"):
         if panel.lora is None:
-            raise ValueError(f"“{VARIANTS[name]}” adds the LoRA picked in the panel, but no LoRA is picked")
+            raise InvalidRequestError(f"“{VARIANTS[name]}” adds the LoRA picked in the panel, but no LoRA is picked")
         return replace(stock, lora=replace(panel.lora, mode=name.removeprefix("lora-")))
     value = getattr(panel, name)
     if value == getattr(stock, name):  # "off", "diffsynth", or no rewrites
-        raise ValueError(f"“{VARIANTS[name]}” adds the panel's {name} setting, but the panel has it at the stock "
+        raise InvalidRequestError(f"“{VARIANTS[name]}” adds the panel's {name} setting, but the panel has it at the stock "
                          "setting: choose one first")
     return replace(stock, **{name: value})

@@ -10,6 +10,7 @@ import pandas as pd
 import psutil
 import torch
 
+from ..telemetry import MemoryProbe
 from .settings import TOGGLE_WORDS
 
 LIBRARIES = ("torch", "diffsynth", "transformers", "gradio", "gradio_client", "torchao", "peft", "safetensors",
@@ -46,10 +47,16 @@ def hardware(device: str) -> dict:
     return info
 
 
-def system_report(engine, with_cache: bool = True) -> dict:
-    """Everything the System tab shows, as JSON (the /system endpoint). The cache listing waits for a running job
-    to end (the engine's lock), so the page asks for it apart."""
-    report = {
+def memory_now(device: str) -> dict:
+    """The memory in use now, as the live view reports it: GPU memory allocated by torch, or without a GPU the
+    app's host memory (RSS)."""
+    sample = MemoryProbe(device).sample()
+    return {"label": sample.label, "now_gib": sample.allocated_gib}
+
+
+def system_report(engine) -> dict:
+    """Everything the System tab shows, as JSON (the /system endpoint); it answers at once, even during a run."""
+    return {
         "model": {"source": engine.spec.source, "description": engine.spec.description,
                   "loaded": engine.load_count > 0},
         "hardware": hardware(engine.device),
@@ -57,10 +64,9 @@ def system_report(engine, with_cache: bool = True) -> dict:
         "options": {toggle: {choice: {"available": available.ok, "reason": available.reason}
                              for choice, available in choices.items()}
                     for toggle, choices in engine.options().items()},
+        "memory": memory_now(engine.device),
+        "cached_pipelines": engine.cached(),
     }
-    if with_cache:
-        report["cached_pipelines"] = engine.cached()
-    return report
 
 
 def hardware_markdown(report: dict) -> str:
