@@ -1,53 +1,64 @@
 #!/usr/bin/env bash
-# The GPU measurements behind docs/benchmarks.md, by phase (each fits one 10-minute device call):
-#   scripts/gpu_bench.sh dit        DiT forward at a 1024x1024 edit: stock, each toggle alone, combinations (+ lossless
-#                                   experiments: CFG batching, CUDA graph)
-#   scripts/gpu_bench.sh coldstart  preparing the best configuration in a fresh process, cold compile cache then warm
-#   scripts/gpu_bench.sh e2e        40-step edits end to end, stock against best, in one run
-#   scripts/gpu_bench.sh memory     the whole pipeline in FP8 with DiT base and text encoder in host memory
-#   scripts/gpu_bench.sh te         what importing Transformer Engine changes (scripts/te_probe.py), then TE FP8
-#                                   against torchao FP8 (TE is installed by scripts/install_te_on_gpu.sh)
-# Results go to $OUT/<phase>/ (results.json, table.md, chart.png) or ./bench-results/<phase>/.
-# BEST overrides the configuration measured as best.
+# The GPU measurements behind docs/benchmarks.md, in one run of under 10 minutes on the GPU machine
+# (`source scripts/gpu_setup.sh` first; the wheels: ../shared/tools/device-wheels --preset engine, --preset fa4):
+#   scripts/gpu_bench.sh        all four phases, in this order, with one compile cache, empty at the start:
+#     dit        one DiT forward at a 1024x1024 edit: stock, the best combination, each toggle alone, and the
+#                lossless experiments (CFG batching, CUDA graph) on the fastest. The best configuration comes
+#                right after stock: the first compile of a fresh process with an empty cache, a cold start.
+#     restart    the best configuration in a new process that finds the compile cache the dit phase wrote
+#     e2e        40-step edits end to end, stock against best
+#     memory     the whole pipeline in FP8, the base DiT and the text encoder in host memory
+#   scripts/gpu_bench.sh PHASE  one phase; `te` measures Transformer Engine (installed by
+#                               scripts/install_te_on_gpu.sh) against torchao FP8
+# Results go to $OUT/<phase>/ (results.json, table.md, chart.png, <phase>.log) or ./bench-results/<phase>/.
+# BEST overrides the best configuration; DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -n "${DRY_RUN:-}" ] || source scripts/gpu_setup.sh > /dev/null  # DRY_RUN=1 MODEL=tiny SIDE=128: a CPU rehearsal
+[ -n "${DRY_RUN:-}" ] || source scripts/gpu_setup.sh > /dev/null
 OUT=${OUT:-bench-results}
 BEST=${BEST:-fp8=torchao,compile=regional,rewrites=real-rope}
 MODEL=${MODEL:-synthetic}
 SIZE=(--width "${SIDE:-1024}" --height "${SIDE:-1024}")
 PYTHON=${PYTHON:-python3}
-bench() {
-  "$PYTHON" -m ghostedit bench --model "$MODEL" "$@" 2>&1 |
-    { grep -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└" || true; }
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
+START=$(date +%s)
+
+bench() {  # bench PHASE ARGS...: one process; its log kept beside its results
+  local phase=$1; shift
+  mkdir -p "$OUT/$phase"
+  local begin=$(date +%s)
+  "$PYTHON" -m ghostedit bench --model "$MODEL" --out-dir "$OUT/$phase" "$@" 2>&1 |
+    { grep -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└" || true; } |
+    tee "$OUT/$phase/$phase.log"
+  echo "== $phase: process wall $(( $(date +%s) - begin )) s, run so far $(( $(date +%s) - START )) s" |
+    tee -a "$OUT/$phase/$phase.log"
 }
 
-case ${1:?phase} in
-  dit)
-    bench --level dit "${SIZE[@]}" --text-tokens 256 --repeats 8 --experiments --host-memory text-encoder \
-      --out-dir "$OUT/dit" --configs baseline attention=sdpa-cudnn attention=fa4 attention=sdpa-flash attention=auto \
-      fp8=storage compile=regional compile=regional,rewrites=real-rope fp8=torchao fp8=torchao,compile=regional \
-      fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv "$BEST,attention=fa4" "$BEST" ;;
-  coldstart)
-    export TORCHINDUCTOR_CACHE_DIR=/tmp/coldstart-inductor-cache
-    rm -rf "$TORCHINDUCTOR_CACHE_DIR"
-    for phase in cold warm; do
-      start=$(date +%s%N)
-      bench --level dit "${SIZE[@]}" --repeats 6 --host-memory text-encoder --out-dir "$OUT/coldstart-$phase" \
-        --configs "$BEST" $([ $phase = warm ] && echo --experiments)
-      echo "$phase process wall: $(( ($(date +%s%N) - start) / 1000000 )) ms"
-    done ;;
-  e2e)
-    bench "${SIZE[@]}" --steps 40 --repeats 1 --one-at-a-time --host-memory base-dit --out-dir "$OUT/e2e" \
-      --configs baseline "$BEST" ;;
-  memory)
-    bench "${SIZE[@]}" --steps 4 --repeats 1 --host-memory base-dit text-encoder --out-dir "$OUT/memory" \
-      --configs "$BEST" ;;
-  te)
-    for probe in "" "with-te raw" "with-te"; do
-      { "$PYTHON" scripts/te_probe.py $probe 2>&1 || true; } | { grep -v "arn\|Jax" || true; }
-    done
-    bench --level dit "${SIZE[@]}" --text-tokens 256 --repeats 8 --host-memory text-encoder --out-dir "$OUT/te" \
-      --configs baseline fp8=torchao fp8=torchao,compile=regional fp8=te fp8=te-delayed fp8=te,compile=regional ;;
-  *) echo "unknown phase $1" >&2; exit 2 ;;
-esac
+phase() {
+  case $1 in
+    dit)
+      rm -rf "$TORCHINDUCTOR_CACHE_DIR"
+      bench dit --level dit "${SIZE[@]}" --text-tokens 256 --repeats 6 --experiments --configs baseline "$BEST" \
+        attention=auto attention=fa4 attention=sdpa-flash fp8=storage fp8=torchao compile=regional \
+        fp8=torchao,compile=regional "$BEST,attention=fa4" fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv ;;
+    restart)
+      bench restart --level dit "${SIZE[@]}" --text-tokens 256 --repeats 3 --configs "$BEST" ;;
+    e2e)
+      bench e2e "${SIZE[@]}" --steps 40 --repeats 0 --one-at-a-time --host-memory base-dit --configs baseline "$BEST" ;;
+    memory)
+      bench memory "${SIZE[@]}" --steps 4 --repeats 0 --host-memory base-dit text-encoder --configs "$BEST" ;;
+    te)
+      for probe in "" "with-te raw" "with-te"; do
+        { "$PYTHON" scripts/te_probe.py $probe 2>&1 || true; } | { grep -v "arn\|Jax" || true; }
+      done
+      bench te --level dit "${SIZE[@]}" --text-tokens 256 --repeats 8 \
+        --configs baseline fp8=torchao fp8=torchao,compile=regional fp8=te fp8=te-delayed fp8=te,compile=regional ;;
+    *) echo "unknown phase $1" >&2; exit 2 ;;
+  esac
+}
+
+if [ $# -eq 0 ]; then
+  for name in dit restart e2e memory; do phase $name; done
+else
+  phase "$1"
+fi

@@ -55,3 +55,11 @@ def load_base_pipeline(spec: ModelSpec, device: str, torch_dtype: torch.dtype):
         return build_synthetic_pipeline(device, torch_dtype)
     from .hub import load_pretrained_pipeline
     return load_pretrained_pipeline(spec, device, torch_dtype)
+
+
+def load_base_dit(spec: ModelSpec, device: str, torch_dtype: torch.dtype):
+    """The unmodified DiT alone, for DiT-level benchmarks: the synthetic one is built without the rest."""
+    if spec.kind == "synthetic":
+        from .synthetic import build_synthetic_dit
+        return build_synthetic_dit(device, torch_dtype)
+    return load_base_pipeline(spec, device, torch_dtype).dit

@@ -51,22 +51,30 @@ def processor_folder():
 
 
 def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype):
-    from diffsynth.models.qwen_image_dit import QwenImageDiT
     from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
     from diffsynth.models.qwen_image_vae import QwenImageVAE
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
     folder = processor_folder()
-    torch.manual_seed(0)
+    dit = build_synthetic_dit(device, torch_dtype)
     with _created_on(device, torch_dtype):
-        dit, text_encoder, vae = QwenImageDiT().eval(), QwenImageTextEncoder().eval(), QwenImageVAE().eval()
-    _init_like_trained(dit)
+        text_encoder, vae = QwenImageTextEncoder().eval(), QwenImageVAE().eval()
     _use_token_ids(text_encoder, special_token_ids(folder))
     pipe = QwenImagePipeline(device=device, torch_dtype=torch_dtype)
     pipe.dit, pipe.text_encoder, pipe.vae = dit, text_encoder, vae
     pipe.processor = load_processor(folder)
     pipe.tokenizer = pipe.processor.tokenizer
     return pipe
+
+
+def build_synthetic_dit(device: str, torch_dtype: torch.dtype):
+    """The full-size DiT alone, with the same random weights every time."""
+    from diffsynth.models.qwen_image_dit import QwenImageDiT
+    torch.manual_seed(0)
+    with _created_on(device, torch_dtype):
+        dit = QwenImageDiT().eval()
+    _init_like_trained(dit)
+    return dit
 
 
 @torch.no_grad()

@@ -41,11 +41,9 @@ _active_backend = "diffsynth"
 _diffsynth_attention = None  # DiffSynth's own function, kept for the "diffsynth" backend
 
 
-# ---- external kernels as custom ops: inputs and output in [batch, heads, seq, head_dim] ----
-
-def _bshd(x):
-    return x.transpose(1, 2)
-
+# ---- external kernels as custom ops: q, k, v and output in [batch, seq, heads, head_dim], their own layout ----
+# The output is what the DiT's output projection reads once flattened to [batch, seq, heads * head_dim]: taking
+# it as the kernel wrote it saves two transposing copies per block (measured: 4.6 ms of a 236 ms forward).
 
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
@@ -54,29 +52,29 @@ def _first(out):
 @torch.library.custom_op("ghostedit::fa4", mutates_args=())
 def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     from flash_attn.cute import flash_attn_func
-    return _bshd(_first(flash_attn_func(_bshd(q), _bshd(k), _bshd(v)))).contiguous()
+    return _first(flash_attn_func(q, k, v))
 
 
 @torch.library.custom_op("ghostedit::fa3", mutates_args=())
 def _fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     import flash_attn_interface
-    return _bshd(_first(flash_attn_interface.flash_attn_func(_bshd(q), _bshd(k), _bshd(v)))).contiguous()
+    return _first(flash_attn_interface.flash_attn_func(q, k, v))
 
 
 @torch.library.custom_op("ghostedit::fa2", mutates_args=())
 def _fa2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     import flash_attn
-    return _bshd(flash_attn.flash_attn_func(_bshd(q), _bshd(k), _bshd(v))).contiguous()
+    return flash_attn.flash_attn_func(q, k, v)
 
 
 @torch.library.custom_op("ghostedit::sage", mutates_args=())
 def _sage(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     import sageattention
-    return sageattention.sageattn(q, k, v, tensor_layout="HND").contiguous()
+    return sageattention.sageattn(q, k, v, tensor_layout="NHD")
 
 
 for _op in (_fa4, _fa3, _fa2, _sage):
-    _op.register_fake(lambda q, k, v: torch.empty_like(q))
+    _op.register_fake(lambda q, k, v: q.new_empty(q.shape))  # the kernels return fresh contiguous tensors
 
 _EXTERNAL_OPS = {"fa4": _fa4, "fa3": _fa3, "fa2": _fa2, "sage": _sage}
 
@@ -86,7 +84,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> t
     if backend in SDPA_BACKENDS:
         with sdpa_kernel([SDPA_BACKENDS[backend]]):
             return F.scaled_dot_product_attention(q, k, v)
-    return _EXTERNAL_OPS[backend](q, k, v)
+    return _external(q, k, v, backend).transpose(1, 2)
+
+
+def _external(q, k, v, backend: str) -> torch.Tensor:
+    """An external kernel on [batch, heads, seq, head_dim] views; its output in [batch, seq, heads, head_dim]."""
+    return _EXTERNAL_OPS[backend](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
 def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False):
@@ -98,7 +101,9 @@ def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_a
     if attention_mask is not None or enable_fp8_attention:
         raise RuntimeError(f"attention backend {backend} does not take masks or FP8 attention; "
                            "use the 'diffsynth' backend for entity-masked prompts")
-    return rearrange(attend(q, k, v, backend), "b n s d -> b s (n d)")
+    if backend in SDPA_BACKENDS:
+        return rearrange(attend(q, k, v, backend), "b n s d -> b s (n d)")
+    return _external(q, k, v, backend).flatten(2)
 
 
 def install() -> None:

@@ -25,8 +25,8 @@ FP8_WORDS = {
 }
 # What each FP8 mode gave on an H100 (full-size DiT, 1024x1024 edit, one forward; docs/benchmarks.md).
 FP8_MEASURED = (
-    "Measured on an H100, one DiT forward at a 1024² edit (stock bf16: 430 ms): storage 636 ms (half the weight "
-    "memory, slower); torchao 764 ms eager but 236 ms with compile (1.8x, the fastest, half the memory); "
+    "Measured on an H100, one DiT forward at a 1024² edit (stock bf16: 427 ms): storage 636 ms (half the weight "
+    "memory, slower); torchao 577-764 ms eager but 238 ms with compile (1.8x, the fastest, half the memory); "
     "Transformer Engine 385 ms eager (1.12x; delayed scaling 373 ms, 1.16x) and 264 ms with compile (1.64x), with "
     "no memory saving (TE keeps two FP8 copies of each weight) and only the image stream in FP8."
 )

@@ -1,0 +1,133 @@
+"""Where the time of one DiT forward goes, for the best configuration, and what compile settings change it.
+
+On the GPU machine (after `source scripts/gpu_setup.sh`):  python3 scripts/profile_dit.py [--out DIR]
+Builds the full-size synthetic DiT alone, times the configuration's forward (CUDA events, median after warm-up,
+first call apart) with its blocks compiled two ways: as the engine compiles them (dynamic shapes) and for static
+shapes. Each is profiled with torch.profiler, its GPU kernels
+sorted into GEMMs, attention, Inductor-generated kernels and the rest, against the ideal times of
+the GEMMs and the attention at the measured ceilings. Writes profile.json and prints a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ghostedit.bench_dit import dit_inputs, forward, resolve_backend
+from ghostedit.config import OptimizationConfig
+from ghostedit.models.synthetic import build_synthetic_dit
+from ghostedit.optimize.compile import compile_regions
+from ghostedit.recipe import prepare_dit
+from ghostedit.telemetry import RunRecorder, median_ms
+
+BEST = "fp8=torchao,compile=regional,rewrites=real-rope,attention=fa4"
+# Kernel families by name, first match wins: Inductor names its kernels after the ops they fuse ("scaled_mm" when
+# one quantizes a GEMM's input), and FlashAttention-4's kernels are CUTLASS kernels
+FAMILIES = (("inductor", r"^triton_"),
+            ("attention", r"flash|fmha|sdpa|attn|fprop"),
+            ("gemm", r"gemm|cutlass|xmma|nvjet|f8f8bf16|scaled_mm|matmul|sm90_"),
+            ("other", r""))
+# Ceilings measured on an H100 before this project (its brief): FP8 rowwise GEMM and cuDNN attention at this shape
+FP8_GEMM_TFLOPS, ATTENTION_TFLOPS = 1290, 687
+
+
+def compiled_variant(base_dit, config: OptimizationConfig, dynamic: bool):
+    """The configuration prepared without compile, then its blocks compiled for dynamic or static shapes."""
+    dit, _ = prepare_dit(base_dit, replace(config, compile="off"), RunRecorder("cuda"), "cuda")
+    if dynamic:
+        compile_regions(dit, config.compile)
+    else:
+        for block in dit.transformer_blocks:
+            block.compile(dynamic=False)
+    return dit
+
+
+def time_variant(dit, config, inputs, backend) -> dict:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    forward(dit, inputs, config, backend)
+    torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - start
+    ms = median_ms(lambda: forward(dit, inputs, config, backend), "cuda", repeats=10, warmup=2)
+    return {"first_call_s": first_call_s, "ms_per_forward": ms}
+
+
+def kernel_breakdown(dit, config, inputs, backend, forwards: int = 3) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(forwards):
+            forward(dit, inputs, config, backend)
+        torch.cuda.synchronize()
+    kernels = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name][0] += event.device_time / 1000 / forwards
+            kernels[event.name][1] += 1 / forwards
+    families = defaultdict(float)
+    for name, (ms, _) in kernels.items():
+        families[next(family for family, pattern in FAMILIES if re.search(pattern, name, re.IGNORECASE))] += ms
+    top = sorted(kernels.items(), key=lambda item: -item[1][0])[:40]
+    return {"families_ms": dict(families), "total_kernel_ms": sum(families.values()),
+            "top_kernels": [{"name": name[:160], "ms": ms, "calls": round(calls)} for name, (ms, calls) in top]}
+
+
+def ideal_ms(dit, image_tokens: int, text_tokens: int) -> dict:
+    """GEMM and attention FLOPs of one forward at the measured ceilings (the modulation layers see one token)."""
+    block = dit.transformer_blocks[0]
+    image_stream = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out", "img_mlp")
+    text_stream = ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out", "txt_mlp")
+
+    def weights(stream):
+        return sum(m.in_features * m.out_features for name, m in block.named_modules()
+                   if isinstance(m, torch.nn.Linear) and name.startswith(stream))
+    blocks = len(dit.transformer_blocks)
+    gemm_flops = 2 * (weights(image_stream) * image_tokens + weights(text_stream) * text_tokens) * blocks
+    seq = image_tokens + text_tokens
+    attention_flops = 4 * seq * seq * block.attn.num_heads * block.attn.head_dim * blocks
+    return {"gemm_ms": gemm_flops / FP8_GEMM_TFLOPS / 1e9, "attention_ms": attention_flops / ATTENTION_TFLOPS / 1e9}
+
+
+def print_breakdown(result: dict, ideal: dict) -> None:
+    families = {family: round(ms, 1) for family, ms in result["families_ms"].items()}
+    print("  kernels per forward, ms:", families, f"sum {result['total_kernel_ms']:.1f}; "
+          f"ideal GEMMs {ideal['gemm_ms']:.1f}, attention {ideal['attention_ms']:.1f}")
+    for kernel in result["top_kernels"][:20]:
+        print(f"  {kernel['ms']:8.2f} ms {kernel['calls']:5d}x  {kernel['name']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    args = parser.parse_args()
+    out = Path(args.out) / "profile"
+    out.mkdir(parents=True, exist_ok=True)
+    base_dit = build_synthetic_dit("cuda", torch.bfloat16)
+    inputs = dit_inputs(base_dit, 1024, 1024, 256, "cuda", torch.bfloat16)
+    config = OptimizationConfig.parse(BEST)
+    report = {"config": config.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "ideal": ideal_ms(base_dit, 8192, 256), "variants": {}}
+    for name, dynamic in {"engine (dynamic shapes)": True, "static shapes": False}.items():
+        torch._dynamo.reset()  # each variant compiles from scratch, not from the previous one's code
+        dit = compiled_variant(base_dit, config, dynamic)
+        backend = resolve_backend(config, dit, inputs, "cuda")
+        result = report["variants"][name] = time_variant(dit, config, inputs, backend)
+        print(name, {key: round(value, 2) for key, value in result.items()}, flush=True)
+        result.update(kernel_breakdown(dit, config, inputs, backend))
+        (out / "profile.json").write_text(json.dumps(report, indent=2))
+        print_breakdown(result, report["ideal"])
+        del dit
+        gc.collect()  # compiled blocks and their code reference each other
+        torch.cuda.empty_cache()
+    (out / "profile.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
