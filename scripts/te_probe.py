@@ -8,7 +8,6 @@ Prints the cuDNN version torch runs with, times SDPA with PyTorch's own dispatch
 and a bf16 GEMM, at the Qwen DiT's shapes; with TE, also the type and bytes of a te.Linear weight created under
 TE's quantized model init.
 """
-import statistics
 import sys
 
 import torch
@@ -18,16 +17,11 @@ if "with-te" in sys.argv:
     te = import_te() if "raw" not in sys.argv else __import__("transformer_engine.pytorch").pytorch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ghostedit.telemetry import median_ms
+
 
 def ms(fn, repeats=20):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(); fn(); end.record(); end.synchronize()
-        times.append(start.elapsed_time(end))
-    return round(statistics.median(times), 3)
+    return round(median_ms(fn, "cuda", repeats, warmup=3), 3)
 
 
 def forced_cudnn(q, k, v):
