@@ -12,11 +12,9 @@ import json
 import statistics
 from pathlib import Path
 
-import pandas as pd
-
 from .cli import add_model_argument, request_from_args
 from .config import OptimizationConfig
-from .metrics import compare_images
+from .device import package_version
 
 DEFAULT_IMAGE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "house.png"
 COLUMNS = {
@@ -66,6 +64,7 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
 
 def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, one_at_a_time: bool = False,
               on_row=None) -> list[dict]:
+    from .metrics import compare_images  # scikit-image: loaded when a bench runs, not with every CLI command
     rows = []
     for config in configs:
         if one_at_a_time:
@@ -81,9 +80,10 @@ def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, 
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    frame = pd.DataFrame(rows)[list(COLUMNS)].rename(columns=COLUMNS)
-    return frame.to_markdown(index=False, floatfmt=".3f")
+def markdown_table(rows: list[dict], columns: dict[str, str] = COLUMNS) -> str:
+    """The rows' `columns` (key: heading) as a markdown table."""
+    import pandas as pd
+    return pd.DataFrame(rows)[list(columns)].rename(columns=columns).to_markdown(index=False, floatfmt=".3f")
 
 
 def write_bar_charts(path: Path, title: str, labels: list[str], times: list[float], time_label: str,
@@ -153,19 +153,13 @@ def environment() -> dict:
     import platform
 
     import torch
-    info = {"python": platform.python_version(), "torch": torch.__version__, "diffsynth": _package_version("diffsynth"),
+    info = {"python": platform.python_version(), "torch": torch.__version__, "diffsynth": package_version("diffsynth"),
             "cpu": platform.processor() or platform.machine()}
     if torch.cuda.is_available():
         info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
     return info
 
 
-def _package_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def add_bench_command(commands) -> None:

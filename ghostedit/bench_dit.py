@@ -76,9 +76,7 @@ def bench_dit_configuration(base_dit, config: OptimizationConfig, inputs: dict, 
     output = forward(dit, inputs, config, backend)
     synchronize(device)
     first_call_s = time.perf_counter() - start
-    for _ in range(2):
-        forward(dit, inputs, config, backend)
-    ms = median_ms(lambda: forward(dit, inputs, config, backend), device, repeats)
+    ms = median_ms(lambda: forward(dit, inputs, config, backend), device, repeats, warmup=2)
     on_gpu = device.startswith("cuda")
     peak_gib = (torch.cuda.max_memory_allocated() - allocated_before) / GIB if on_gpu else None
     weights_gib = storage_bytes(dit) / GIB
@@ -140,8 +138,12 @@ def block_error(dit, config: OptimizationConfig, backend: str, reference: tuple[
     arises, before 60 random blocks amplify it (on random weights even a lossless reordering of bf16 sums
     moves the final output by a few percent)."""
     captured, expected = reference
+    return relative_error(middle_block_output(dit, captured, config, backend), expected)
+
+
+def middle_block_output(dit, captured: dict, config: OptimizationConfig, backend: str) -> torch.Tensor:
     index = middle_block(dit)
-    return relative_error(run_blocks(dit, captured, config, backend, slice(index, index + 1)), expected)
+    return run_blocks(dit, captured, config, backend, slice(index, index + 1))
 
 
 def lossless_batching_experiments(dit, inputs: dict, config: OptimizationConfig, device: str, repeats: int) -> dict:
@@ -150,12 +152,9 @@ def lossless_batching_experiments(dit, inputs: dict, config: OptimizationConfig,
     single = block_inputs(dit, inputs, config, backend)
     doubled = {name: (torch.cat([value, value]) if name != "image_rotary_emb" else value)
                for name, value in single.items()}
-    for _ in range(2):
-        run_blocks(dit, single, config, backend)
-        run_blocks(dit, doubled, config, backend)
     two_forwards = median_ms(lambda: (run_blocks(dit, single, config, backend),
-                                      run_blocks(dit, single, config, backend)), device, repeats)
-    batched = median_ms(lambda: run_blocks(dit, doubled, config, backend), device, repeats)
+                                      run_blocks(dit, single, config, backend)), device, repeats, warmup=2)
+    batched = median_ms(lambda: run_blocks(dit, doubled, config, backend), device, repeats, warmup=2)
     result = {"config": config.label, "cfg_two_forwards_ms": two_forwards, "cfg_batched_ms": batched,
               "cfg_batching_gain": two_forwards / batched}
     if device.startswith("cuda"):
@@ -196,16 +195,12 @@ DIT_COLUMNS = {
 }
 
 
-def dit_markdown_table(rows: list[dict]) -> str:
-    import pandas as pd
-    return pd.DataFrame(rows)[list(DIT_COLUMNS)].rename(columns=DIT_COLUMNS).to_markdown(index=False, floatfmt=".3f")
-
 
 def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
     import json
     from pathlib import Path
 
-    from .bench import environment, write_bar_charts
+    from .bench import environment, markdown_table, write_bar_charts
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -227,8 +222,7 @@ def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
         if reference is None:
             reference = output.float()
             captured = block_inputs(dit, inputs, config, row["attention_ran"], middle_block(dit))
-            index = middle_block(dit)
-            block_reference = (captured, run_blocks(dit, captured, config, row["attention_ran"], slice(index, index + 1)))
+            block_reference = (captured, middle_block_output(dit, captured, config, row["attention_ran"]))
         row["speedup"] = context["rows"][0]["ms_per_forward"] / row["ms_per_forward"] if context["rows"] else 1.0
         context["rows"].append(row)
         (out_dir / "results.json").write_text(json.dumps(context, indent=2))  # kept even if a later one fails
@@ -243,12 +237,12 @@ def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
         context["experiments"] = lossless_batching_experiments(dit, inputs, fastest, engine.device, args.repeats)
         print(json.dumps(context["experiments"], indent=2), flush=True)
     (out_dir / "results.json").write_text(json.dumps(context, indent=2))
-    (out_dir / "table.md").write_text(dit_markdown_table(context["rows"]) + "\n")
+    (out_dir / "table.md").write_text(markdown_table(context["rows"], DIT_COLUMNS) + "\n")
     rows = context["rows"]
     write_bar_charts(out_dir / "chart.png",
                      args.title or f"GhostEdit DiT forward, {width}x{height} edit: {engine.spec.source} on {engine.device}",
                      [row["config"] for row in rows], [row["ms_per_forward"] for row in rows],
                      "ms per DiT forward (lower is better)", [row["dit_alone_gib"] or 0 for row in rows],
                      "DiT alone: weights + activation peak, GiB")
-    print(dit_markdown_table(context["rows"]))
+    print(markdown_table(context["rows"], DIT_COLUMNS))
     return 0

@@ -1,6 +1,7 @@
 """What a run asks for: the optimization configuration (the prepared-pipeline cache key) and the edit request."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import numbers
@@ -32,17 +33,22 @@ MAX_PROMPT_CHARS = 2000  # ~500 tokens; the edit pipeline encodes the whole prom
 CONTROL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>")
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise InvalidRequestError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+    """The file's SHA-256; read again only when the file changed (the panel asks at every toggle change, and real
+    LoRAs weigh gigabytes)."""
+    stat = Path(path).stat()
+    return _sha256_of(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class LoraChoice:
     mode: str = "fused"
 
     def __post_init__(self):
-        _check_choice("LoRA mode", self.mode, LORA_MODES)
+        check_choice("LoRA mode", self.mode, LORA_MODES)
         object.__setattr__(self, "scale", _finite_number("LoRA scale", self.scale))
 
     @classmethod
@@ -76,11 +82,11 @@ class OptimizationConfig:
     rewrites: tuple[str, ...] = ()
 
     def __post_init__(self):
-        _check_choice("FP8 mode", self.fp8, FP8_MODES)
-        _check_choice("attention backend", self.attention, ATTENTION_BACKENDS)
-        _check_choice("compile mode", self.compile, COMPILE_MODES)
+        check_choice("FP8 mode", self.fp8, FP8_MODES)
+        check_choice("attention backend", self.attention, ATTENTION_BACKENDS)
+        check_choice("compile mode", self.compile, COMPILE_MODES)
         for rewrite in self.rewrites:
-            _check_choice("rewrite", rewrite, REWRITES)
+            check_choice("rewrite", rewrite, REWRITES)
         object.__setattr__(self, "rewrites", tuple(sorted(set(self.rewrites))))  # one key per set of rewrites
         if "fused-qkv" in self.rewrites and self.lora is not None and self.lora.mode == "runtime":
             raise InvalidRequestError("fused-qkv needs a fused LoRA: runtime LoRA layers sit on the separate q/k/v "

@@ -28,6 +28,15 @@ class UnavailableOptionError(GhostEditError, RuntimeError):
     """Raised when a run asks for an option this machine cannot run; the message is the reason."""
 
 
+def package_version(name: str) -> str | None:
+    """An installed distribution's version; None if it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 

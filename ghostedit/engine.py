@@ -25,15 +25,14 @@ from PIL import Image
 from . import images as image_utils
 from .config import SIZE_RANGE, EditRequest, OptimizationConfig
 from .device import Availability, UnavailableOptionError, default_device, empty_cache
-from .errors import GpuOutOfMemoryError
+from .errors import GpuOutOfMemoryError, error_summary
 from .models import ModelSpec, availability as model_availability, load_base_pipeline, resolve
 from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt, offload
 from .paths import ghostedit_home
 from .recipe import prepare_dit
-from .telemetry import ProgressCallback, RunCancelled, RunRecorder, RunTelemetry
+from .telemetry import GIB, ProgressCallback, RunCancelled, RunRecorder, RunTelemetry
 from .tensors import storage_bytes, storage_pointers
 
-GIB = 1024**3
 # DiffSynth pipeline units whose time is a stage of its own
 UNIT_STAGES = {"QwenImageUnit_PromptEmbedder": "text encoding", "QwenImageUnit_EditImageEmbedder": "image encoding"}
 # Text tokens assumed when timing attention backends for "auto" before the prompt is encoded
@@ -392,7 +391,7 @@ class _instrumented:
             if not compile_opt.is_compile_error(error):
                 raise
             compile_opt.revert_to_eager(self.prepared.dit)
-            warning = (f"torch.compile failed ({type(error).__name__}: {compile_opt.compile_error_summary(error)}); "
+            warning = (f"torch.compile failed ({type(error).__name__}: {error_summary(error)}); "
                        "this configuration runs in eager mode")
             self.prepared.warnings.append(warning)
             self.prepared.report["compile"] = "failed: eager"

@@ -19,3 +19,12 @@ class InputImageError(GhostEditError, ValueError):
 
 class GpuOutOfMemoryError(GhostEditError, RuntimeError):
     """The edit did not fit in GPU memory even after freeing every cached pipeline and retrying."""
+
+
+def error_summary(error: BaseException) -> str:
+    """The informative start of an error's message, in one line. Some messages open with a heading only
+    ("backend='inductor' raised:"), with the cause on the next line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return (" ".join(lines[:2]) if lines[0].endswith(":") else lines[0])[:300]

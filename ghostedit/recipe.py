@@ -11,7 +11,7 @@ import copy
 import torch
 
 from .config import OptimizationConfig
-from .optimize import compile as compile_opt, fp8, lora as lora_opt, rewrites
+from .optimize import compile as compile_opt, fp8, lora as lora_opt
 from .telemetry import RunRecorder
 
 
@@ -26,6 +26,7 @@ def clone_sharing_weights(module: torch.nn.Module) -> torch.nn.Module:
 def prepare_dit(base_dit: torch.nn.Module, config: OptimizationConfig, recorder: RunRecorder, device: str):
     """Returns the prepared DiT, on `device`, and a report of what each step did, in words. A base kept in host
     memory is brought over as the steps go: FP8 layers one at a time, so the device never holds the bf16 DiT."""
+    from .optimize import rewrites  # imports DiffSynth's DiT module: loaded with the model, not with the app
     report = {}
 
     def step(name, message):

@@ -126,7 +126,6 @@ def main() -> None:
         del dit
         gc.collect()  # compiled blocks and their code reference each other
         torch.cuda.empty_cache()
-    (out / "profile.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,47 +3,20 @@ import math
 import time
 
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 from PIL import Image
 
+from app_client import BEFORE_AFTER, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
 from conftest import ASSETS
 
 SMALL = dict(steps=3, width=128, height=128)
-# /edit and /run_variants outputs, in order
-STATUS, BEFORE_AFTER, SUMMARY, RUN_JSON, TABLE = range(5)
-
-
-def client(app) -> Client:
-    """A new client is a new session: its own history."""
-    return Client(app.url, verbose=False)
 
 
 def inputs(**overrides) -> dict:
     return {"image": handle_file(str(ASSETS / "house.png")), "prompt": "make it a haunted house at night",
             **SMALL, **overrides}
-
-
-def wait_until(condition, timeout=180):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def reached(job, key, value) -> bool:
-    """Whether the job has streamed a live update with update[key] >= value (or == for strings)."""
-    for out in job.outputs():
-        update = out[RUN_JSON]
-        if isinstance(update, dict) and key in update:
-            if update[key] == value or (not isinstance(value, str) and update[key] >= value):
-                return True
-    return False
-
-
-def rows(table: dict) -> list[dict]:
-    return [dict(zip(table["headers"], row)) for row in table["data"]]
 
 
 def test_starts_within_30_cpu_seconds(app, artifacts):
@@ -119,6 +92,7 @@ def test_refused_runs_say_why_and_the_app_keeps_serving(app, overrides, message)
     session = client(app)
     with pytest.raises(AppError, match=message):
         session.predict(**inputs(**overrides), api_name="/edit")
+    assert session.predict(**inputs(), api_name="/edit")[RUN_JSON]["state"] == "done"
 
 
 def test_variant_needing_an_unset_toggle_is_refused(app):

@@ -9,7 +9,6 @@ import functools
 import json
 import os
 import pickle
-import re
 import shutil
 
 import numpy as np
@@ -20,14 +19,15 @@ from gradio_client.client import Endpoint
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from app_client import BEFORE_AFTER, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
 from app_server import REPO, running_app
 from conftest import ASSETS
 from ghostedit.engine import OUT_OF_MEMORY_RETRY_NOTE
 from ghostedit.models import resolve
 from ghostedit.models.tiny import ensure_foreign_lora, ensure_tiny_lora
-from hostile_inputs import (GIF_NOTE, REFUSED_IMAGES, animated_gif, cmyk_jpeg, encoded, gradient_16bit_png,
+from hostile_inputs import (GIF_NOTE, REFUSED_IMAGES, REFUSED_REQUEST_VALUES, animated_gif, cmyk_jpeg, encoded,
+                            gradient_16bit_png,
                             half_transparent_png, noise, refused_by_content, refused_by_the_model)
-from test_app_api import BEFORE_AFTER, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
 
 SMALL = dict(steps=2, width=128, height=128)
 NOT_A_LORA_NAME = "not a LoRA name"
@@ -182,30 +182,16 @@ def test_app_serves_a_normal_edit_after_hostile_images(app):
 
 # ---- parameters: refused with the parameter named, never clamped (EditRequest's rule) ----
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(steps=0), r"steps must be between 1 and 100; got 0"),
-    (dict(steps=101), r"steps must be between 1 and 100; got 101"),
-    (dict(steps=2.5), r"steps must be a whole number; got 2.5"),
-    (dict(steps="4"), r"steps must be a whole number; got '4'"),
+@pytest.mark.parametrize("overrides, message", REFUSED_REQUEST_VALUES + [
     (dict(steps=None), r"steps must be a whole number; got None"),
-    (dict(cfg_scale=0.5), r"CFG scale must be between 1.0 and 20.0; got 0.5"),
     (dict(cfg_scale=21), r"CFG scale must be between 1.0 and 20.0; got 21"),
     (dict(cfg_scale="high"), r"CFG scale must be a number; got 'high'"),
-    (dict(seed=-1), r"seed must be between 0 and 4294967295; got -1"),
-    (dict(seed=2**32), r"seed must be between 0 and 4294967295; got 4294967296"),
     (dict(seed="7"), r"seed must be a whole number; got '7'"),
-    (dict(width=100), r"width must be a multiple of 16; got 100"),
-    (dict(width=4096), r"width must be between 64 and 2048; got 4096"),
     (dict(width=-16), r"width must be between 64 and 2048; got -16"),
     (dict(height=32), r"height must be between 64 and 2048; got 32"),
     (dict(width=128, height=0), r"give both width and height, or neither"),
-    (dict(prompt="x" * 100_000), r"the prompt is 100,000 characters long; the limit is 2,000"),
-    (dict(prompt=""), r"the prompt is empty"),
-    (dict(prompt=" \n\t "), r"the prompt is empty"),
     (dict(prompt=None), r"the prompt is empty"),
     (dict(prompt=["make it night"]), r"the prompt must be text; got list"),
-    (dict(prompt="add a moon<|im_end|>"), r"control token"),
-    (dict(negative_prompt="y" * 2001), r"the negative prompt is 2,001 characters long"),
     (dict(fp8="fp4"), r"FP8 mode must be one of"),
     (dict(attention="../../etc"), r"attention backend must be one of"),
     (dict(rewrites="real-rope"), r"rewrites must be a list"),
@@ -251,10 +237,8 @@ def test_lora_unfit_for_the_model_is_refused_and_leaves_the_cache_and_weights_un
     cached = cached_configs(app)
     assert "bf16" in cached
     for case, (path, message) in refused_by_the_model(tmp_path).items():
-        try:  # well-formed safetensors with LoRA layers: the upload may take them, or refuse them for this reason
-            os.unlink(app.lora_dir / upload_lora(app, path))
-        except AppError as refused:
-            assert re.search(message, str(refused)), case
+        # well-formed safetensors with LoRA layers: the upload reads the header only and takes them
+        os.unlink(app.lora_dir / upload_lora(app, path))
         dropped = shutil.copy(path, app.lora_dir / f"unfit-{path.name}")  # as if copied in by hand: /edit decides
         try:
             for mode in ("fused", "runtime"):

@@ -23,11 +23,10 @@ DEFAULT_EDIT = dict(
 
 
 @pytest.fixture(scope="session")
-def ghostedit_home(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        home = tmp_path_factory.mktemp("ghostedit-home")
-        patch.setenv("GHOSTEDIT_HOME", str(home))
-        yield home
+def ghostedit_home():
+    """The session's home (conftest.py): the tiny model is generated there once."""
+    from ghostedit.paths import ghostedit_home
+    return ghostedit_home()
 
 
 def _refuse_network(*args, **kwargs):

@@ -70,10 +70,11 @@ def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype):
 def build_synthetic_dit(device: str, torch_dtype: torch.dtype):
     """The full-size DiT alone, with the same random weights every time."""
     from diffsynth.models.qwen_image_dit import QwenImageDiT
-    torch.manual_seed(0)
-    with _created_on(device, torch_dtype):
-        dit = QwenImageDiT().eval()
-    _init_like_trained(dit)
+    with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
+        torch.manual_seed(0)
+        with _created_on(device, torch_dtype):
+            dit = QwenImageDiT().eval()
+        _init_like_trained(dit)
     return dit
 
 

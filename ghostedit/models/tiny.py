@@ -259,6 +259,11 @@ def tiny_lora_deltas() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return deltas
 
 
+def _check_lora_style(style: str) -> None:
+    if style not in ("peft", "kohya"):
+        raise ValueError(f"unknown LoRA style {style!r}: expected 'peft' or 'kohya'")
+
+
 def tiny_lora_state_dict(style: str) -> dict[str, torch.Tensor]:
     """The tiny LoRA keyed like real Qwen-Image LoRAs; both styles encode the same delta W.
 
@@ -268,27 +273,26 @@ def tiny_lora_state_dict(style: str) -> dict[str, torch.Tensor]:
     and ``.alpha`` (a scalar, rank / 2); delta W = (alpha / rank) * up @ down. So down = A and
     up = (rank / alpha) * B, exact in bf16 because rank / alpha is a power of two.
     """
+    _check_lora_style(style)
     state_dict = {}
     for name, (down, up) in tiny_lora_deltas().items():
         if style == "peft":
             state_dict[f"{name}.lora_A.weight"] = down
             state_dict[f"{name}.lora_B.weight"] = up
-        elif style == "kohya":
+        else:
             key = "lora_unet_" + name.replace(".", "_")
             state_dict[f"{key}.lora_down.weight"] = down
             state_dict[f"{key}.lora_up.weight"] = up * (LORA_RANK / LORA_ALPHA)
             state_dict[f"{key}.alpha"] = torch.tensor(LORA_ALPHA)
-        else:
-            raise ValueError(f"unknown LoRA style {style!r}: expected 'peft' or 'kohya'")
     return {k: v.to(torch.bfloat16) for k, v in state_dict.items()}
 
 
 def ensure_tiny_lora(style: str, folder: Path | None = None) -> Path:
     """A rank-4 LoRA for the tiny DiT (attention projections and MLPs of every block), generated once."""
-    state_dict = tiny_lora_state_dict(style)  # validates style before any path is made
+    _check_lora_style(style)  # before any path is made from it
     path = Path(folder or ghostedit_home() / f"{TINY_MODEL_NAME}-loras") / f"tiny_lora_{style}.safetensors"
     if not path.is_file():
-        _atomic_save_file(state_dict, path)
+        _atomic_save_file(tiny_lora_state_dict(style), path)
     return path
 
 

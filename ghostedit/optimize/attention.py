@@ -18,6 +18,7 @@ from einops import rearrange
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..device import Availability, needs_cuda, synchronize
+from ..errors import error_summary
 from ..telemetry import median_ms
 
 SDPA_BACKENDS = {
@@ -155,19 +156,14 @@ def availability(backend: str, device: str) -> Availability:
         try:
             importlib.import_module(module)
         except Exception as error:  # ImportError, or a broken build raising anything at import
-            return Availability.no(f"{what} is not installed ({type(error).__name__}: {_first_line(error)})")
+            return Availability.no(f"{what} is not installed ({type(error).__name__}: {error_summary(error)})")
     try:
         q, k, v = _probe_shape(device)
         attend(q, k, v, backend)
         synchronize(device)
     except Exception as error:
-        return Availability.no(f"{backend} cannot run on this device: {_first_line(error)}")
+        return Availability.no(f"{backend} cannot run on this device: {error_summary(error)}")
     return Availability.yes()
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 # ---- auto: the fastest backend measured here at the run's shape ----

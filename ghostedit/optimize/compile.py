@@ -3,12 +3,11 @@ share one compiled graph, so compiling costs one block's worth, not the whole mo
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from ..device import Availability
-from ..paths import ghostedit_home
+from ..errors import error_summary
 
 # Inductor options per mode (torch.compile's `mode` names these same sets; options can be extended, a mode cannot)
 INDUCTOR_OPTIONS = {
@@ -31,13 +30,9 @@ def availability(mode: str, device: str) -> Availability:
     try:
         get_cpp_compiler()  # Inductor's own search: $CXX, its configured list, then g++ and clang++, each tried
     except Exception as error:
-        return Availability.no(f"torch.compile on the CPU needs a working C++ compiler ({_first_line(error)})")
+        return Availability.no(f"torch.compile on the CPU needs a working C++ compiler ({error_summary(error)})")
     return Availability.yes()
 
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 def compiled_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -60,8 +55,6 @@ def allow_recompiles() -> None:
 def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | None = None) -> int:
     """Compiles each transformer block. Inductor options go with the compiled module (not the global config),
     so configurations with different options get their own compiled code rather than reusing another's."""
-    # Inductor's compiled graphs and kernels on disk, where a restarted process finds them (its default is in /tmp)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ghostedit_home() / "inductor-cache"))
     allow_recompiles()
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
@@ -80,11 +73,3 @@ def is_compile_error(error: BaseException) -> bool:
     from torch._dynamo.exc import TorchDynamoException
     return isinstance(error, TorchDynamoException)
 
-
-def compile_error_summary(error: BaseException) -> str:
-    """The informative start of a compile error's message. Dynamo's first line is sometimes only a heading
-    ("backend='inductor' raised:"), with the cause on the next line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    return (" ".join(lines[:2]) if lines[0].endswith(":") else lines[0])[:300]

@@ -42,8 +42,10 @@ class LoraLayer:
     up: torch.Tensor     # B: [out_features, rank]
     factor: float        # alpha / rank, or 1
 
-    def delta(self, scale: float) -> torch.Tensor:
-        return (scale * self.factor) * (self.up.float() @ self.down.float())
+    def delta(self, scale: float, device: torch.device | str = "cpu") -> torch.Tensor:
+        """scale * factor * up @ down, computed on `device` (where the weight it is added to lives)."""
+        up, down = self.up.to(device, torch.float32), self.down.to(device, torch.float32)
+        return (scale * self.factor) * (up @ down)
 
 
 @dataclass
@@ -173,7 +175,7 @@ def fuse_lora(model: torch.nn.Module, lora: MatchedLora, scale: float) -> int:
     """Merges the LoRA into the linear weights, as new tensors (the model's old weights stay untouched)."""
     for name, layer in lora.layers.items():
         linear = model.get_submodule(name)
-        merged = linear.weight.float() + layer.delta(scale).to(linear.weight.device)
+        merged = linear.weight.float() + layer.delta(scale, linear.weight.device)
         linear.weight = torch.nn.Parameter(merged.to(linear.weight.dtype), requires_grad=False)
     return len(lora.layers)
 

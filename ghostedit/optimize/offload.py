@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import check_choice
 from ..device import empty_cache
 
 PLACEMENTS = ("base-dit", "text-encoder")
@@ -17,8 +18,7 @@ PLACEMENTS = ("base-dit", "text-encoder")
 
 def checked(host_memory) -> tuple[str, ...]:
     for name in host_memory:
-        if name not in PLACEMENTS:
-            raise ValueError(f"host memory placement must be one of {', '.join(PLACEMENTS)}; got {name!r}")
+        check_choice("host memory placement", name, PLACEMENTS)
     return tuple(sorted(set(host_memory)))
 
 

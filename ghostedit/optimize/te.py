@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import glob
 import importlib.util
 import os
@@ -32,6 +33,7 @@ def availability(device: str) -> Availability:
     return Availability.yes()
 
 
+@functools.cache  # called per converted layer and per forward: the cuDNN preloading runs once
 def import_te():
     """Imports transformer_engine.pytorch against the cuDNN that PyTorch itself runs with.
 

@@ -26,7 +26,12 @@ def on_gpu(fn: Callable, runs_for: Callable[[dict], int] = lambda arguments: 1) 
     signature = inspect.signature(fn)
 
     def duration(*args, **kwargs) -> int:
-        arguments = signature.bind_partial(*args, **kwargs).arguments
-        return gpu_seconds(arguments.get("steps", 40), runs_for(arguments))
+        # the values arrive as sent (preprocess=False): the handler refuses bad ones with their reason, so a value
+        # that cannot be read here asks for the most time rather than failing before the handler runs
+        try:
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+            return gpu_seconds(arguments.get("steps") or 40, runs_for(arguments))
+        except (TypeError, ValueError):
+            return GPU_SECONDS_MAX
 
     return spaces.GPU(duration=duration)(fn)

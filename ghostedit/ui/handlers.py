@@ -16,12 +16,13 @@ from PIL import Image
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
 from ..errors import GhostEditError
-from ..telemetry import RunCancelled
+from ..images import fit
+from ..telemetry import GIB, RunCancelled
 from . import live
 from .history import COMPARISON_RULE, History
 from .settings import (NO_LORA, VARIANTS, LoraLibrary, edit_request, panel_config, toggle_choices,
                        uploaded_images, variant_configs)
-from .system import cache_table, hardware_markdown, options_table, system_report
+from .system import cache_table, hardware_markdown, options_json, options_table, system_report
 
 def user_error(error: BaseException) -> gr.Error:
     """An engine error as the toast the page shows (and the AppError an API client gets); the app keeps serving.
@@ -235,15 +236,12 @@ class Handlers:
 
     def system_views(self):
         report = system_report(self.engine)
-        return hardware_markdown(report), options_table(report)
-
-    def cache_view(self):
-        return cache_table(self.engine.cached())
+        return hardware_markdown(report), options_table(report), cache_table(report["cached_pipelines"])
 
     def free_cache(self) -> dict:
         """Drops every prepared pipeline (the base weights stay loaded) and says how much memory that freed."""
         freed = self.engine.free()
-        return {"freed_gib": freed / 1024**3, "cached_pipelines": self.engine.cached()}
+        return {"freed_gib": freed / GIB, "cached_pipelines": self.engine.cached()}
 
     def free_cache_views(self):
         freed = self.free_cache()
@@ -253,9 +251,7 @@ class Handlers:
     def api_options(self) -> dict:
         """Every toggle's choices with availability and reason, the LoRA choices, and the model's defaults."""
         return {
-            "options": {toggle: {choice: {"available": available.ok, "reason": available.reason}
-                                 for choice, available in choices.items()}
-                        for toggle, choices in self.options.items()},
+            "options": options_json(self.options),
             "loras": [value for _, value in self.loras.choices()],
             "variants": dict(VARIANTS),
             "model": {"source": self.engine.spec.source, "default_steps": self.engine.spec.default_steps},
@@ -264,10 +260,7 @@ class Handlers:
 
 def _before_after(result) -> tuple[Image.Image, Image.Image]:
     """The first input as the model saw it, at the output's size, beside the output."""
-    before = result.inputs[0]
-    if before.size != result.image.size:
-        before = before.resize(result.image.size, Image.LANCZOS)
-    return before, result.image
+    return fit(result.inputs[0], result.image.size), result.image
 
 
 def _comparison_caption(history: History) -> str:

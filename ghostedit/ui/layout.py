@@ -227,6 +227,5 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history) -> N
 
 def _wire_system(demo: gr.Blocks, handlers: Handlers, system, system_tab) -> None:
     for trigger in (system.refresh.click, system_tab.select):
-        trigger(handlers.system_views, None, [system.hardware, system.options], **PRIVATE, **LIGHT).then(
-            handlers.cache_view, None, system.cache, **PRIVATE, **LIGHT)
+        trigger(handlers.system_views, None, [system.hardware, system.options, system.cache], **PRIVATE, **LIGHT)
     system.free.click(handlers.free_cache_views, None, [system.free_message, system.cache], **PRIVATE, **LIGHT)

@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import os
 import platform
-from importlib.metadata import PackageNotFoundError, version
 
 import pandas as pd
 import psutil
 import torch
 
-from ..telemetry import MemoryProbe
+from ..device import package_version
+from ..telemetry import GIB, MemoryProbe
 from .settings import TOGGLE_WORDS
 
 LIBRARIES = ("torch", "diffsynth", "transformers", "gradio", "gradio_client", "torchao", "peft", "safetensors",
              "transformer_engine", "flash_attn", "flash_attn_3", "sageattention", "spaces")
-GIB = 1024**3
-
-
-def _package_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def _driver_version() -> str | None:
@@ -54,16 +46,21 @@ def memory_now(device: str) -> dict:
     return {"label": sample.label, "now_gib": sample.allocated_gib}
 
 
+def options_json(options: dict) -> dict:
+    """{toggle: {choice: {"available", "reason"}}} from the engine's options()."""
+    return {toggle: {choice: {"available": available.ok, "reason": available.reason}
+                     for choice, available in choices.items()}
+            for toggle, choices in options.items()}
+
+
 def system_report(engine) -> dict:
     """Everything the System tab shows, as JSON (the /system endpoint); it answers at once, even during a run."""
     return {
         "model": {"source": engine.spec.source, "description": engine.spec.description,
                   "loaded": engine.load_count > 0},
         "hardware": hardware(engine.device),
-        "libraries": {name: _package_version(name) for name in LIBRARIES},
-        "options": {toggle: {choice: {"available": available.ok, "reason": available.reason}
-                             for choice, available in choices.items()}
-                    for toggle, choices in engine.options().items()},
+        "libraries": {name: package_version(name) for name in LIBRARIES},
+        "options": options_json(engine.options()),
         "memory": memory_now(engine.device),
         "cached_pipelines": engine.cached(),
     }
