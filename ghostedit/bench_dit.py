@@ -54,12 +54,9 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     return float((output.float() - reference.float()).norm() / reference.float().norm())
 
 
-def resolve_backend(config: OptimizationConfig, dit, inputs: dict, device: str) -> str:
-    if config.attention != "auto":
-        return config.attention
-    attn = dit.transformer_blocks[0].attn
-    seq = image_tokens(inputs) + inputs["prompt_emb"].shape[1]
-    return attention.fastest_backend(device, attn.num_heads, attn.head_dim, seq)[0]
+def resolve_backend(config: OptimizationConfig, dit, inputs: dict, device: str) -> tuple[str, str]:
+    """The backend that runs, and the words that say so ("auto" with what it timed)."""
+    return attention.resolve(config.attention, dit, image_tokens(inputs) + inputs["prompt_emb"].shape[1], device)
 
 
 def bench_dit_configuration(base_dit, config: OptimizationConfig, inputs: dict, device: str, repeats: int,
@@ -67,7 +64,7 @@ def bench_dit_configuration(base_dit, config: OptimizationConfig, inputs: dict, 
     """Returns (row, output, prepared DiT). Without references (the baseline) the errors are 0 by definition."""
     recorder = RunRecorder(device)
     dit, report = prepare_dit(base_dit, config, recorder, device)
-    backend = resolve_backend(config, dit, inputs, device)
+    backend, report["attention"] = resolve_backend(config, dit, inputs, device)
     allocated_before = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -148,7 +145,7 @@ def middle_block_output(dit, captured: dict, config: OptimizationConfig, backend
 
 def lossless_batching_experiments(dit, inputs: dict, config: OptimizationConfig, device: str, repeats: int) -> dict:
     """The block loop (all of the DiT's cost but the tiny embedding and output layers) timed three ways."""
-    backend = resolve_backend(config, dit, inputs, device)
+    backend, _ = resolve_backend(config, dit, inputs, device)
     single = block_inputs(dit, inputs, config, backend)
     doubled = {name: (torch.cat([value, value]) if name != "image_rotary_emb" else value)
                for name, value in single.items()}

@@ -18,7 +18,7 @@ from .images import load_image
 LORA_MODES = ("fused", "runtime")
 FP8_MODES = ("off", "storage", "torchao", "te", "te-delayed")
 # "diffsynth" leaves DiffSynth's own choice in place (FA3 if installed, else PyTorch SDPA's dispatch): the stock baseline.
-ATTENTION_BACKENDS = ("diffsynth", "auto", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "fa4", "fa3", "fa2", "sage")
+ATTENTION_BACKENDS = ("diffsynth", "auto", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "fa4", "fa3", "fa2", "sage", "cudnn-fp8")
 COMPILE_MODES = ("off", "regional", "max-autotune")
 # Lossless rewrites of the DiT (see optimize/rewrites.py)
 REWRITES = ("real-rope", "fused-qkv", "inductor-cdt")

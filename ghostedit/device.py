@@ -1,7 +1,11 @@
 """The compute device GhostEdit runs on, and what it can do."""
 from __future__ import annotations
 
+import ctypes
 import functools
+import glob
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
@@ -72,3 +76,22 @@ def synchronize(device: str) -> None:
 def empty_cache(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
+
+
+@functools.cache
+def load_torch_cudnn() -> str | None:
+    """Loads the cuDNN libraries that PyTorch ships (graph library first) into the process, once; returns their
+    folder, or None where PyTorch has no bundled cuDNN.
+
+    Libraries that call cuDNN themselves (Transformer Engine, cudnn-frontend) look for it on the system first, and
+    cuDNN finds its sub-libraries by name. On a machine whose system cuDNN is older than PyTorch's (the GPU image
+    here: 9.14 against 9.19) they either load the system one first, and PyTorch then turns its own cuDNN kernels
+    off (SDPA fell back to FlashAttention-2: every configuration ran 16% slower), or fail on mixed versions. With
+    PyTorch's libraries loaded first, every user in the process gets the same cuDNN."""
+    spec = importlib.util.find_spec("nvidia.cudnn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = os.path.join(spec.submodule_search_locations[0], "lib")
+    for library in sorted(glob.glob(os.path.join(folder, "libcudnn*.so*")), key=lambda path: ("_graph" not in path, path)):
+        ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    return folder

@@ -252,7 +252,7 @@ class Engine:
                 "and it still did not fit. Try a smaller output size, fewer input images, or FP8 storage weights")
 
     def _run(self, request: EditRequest, config: OptimizationConfig, recorder: RunRecorder) -> EditResult:
-        compile_opt.allow_recompiles()  # in this thread: the app runs each edit in a thread of its own
+        compile_opt.configure_dynamo()  # in this thread: the app runs each edit in a thread of its own
         prepared, hit = self._prepare(config, recorder)
         recorder.telemetry.cache_hit = hit
         recorder.telemetry.notes.extend(prepared.warnings)
@@ -316,14 +316,11 @@ class Engine:
         return width, height, inputs
 
     def _resolve_attention(self, backend: str, prepared: PreparedPipeline, width: int, height: int, inputs) -> str:
-        if backend != "auto":
-            return backend
-        attn = prepared.dit.transformer_blocks[0].attn
         image_tokens = sum(w * h // 256 for w, h in [(width, height)] + [image.size for image in inputs])
-        winner, timings = attention.fastest_backend(self.device, attn.num_heads, attn.head_dim,
-                                                    image_tokens + AUTO_ATTENTION_TEXT_TOKENS)
-        prepared.report["attention"] = "auto → " + winner + " (" + ", ".join(
-            f"{name} {ms:.2f} ms" for name, ms in sorted(timings.items(), key=lambda item: item[1])) + ")"
+        winner, words = attention.resolve(backend, prepared.dit, image_tokens + AUTO_ATTENTION_TEXT_TOKENS,
+                                          self.device)
+        if backend == "auto":
+            prepared.report["attention"] = words
         return winner
 
 

@@ -48,6 +48,8 @@ def prepare_dit(base_dit: torch.nn.Module, config: OptimizationConfig, recorder:
     if "fused-qkv" in config.rewrites:
         with step("fuse QKV", "fusing q/k/v projections"):
             report["fused-qkv"] = f"{rewrites.fuse_qkv(dit)} attention layers with fused q/k/v projections"
+    if config.attention == "cudnn-fp8":
+        rewrites.joint_attention(dit)  # hands the FP8 attention its bounds on q and k
     if "real-rope" in config.rewrites:
         rewrites.use_real_rope(dit)
         report["real-rope"] = "rotary embedding with real cos/sin"

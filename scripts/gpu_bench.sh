@@ -9,14 +9,19 @@
 #     e2e        40-step edits end to end, stock against best
 #     memory     the whole pipeline in FP8, the base DiT and the text encoder in host memory
 #   scripts/gpu_bench.sh PHASE  one phase; `te` measures Transformer Engine (installed by
-#                               scripts/install_te_on_gpu.sh) against torchao FP8
+#                               scripts/install_te_on_gpu.sh) against torchao FP8; `attention` times every
+#                               attention backend alone at the DiT's shape; `first-call` profiles the best
+#                               configuration's first call on an empty compile cache, then in a restarted process
 # Results go to $OUT/<phase>/ (results.json, table.md, chart.png, <phase>.log) or ./bench-results/<phase>/.
-# BEST overrides the best configuration; DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU.
+# BEST and EXACT override those configurations; DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU (with a BEST and
+# an EXACT that the CPU can run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -n "${DRY_RUN:-}" ] || source scripts/gpu_setup.sh > /dev/null
+[ -n "${DRY_RUN:-}" ] || QUIET_SETUP=1 source scripts/gpu_setup.sh
 OUT=${OUT:-bench-results}
-BEST=${BEST:-fp8=torchao,compile=regional,rewrites=real-rope}
+# the fastest with exact attention, and the best: the same with FP8 attention
+EXACT=${EXACT:-fp8=torchao,compile=regional,rewrites=real-rope}
+BEST=${BEST:-$EXACT,attention=cudnn-fp8}
 MODEL=${MODEL:-synthetic}
 SIZE=(--width "${SIDE:-1024}" --height "${SIDE:-1024}")
 PYTHON=${PYTHON:-python3}
@@ -39,14 +44,24 @@ phase() {
     dit)
       rm -rf "$TORCHINDUCTOR_CACHE_DIR"
       bench dit --level dit "${SIZE[@]}" --text-tokens 256 --repeats 6 --experiments --configs baseline "$BEST" \
-        attention=auto attention=fa4 attention=sdpa-flash fp8=storage fp8=torchao compile=regional \
-        fp8=torchao,compile=regional "$BEST,attention=fa4" fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv ;;
+        attention=auto attention=fa4 attention=sdpa-flash attention=cudnn-fp8 fp8=storage fp8=torchao \
+        compile=regional fp8=torchao,compile=regional "$EXACT" "$EXACT,attention=fa4" \
+        fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv,attention=cudnn-fp8 ;;
     restart)
       bench restart --level dit "${SIZE[@]}" --text-tokens 256 --repeats 3 --configs "$BEST" ;;
     e2e)
       bench e2e "${SIZE[@]}" --steps 40 --repeats 0 --one-at-a-time --host-memory base-dit --configs baseline "$BEST" ;;
     memory)
       bench memory "${SIZE[@]}" --steps 4 --repeats 0 --host-memory base-dit text-encoder --configs "$BEST" ;;
+    attention)
+      "$PYTHON" scripts/attention_probe.py --out "$OUT/attention" ;;
+    first-call)
+      local cache=/tmp/ghostedit-first-call-cache
+      rm -rf "$cache"
+      for label in cold restart; do
+        TORCHINDUCTOR_CACHE_DIR=$cache "$PYTHON" scripts/profile_first_call.py "$label" "$BEST" --out "$OUT/first-call" \
+          $([ "$label" = restart ] && echo --cprofile) 2>&1 | grep -v "^Loading\|^Loaded\|SyntaxWarning\|^  \"\"\"" || true
+      done ;;
     te)
       for probe in "" "with-te raw" "with-te"; do
         { "$PYTHON" scripts/te_probe.py $probe 2>&1 || true; } | { grep -v "arn\|Jax" || true; }

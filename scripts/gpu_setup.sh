@@ -17,6 +17,8 @@ if [ ! -d /tmp/site/diffsynth ]; then
 fi
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD:/tmp/site-te  # site-te: scripts/install_te_on_gpu.sh
 export GHOSTEDIT_HOME=/tmp/ghostedit-home PYTHONUNBUFFERED=1
+# What the machine has; QUIET_SETUP=1 (scripts/gpu_bench.sh) skips the report, whose imports take ~15 s
+[ -n "${QUIET_SETUP:-}" ] && return 0
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 - <<'PY'
 import importlib

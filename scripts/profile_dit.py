@@ -1,6 +1,7 @@
 """Where the time of one DiT forward goes, for the best configuration, and what compile settings change it.
 
-On the GPU machine (after `source scripts/gpu_setup.sh`):  python3 scripts/profile_dit.py [--out DIR]
+On the GPU machine (after `source scripts/gpu_setup.sh`):
+    python3 scripts/profile_dit.py [--config CONFIG] [--engine-only] [--out DIR]
 Builds the full-size synthetic DiT alone, times the configuration's forward (CUDA events, median after warm-up,
 first call apart) with its blocks compiled two ways: as the engine compiles them (dynamic shapes) and for static
 shapes. Each is profiled with torch.profiler, its GPU kernels
@@ -28,7 +29,7 @@ from ghostedit.optimize.compile import compile_regions
 from ghostedit.recipe import prepare_dit
 from ghostedit.telemetry import RunRecorder, median_ms
 
-BEST = "fp8=torchao,compile=regional,rewrites=real-rope,attention=fa4"
+BEST = "fp8=torchao,compile=regional,rewrites=real-rope,attention=cudnn-fp8"
 # Kernel families by name, first match wins: Inductor names its kernels after the ops they fuse ("scaled_mm" when
 # one quantizes a GEMM's input), and FlashAttention-4's kernels are CUTLASS kernels
 FAMILIES = (("inductor", r"^triton_"),
@@ -106,18 +107,21 @@ def print_breakdown(result: dict, ideal: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    parser.add_argument("--config", default=BEST)
+    parser.add_argument("--engine-only", action="store_true", help="skip the static-shapes variant")
     args = parser.parse_args()
     out = Path(args.out) / "profile"
     out.mkdir(parents=True, exist_ok=True)
     base_dit = build_synthetic_dit("cuda", torch.bfloat16)
     inputs = dit_inputs(base_dit, 1024, 1024, 256, "cuda", torch.bfloat16)
-    config = OptimizationConfig.parse(BEST)
+    config = OptimizationConfig.parse(args.config)
     report = {"config": config.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "ideal": ideal_ms(base_dit, 8192, 256), "variants": {}}
-    for name, dynamic in {"engine (dynamic shapes)": True, "static shapes": False}.items():
+    variants = {"engine (dynamic shapes)": True, "static shapes": False}
+    for name, dynamic in list(variants.items())[:1 if args.engine_only else 2]:
         torch._dynamo.reset()  # each variant compiles from scratch, not from the previous one's code
         dit = compiled_variant(base_dit, config, dynamic)
-        backend = resolve_backend(config, dit, inputs, "cuda")
+        backend, _ = resolve_backend(config, dit, inputs, "cuda")
         result = report["variants"][name] = time_variant(dit, config, inputs, backend)
         print(name, {key: round(value, 2) for key, value in result.items()}, flush=True)
         result.update(kernel_breakdown(dit, config, inputs, backend))

@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..device import Availability, needs_cuda, synchronize
 from ..errors import error_summary
 from ..telemetry import median_ms
+from . import fp8_attention
 
 SDPA_BACKENDS = {
     "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -33,7 +34,10 @@ EXTERNAL_BACKENDS = {
     "fa3": ("flash_attn_interface", "FlashAttention-3 (flash_attn_interface)", ((9, 0), (9, 0))),
     "fa2": ("flash_attn", "FlashAttention-2 (flash_attn)", ((8, 0), None)),
     "sage": ("sageattention", "SageAttention (sageattention)", ((8, 0), None)),
+    "cudnn-fp8": ("cudnn", "cuDNN FP8 attention (nvidia-cudnn-frontend)", ((9, 0), None)),
 }
+# Backends that change the result beyond rounding (INT8/FP8 inputs): chosen by name only, never by "auto"
+LOSSY_BACKENDS = ("sage", "cudnn-fp8")
 # SDPA kernels that PyTorch ships for CUDA only
 SDPA_GPU_ONLY = {"sdpa-cudnn": "PyTorch SDPA's cuDNN kernel", "sdpa-efficient": "PyTorch SDPA's memory-efficient kernel"}
 CONCRETE_BACKENDS = tuple(SDPA_BACKENDS) + tuple(EXTERNAL_BACKENDS)
@@ -88,13 +92,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> t
     return _external(q, k, v, backend).transpose(1, 2)
 
 
-def _external(q, k, v, backend: str) -> torch.Tensor:
+def _external(q, k, v, backend: str, q_bound=None, k_bound=None) -> torch.Tensor:
     """An external kernel on [batch, heads, seq, head_dim] views; its output in [batch, seq, heads, head_dim]."""
+    if backend == "cudnn-fp8":  # cuDNN takes any strides: no layout change
+        return fp8_attention.attention(q, k, v, q_bound, k_bound)
     return _EXTERNAL_OPS[backend](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
-def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False):
-    """Drop-in for DiffSynth's `qwen_image_flash_attention` (same signature, output [b, s, h*d])."""
+def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False, q_bound=None,
+                           k_bound=None):
+    """Drop-in for DiffSynth's `qwen_image_flash_attention` (same signature, output [b, s, h*d]). GhostEdit's
+    JointAttention also passes bounds on |q| and |k|, which the FP8 backend scales by."""
     backend = _active_backend
     if backend == "diffsynth":
         return _diffsynth_attention(q, k, v, num_heads, attention_mask=attention_mask,
@@ -104,7 +112,12 @@ def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_a
                            "use the 'diffsynth' backend for entity-masked prompts")
     if backend in SDPA_BACKENDS:
         return rearrange(attend(q, k, v, backend), "b n s d -> b s (n d)")
-    return _external(q, k, v, backend).flatten(2)
+    return _external(q, k, v, backend, q_bound, k_bound).flatten(2)
+
+
+def takes_bounds() -> bool:
+    """Whether the active backend uses bounds on |q| and |k| (see rewrites.JointAttention)."""
+    return _active_backend == "cudnn-fp8"
 
 
 def install() -> None:
@@ -154,7 +167,7 @@ def availability(backend: str, device: str) -> Availability:
         if not gpu.ok:
             return gpu
         try:
-            importlib.import_module(module)
+            fp8_attention.cudnn_frontend() if backend == "cudnn-fp8" else importlib.import_module(module)
         except Exception as error:  # ImportError, or a broken build raising anything at import
             return Availability.no(f"{what} is not installed ({type(error).__name__}: {error_summary(error)})")
     try:
@@ -168,13 +181,25 @@ def availability(backend: str, device: str) -> Availability:
 
 # ---- auto: the fastest backend measured here at the run's shape ----
 
+def resolve(backend: str, dit, seq_len: int, device: str) -> tuple[str, str]:
+    """The concrete backend a configuration's choice runs at this sequence length, and the words that say so:
+    "auto" becomes the fastest exact backend measured here."""
+    if backend != "auto":
+        return backend, backend
+    attn = dit.transformer_blocks[0].attn
+    winner, timings = fastest_backend(device, attn.num_heads, attn.head_dim, seq_len)
+    ranked = ", ".join(f"{name} {ms:.2f} ms" for name, ms in sorted(timings.items(), key=lambda item: item[1]))
+    return winner, f"auto → {winner} ({ranked})"
+
+
 @functools.lru_cache(maxsize=None)
 def fastest_backend(device: str, heads: int, head_dim: int, seq_len: int, dtype: torch.dtype = torch.bfloat16):
-    """Times every available backend at this shape and returns (winner, {backend: ms}); measured once per shape."""
+    """Times every available exact backend at this shape and returns (winner, {backend: ms}); measured once per
+    shape. Lossy backends are left out: "auto" must not change the result."""
     timings = {}
     q, k, v = (torch.randn(1, heads, seq_len, head_dim, device=device, dtype=dtype) for _ in range(3))
     for backend in CONCRETE_BACKENDS:
-        if not availability(backend, device).ok:
+        if backend in LOSSY_BACKENDS or not availability(backend, device).ok:
             continue
         timings[backend] = median_ms(lambda: attend(q, k, v, backend), device, repeats=5, warmup=2)
     winner = min(timings, key=timings.get)

@@ -42,20 +42,37 @@ def compiled_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 RECOMPILE_LIMIT = 64
 
 
-def allow_recompiles() -> None:
-    """Every prepared configuration compiles the same block code, each one adding guarded entries to that code's
-    cache: past Dynamo's default limit of 8, later configurations would quietly run eager. Dynamo's settings made
-    from Python hold only in the thread that makes them (torch 2.14), so every thread that prepares or runs
-    compiled blocks calls this first."""
+def configure_dynamo() -> None:
+    """Dynamo's settings for compiled blocks. Settings made from Python hold only in the thread that makes them
+    (torch 2.14), so every thread that prepares or runs compiled blocks calls this first.
+
+    Recompile limits: every prepared configuration compiles the same block code, each one adding guarded entries to
+    that code's cache; past Dynamo's default limit of 8, later configurations would quietly run eager.
+    Floats: DiffSynth's norms and dropouts keep `eps` and `p` as float attributes. Under dynamic shapes Dynamo
+    traces them as symbolic floats, then fails to turn them into tensors and restarts the whole trace with them
+    fixed; fixing them from the start saves that first trace."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
                                                            16 * RECOMPILE_LIMIT)
+    torch._dynamo.config.specialize_float = True
+
+
+def hand_blocks_plain_tensors(model: torch.nn.Module) -> None:
+    """The DiT's input projections return views (F.linear folds the batch dimensions and views its result back), so
+    the first block gets views and every later block gets plain tensors. Dynamo guards on a view's base, so the
+    second block would compile the same code a second time. The projections hand on detached aliases instead,
+    which are not views (inference only: nothing needs their autograd history)."""
+    for name in ("img_in", "txt_in"):
+        layer = getattr(model, name, None)
+        if layer is not None:
+            layer.register_forward_hook(lambda module, args, output: output.detach())
 
 
 def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | None = None) -> int:
     """Compiles each transformer block. Inductor options go with the compiled module (not the global config),
     so configurations with different options get their own compiled code rather than reusing another's."""
-    allow_recompiles()
+    configure_dynamo()
+    hand_blocks_plain_tensors(model)
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
     for block in blocks:

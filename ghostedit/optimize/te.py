@@ -8,15 +8,12 @@ modulation and timestep linears see one row per sample, so those stay in bf16 an
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
-import glob
 import importlib.util
-import os
 
 import torch
 
-from ..device import Availability, needs_cuda
+from ..device import Availability, load_torch_cudnn, needs_cuda
 
 _IMAGE_STREAM_SKIP = ("txt_", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "_mod.", "time_text_embed",
                       "norm_out")
@@ -33,21 +30,10 @@ def availability(device: str) -> Availability:
     return Availability.yes()
 
 
-@functools.cache  # called per converted layer and per forward: the cuDNN preloading runs once
+@functools.cache  # called per converted layer and per forward
 def import_te():
-    """Imports transformer_engine.pytorch against the cuDNN that PyTorch itself runs with.
-
-    TE looks for cuDNN on the system before Python packages, and cuDNN's sub-libraries are found by name. On a
-    machine whose system cuDNN is older than PyTorch's bundled one (the GPU image here: 9.14 against 9.19), TE
-    either loads the system one first, and PyTorch then turns its own cuDNN kernels off (SDPA falls back to
-    FlashAttention-2: every configuration in the process ran 16% slower), or, once PyTorch's is loaded, fails on
-    mixed versions. Loading PyTorch's bundled cuDNN libraries first, graph library first, makes both use them."""
-    spec = importlib.util.find_spec("nvidia.cudnn")
-    if spec is not None and spec.submodule_search_locations:
-        libraries = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "lib", "libcudnn*.so*")),
-                           key=lambda path: ("_graph" not in path, path))
-        for library in libraries:
-            ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    """Imports transformer_engine.pytorch against the cuDNN that PyTorch itself runs with (device.load_torch_cudnn)."""
+    load_torch_cudnn()
     import transformer_engine.pytorch as te
     return te
 

@@ -10,7 +10,7 @@ from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
 from .handlers import Handlers
 from .history import COLUMNS, History
-from .settings import DEFAULT_VARIANTS, FP8_MEASURED, NO_LORA, VARIANTS
+from .settings import ATTENTION_MEASURED, DEFAULT_VARIANTS, FP8_MEASURED, NO_LORA, VARIANTS
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EXAMPLES = [
@@ -135,7 +135,7 @@ def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
         ui.fp8 = gr.Dropdown(handlers.choices("fp8"), value="off", label="FP8", elem_id="fp8",
                              info=FP8_MEASURED)
         ui.attention = gr.Dropdown(handlers.choices("attention"), value="diffsynth", label="Attention backend",
-                                   elem_id="attention")
+                                   elem_id="attention", info=ATTENTION_MEASURED)
         ui.compile_mode = gr.Dropdown(handlers.choices("compile"), value="off", label="torch.compile",
                                       elem_id="compile")
         ui.rewrites = gr.CheckboxGroup(handlers.choices("rewrites"), value=[], elem_id="rewrites",

@@ -25,14 +25,21 @@ FP8_WORDS = {
 }
 # What each FP8 mode gave on an H100 (full-size DiT, 1024x1024 edit, one forward; docs/benchmarks.md).
 FP8_MEASURED = (
-    "Measured on an H100, one DiT forward at a 1024² edit (stock bf16: 427 ms): storage 636 ms (half the weight "
-    "memory, slower); torchao 577-764 ms eager but 238 ms with compile (1.8x, the fastest, half the memory); "
-    "Transformer Engine 385 ms eager (1.12x; delayed scaling 373 ms, 1.16x) and 264 ms with compile (1.64x), with "
-    "no memory saving (TE keeps two FP8 copies of each weight) and only the image stream in FP8."
+    "Measured on an H100, one DiT forward at a 1024² edit (stock bf16: 432 ms): storage 637 ms (half the weight "
+    "memory, slower); torchao 560-770 ms eager but 242 ms with compile (1.8x, half the memory), 211 ms (2.05x) with "
+    "compile and cuDNN FP8 attention; Transformer Engine 385 ms eager (1.12x; delayed scaling 373 ms, 1.16x) and "
+    "264 ms with compile (1.64x), with no memory saving (TE keeps two FP8 copies of each weight) and only the image "
+    "stream in FP8."
+)
+# What the attention backends gave on an H100 at a 1024² edit (docs/benchmarks.md, section 1b)
+ATTENTION_MEASURED = (
+    "Measured on an H100 at a 1024² edit, attention alone: cuDNN (DiffSynth's default, through SDPA) 1.34 ms, "
+    "FlashAttention-4 1.34 ms, SDPA's FlashAttention-2 2.43 ms; cuDNN FP8 0.92 ms (lossy), which pays only with "
+    "compile: 211 ms per DiT forward against 238 ms with FlashAttention-4."
 )
 ATTENTION_WORDS = {
     "diffsynth": "DiffSynth default",
-    "auto": "auto (fastest measured here)",
+    "auto": "auto (fastest exact backend measured here)",
     "sdpa-cudnn": "PyTorch SDPA: cuDNN",
     "sdpa-flash": "PyTorch SDPA: flash",
     "sdpa-efficient": "PyTorch SDPA: memory-efficient",
@@ -40,7 +47,8 @@ ATTENTION_WORDS = {
     "fa4": "FlashAttention-4",
     "fa3": "FlashAttention-3",
     "fa2": "FlashAttention-2",
-    "sage": "SageAttention",
+    "sage": "SageAttention (INT8, lossy)",
+    "cudnn-fp8": "cuDNN FP8 attention (lossy)",
 }
 COMPILE_WORDS = {
     "off": "off (eager)",

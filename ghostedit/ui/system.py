@@ -14,7 +14,8 @@ from ..telemetry import GIB, MemoryProbe
 from .settings import TOGGLE_WORDS
 
 LIBRARIES = ("torch", "diffsynth", "transformers", "gradio", "gradio_client", "torchao", "peft", "safetensors",
-             "transformer_engine", "flash_attn", "flash_attn_3", "sageattention", "spaces")
+             "transformer_engine", "flash_attn", "flash-attn-4", "flash_attn_3", "sageattention",
+             "nvidia-cudnn-frontend", "spaces")
 
 
 def _driver_version() -> str | None:

@@ -1,0 +1,90 @@
+"""Where the first call of a compiled configuration spends its time: run it twice, on an empty compile cache and
+then in a new process that finds the cache on disk (a restart).
+
+On the GPU machine (after `source scripts/gpu_setup.sh`):
+    python3 scripts/profile_first_call.py cold [CONFIG]; python3 scripts/profile_first_call.py restart --cprofile [CONFIG]
+Builds the full-size synthetic DiT alone, prepares the configuration (default: the bench's best), and runs its
+first forward (with --cprofile, under cProfile, which slows Python-heavy work). Writes first-call-<label>.json:
+wall times, Dynamo's compile-time breakdown, the compile caches' hit/miss/bypass counters, and with --cprofile the
+functions with the most cumulative and own time.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+from pathlib import Path
+
+import torch
+
+from ghostedit.bench_dit import dit_inputs, forward, resolve_backend
+from ghostedit.config import OptimizationConfig
+from ghostedit.models.synthetic import build_synthetic_dit
+from ghostedit.recipe import prepare_dit
+from ghostedit.telemetry import RunRecorder
+
+BEST = "fp8=torchao,compile=regional,rewrites=real-rope,attention=cudnn-fp8"
+
+
+def top_functions(profile: cProfile.Profile, key: str, count: int = 40) -> list[str]:
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats(key).print_stats(count)
+    return [line for line in text.getvalue().splitlines() if line.strip()][-count:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("label", help="cold or restart: names the output file")
+    parser.add_argument("config", nargs="?", default=BEST)
+    parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results") + "/first-call")
+    args = parser.parse_args()
+    began = time.perf_counter()
+    base_dit = build_synthetic_dit("cuda", torch.bfloat16)
+    inputs = dit_inputs(base_dit, 1024, 1024, 256, "cuda", torch.bfloat16)
+    config = OptimizationConfig.parse(args.config)
+    built = time.perf_counter()
+    dit, _ = prepare_dit(base_dit, config, RunRecorder("cuda"), "cuda")
+    backend, _ = resolve_backend(config, dit, inputs, "cuda")
+    torch.cuda.synchronize()
+    prepared = time.perf_counter()
+    profile = cProfile.Profile() if args.cprofile else None
+    if profile:
+        profile.enable()
+    forward(dit, inputs, config, backend)
+    torch.cuda.synchronize()
+    if profile:
+        profile.disable()
+    first_call = time.perf_counter() - prepared
+    start = time.perf_counter()
+    forward(dit, inputs, config, backend)
+    torch.cuda.synchronize()
+    second_call = time.perf_counter() - start
+    from torch._dynamo.utils import compile_times, counters
+    result = {
+        "config": config.label, "label": args.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        "build_s": built - began, "prepare_s": prepared - built, "first_call_s": first_call,
+        "second_call_s": second_call,
+        "dynamo_compile_times": compile_times(repr="str", aggregate=True),
+        "counters": {group: dict(values) for group, values in counters.items() if values},
+        "cprofile": args.cprofile,
+        "top_cumulative": top_functions(profile, "cumulative") if profile else [],
+        "top_own_time": top_functions(profile, "tottime") if profile else [],
+    }
+    print(json.dumps({key: result[key] for key in ("label", "prepare_s", "first_call_s", "second_call_s")}),
+          flush=True)
+    print(result["dynamo_compile_times"])
+    print(json.dumps(result["counters"], indent=1))
+    print("\n".join(result["top_cumulative"][:30]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"first-call-{args.label}.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

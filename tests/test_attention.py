@@ -1,0 +1,95 @@
+"""Attention backends on the CPU: what cannot run says why, "auto" stays exact, and the FP8 attention's scaling
+(everything around the cuDNN kernel) computes attention."""
+import math
+import time
+
+import pytest
+import torch
+
+from ghostedit.models import load_base_dit, resolve
+from ghostedit.optimize import attention, fp8_attention, rewrites
+from ghostedit.recipe import clone_sharing_weights
+
+
+@pytest.fixture(scope="module")
+def tiny_dit():
+    return load_base_dit(resolve("tiny"), "cpu", torch.float32)
+
+
+def test_fp8_attention_is_unavailable_on_a_cpu_with_the_reason():
+    available = attention.availability("cudnn-fp8", "cpu")
+    assert not available.ok and "needs a CUDA GPU" in available.reason
+
+
+def test_auto_never_picks_a_lossy_backend(monkeypatch):
+    """Every backend made available, the lossy ones instant and the exact ones slow: auto still picks an exact
+    one and never times a lossy one."""
+    monkeypatch.setattr(attention, "availability", lambda backend, device: attention.Availability.yes())
+    monkeypatch.setattr(attention, "attend",
+                        lambda q, k, v, backend: None if backend in attention.LOSSY_BACKENDS else time.sleep(0.002))
+    attention.fastest_backend.cache_clear()
+    try:
+        winner, timings = attention.fastest_backend("cpu", 2, 16, 32)
+    finally:
+        attention.fastest_backend.cache_clear()
+    assert winner not in attention.LOSSY_BACKENDS
+    assert set(timings) == set(attention.CONCRETE_BACKENDS) - set(attention.LOSSY_BACKENDS)
+
+
+def test_fp8_scaling_round_trips_and_saturates_instead_of_overflowing():
+    x = torch.randn(1, 4, 64, 32) * 3
+    x8, descale = fp8_attention.per_tensor_fp8(x)
+    assert x8.dtype == torch.float8_e4m3fn and descale.shape == (1, 1, 1, 1)
+    assert x8.float().abs().max() == fp8_attention.FP8_MAX  # the largest value maps onto FP8's largest
+    assert float((x8.float() * descale - x).norm() / x.norm()) < 0.05
+    bounded, bound_descale = fp8_attention.bounded_fp8(x, x.abs().max() * 2)
+    assert float((bounded.float() * bound_descale - x).norm() / x.norm()) < 0.05
+    too_small, _ = fp8_attention.bounded_fp8(x, x.abs().max() / 2)  # a wrong bound clamps, never NaN
+    assert torch.isfinite(too_small.float()).all() and too_small.float().abs().max() == fp8_attention.FP8_MAX
+
+
+def _reference_fp8_kernel(q, k, v, q_descale, k_descale, v_descale):
+    """cuDNN's contract, computed on the CPU: FP8 inputs and descales in, the output in FP8 scaled as v is, in
+    [batch, seq, heads, head_dim]."""
+    out = torch.nn.functional.scaled_dot_product_attention(q.float() * q_descale, k.float() * k_descale,
+                                                           v.float() * v_descale)
+    return (out / v_descale).transpose(1, 2).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("bounds", [False, True])
+def test_fp8_attention_scaling_computes_attention(monkeypatch, bounds):
+    monkeypatch.setattr(fp8_attention, "cudnn_fp8_attention", _reference_fp8_kernel)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 64, generator=generator) for _ in range(3))
+    q, k = q * 4, k * 0.5  # peaked attention: scaling mistakes show
+    kwargs = {"q_bound": q.abs().max() * 1.5, "k_bound": k.abs().max() * 3} if bounds else {}
+    out = fp8_attention.attention(q, k, v, **kwargs)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+    assert out.shape == expected.shape == (1, 128, 2, 64)
+    assert float((out - expected).norm() / expected.norm()) < 0.08
+
+
+def test_joint_attention_is_diffsynths_and_its_bounds_hold(tiny_dit):
+    reference = tiny_dit.transformer_blocks[0].attn
+    copy = clone_sharing_weights(tiny_dit)
+    rewrites.joint_attention(copy)
+    joint = copy.transformer_blocks[0].attn
+    assert type(joint) is rewrites.JointAttention
+    generator = torch.Generator().manual_seed(1)
+    image = torch.randn(1, 32, reference.to_q.in_features, generator=generator)
+    text = torch.randn(1, 8, reference.add_q_proj.in_features, generator=generator)
+    with torch.no_grad(), attention.active("diffsynth"):
+        for expected, got in zip(reference(image, text), joint(image, text)):
+            assert torch.equal(expected, got)
+        with torch.no_grad():
+            for norm in (joint.norm_q, joint.norm_added_q):
+                norm.weight.copy_(torch.rand(norm.weight.shape, generator=generator) * 3)
+        bounds = joint._bounds()
+        # RMSNorm of large, spiky rows, then a RoPE rotation: still within the bound
+        rows = torch.randn(1, 2, 64, joint.head_dim, generator=generator) * 50
+        rows[..., 0] = 1e4
+        angles = torch.rand(64, joint.head_dim // 2, generator=generator) * 2 * math.pi
+        for norm in (joint.norm_q, joint.norm_added_q):
+            rotated = rewrites._rotary(norm(rows), (angles.cos(), angles.sin()))
+            assert rotated.abs().max() <= bounds["q_bound"]
+        assert rotated.abs().max() > 0.5 * bounds["q_bound"]  # and the bound is not loose
