@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements behind docs/benchmarks.md, in one run of under 10 minutes on the GPU machine
-# (`source scripts/gpu_setup.sh` first; the wheels: ../shared/tools/device-wheels --preset engine, --preset fa4):
+# (it sources scripts/gpu_setup.sh; the wheels: ../shared/tools/device-wheels --preset engine, --preset fa4, and
+# --dest .whl-cudnn nvidia-cudnn-frontend==1.32.0 for the cuDNN FP8 attention):
 #   scripts/gpu_bench.sh        all four phases, in this order, with one compile cache, empty at the start:
 #     dit        one DiT forward at a 1024x1024 edit: stock, the best combination, each toggle alone, and the
 #                lossless experiments (CFG batching, CUDA graph) on the fastest. The best configuration comes

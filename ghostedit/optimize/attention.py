@@ -4,7 +4,9 @@ DiffSynth picks its attention when `diffsynth.models.qwen_image_dit` is imported
 imports, else SDPA) and its blocks call the module-level `qwen_image_flash_attention` directly. GhostEdit replaces
 that function once with a dispatcher that reads the active backend; the engine activates a configuration's backend
 around each run. Under torch.compile the active backend is a guarded global, so a compiled block traces one backend.
-Kernels from outside PyTorch are registered as custom ops so that compiled blocks keep them whole.
+Kernels from outside PyTorch are registered as custom ops so that compiled blocks keep them whole. cuDNN's FP8
+attention (`cudnn-fp8`, in fp8_attention.py) and SageAttention change results beyond rounding: they run when named,
+and "auto" never picks them.
 """
 from __future__ import annotations
 
