@@ -10,13 +10,13 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import re
 import threading
 import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import torch
@@ -28,7 +28,7 @@ from .device import Availability, UnavailableOptionError, default_device, empty_
 from .errors import GpuOutOfMemoryError, error_summary
 from .models import ModelSpec, availability as model_availability, load_base_pipeline, resolve
 from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt, offload
-from .paths import ghostedit_home
+from .paths import ghostedit_home, write_atomically
 from .recipe import prepare_dit
 from .telemetry import GIB, ProgressCallback, RunCancelled, RunRecorder, RunTelemetry
 from .tensors import storage_bytes, storage_pointers
@@ -287,11 +287,8 @@ class Engine:
         path = self._prepare_times_file()
         times = json.loads(path.read_text()) if path.exists() else {}
         times[self._prepare_time_key(config)] = seconds
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # written aside then renamed: expected_prepare_seconds reads it without the lock, and never sees half a file
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(times, indent=1))
-        os.replace(temporary, path)
+        # expected_prepare_seconds reads it without the lock
+        write_atomically(path, lambda temporary: Path(temporary).write_text(json.dumps(times, indent=1)))
 
     def expected_prepare_seconds(self, config: OptimizationConfig) -> float | None:
         """Preparation plus compile warm-up as last measured here for this configuration; None if never measured,

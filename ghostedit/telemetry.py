@@ -6,6 +6,7 @@ GPU the memory figures are host memory (process RSS), labelled as such.
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,18 @@ class MemorySample:
         return "GPU memory (torch allocated)" if self.kind == "gpu" else "host memory (process RSS)"
 
 
+@functools.cache
+def nvml_module():
+    """nvidia-ml-py, initialized once per process; None where NVML is missing or refused (containers), in which case
+    the torch figures still stand."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # pynvml raises its own NVMLError kinds, or ImportError
+        return None
+
+
 class MemoryProbe:
     def __init__(self, device: str):
         self.device = device
@@ -63,13 +76,11 @@ class MemoryProbe:
         self._nvml_handle = self._open_nvml() if self.is_gpu else None
 
     def _open_nvml(self):
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            index = torch.device(self.device).index or torch.cuda.current_device()
-            return pynvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception:  # NVML missing or refused (containers): the torch figures still stand
+        nvml = nvml_module()
+        if nvml is None:
             return None
+        index = torch.device(self.device).index or torch.cuda.current_device()
+        return nvml.nvmlDeviceGetHandleByIndex(index)
 
     def sample(self) -> MemorySample:
         rss = self._process.memory_info().rss / GIB
@@ -81,8 +92,7 @@ class MemoryProbe:
     def _device_used(self) -> float | None:
         if self._nvml_handle is None:
             return None
-        import pynvml
-        return pynvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used / GIB
+        return nvml_module().nvmlDeviceGetMemoryInfo(self._nvml_handle).used / GIB
 
     def reset_peak(self) -> None:
         if self.is_gpu:

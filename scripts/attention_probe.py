@@ -51,7 +51,7 @@ def main() -> None:
         results["backends"][backend] = row(backend, lambda: attention.attend(q, k, v, backend))
     if "cudnn-fp8" in results["backends"]:
         results["cudnn_version"] = fp8_attention.cudnn_frontend().backend_version()
-        (q8, qd), (k8, kd), (v8, vd) = (fp8_attention.per_tensor_fp8(t) for t in (q, k, v))
+        (q8, qd), (k8, kd), (v8, vd) = (fp8_attention.to_fp8(t, fp8_attention.largest_magnitude(t)) for t in (q, k, v))
         kernel_output = fp8_attention.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd)
         results["backends"]["cudnn-fp8 kernel alone"] = row(
             "cudnn-fp8 kernel alone", lambda: fp8_attention.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd),

@@ -38,13 +38,13 @@ def test_auto_never_picks_a_lossy_backend(monkeypatch):
 
 def test_fp8_scaling_round_trips_and_saturates_instead_of_overflowing():
     x = torch.randn(1, 4, 64, 32) * 3
-    x8, descale = fp8_attention.per_tensor_fp8(x)
+    x8, descale = fp8_attention.to_fp8(x, fp8_attention.largest_magnitude(x))
     assert x8.dtype == torch.float8_e4m3fn and descale.shape == (1, 1, 1, 1)
     assert x8.float().abs().max() == fp8_attention.FP8_MAX  # the largest value maps onto FP8's largest
     assert float((x8.float() * descale - x).norm() / x.norm()) < 0.05
-    bounded, bound_descale = fp8_attention.bounded_fp8(x, x.abs().max() * 2)
+    bounded, bound_descale = fp8_attention.to_fp8(x, x.abs().max() * 2)
     assert float((bounded.float() * bound_descale - x).norm() / x.norm()) < 0.05
-    too_small, _ = fp8_attention.bounded_fp8(x, x.abs().max() / 2)  # a wrong bound clamps, never NaN
+    too_small, _ = fp8_attention.to_fp8(x, x.abs().max() / 2)  # a wrong bound clamps, never NaN
     assert torch.isfinite(too_small.float()).all() and too_small.float().abs().max() == fp8_attention.FP8_MAX
 
 

@@ -20,7 +20,7 @@ from diffsynth.models.qwen_image_vae import QwenImageVAE
 from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 
-from ..paths import ghostedit_home  # re-exported: $GHOSTEDIT_HOME or ~/.cache/ghostedit
+from ..paths import ghostedit_home, write_atomically  # ghostedit_home re-exported: $GHOSTEDIT_HOME or ~/.cache/ghostedit
 from .processor import special_token_ids, write_processor
 
 TINY_MODEL_NAME = "tiny-v2"  # bump whenever the generated files change: caches keep old versions
@@ -121,12 +121,7 @@ def tiny_text_encoder_config(token_ids: dict) -> Qwen2_5_VLConfig:
 
 
 def _atomic_save_file(tensors: dict, path: Path) -> None:
-    """Write a safetensors file under a temporary name, then rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda temporary: save_file({k: v.contiguous() for k, v in tensors.items()}, temporary))
 
 
 def _bf16_state_dict(module: torch.nn.Module) -> dict:

@@ -30,13 +30,13 @@ SDPA_BACKENDS = {
     "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
     "sdpa-math": SDPBackend.MATH,
 }
-# name: (module that must import, what to call it in a reason, (min, max) compute capability)
+# name: (what makes it importable: a module's name or a loader, what to call it in a reason, (min, max) capability)
 EXTERNAL_BACKENDS = {
     "fa4": ("flash_attn.cute", "FlashAttention-4 (flash-attn-4)", ((9, 0), (10, 3))),
     "fa3": ("flash_attn_interface", "FlashAttention-3 (flash_attn_interface)", ((9, 0), (9, 0))),
     "fa2": ("flash_attn", "FlashAttention-2 (flash_attn)", ((8, 0), None)),
     "sage": ("sageattention", "SageAttention (sageattention)", ((8, 0), None)),
-    "cudnn-fp8": ("cudnn", "cuDNN FP8 attention (nvidia-cudnn-frontend)", ((9, 0), None)),
+    "cudnn-fp8": (fp8_attention.cudnn_frontend, "cuDNN FP8 attention (nvidia-cudnn-frontend)", ((9, 0), None)),
 }
 # Backends that change the result beyond rounding (INT8/FP8 inputs): chosen by name only, never by "auto"
 LOSSY_BACKENDS = ("sage", "cudnn-fp8")
@@ -83,7 +83,17 @@ def _sage(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 for _op in (_fa4, _fa3, _fa2, _sage):
     _op.register_fake(lambda q, k, v: q.new_empty(q.shape))  # the kernels return fresh contiguous tensors
 
-_EXTERNAL_OPS = {"fa4": _fa4, "fa3": _fa3, "fa2": _fa2, "sage": _sage}
+
+def _on_transposed_views(op):
+    """A kernel taking [batch, seq, heads, head_dim], called with [batch, heads, seq, head_dim] views."""
+    return lambda q, k, v, q_bound=None, k_bound=None: op(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+
+# Each called with [batch, heads, seq, head_dim] tensors and optional bounds on |q| and |k|; each returns
+# [batch, seq, heads, head_dim]. cuDNN takes any strides, so its FP8 attention gets the tensors as they are.
+_EXTERNAL = {"fa4": _on_transposed_views(_fa4), "fa3": _on_transposed_views(_fa3),
+             "fa2": _on_transposed_views(_fa2), "sage": _on_transposed_views(_sage),
+             "cudnn-fp8": fp8_attention.attention}
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
@@ -91,14 +101,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> t
     if backend in SDPA_BACKENDS:
         with sdpa_kernel([SDPA_BACKENDS[backend]]):
             return F.scaled_dot_product_attention(q, k, v)
-    return _external(q, k, v, backend).transpose(1, 2)
-
-
-def _external(q, k, v, backend: str, q_bound=None, k_bound=None) -> torch.Tensor:
-    """An external kernel on [batch, heads, seq, head_dim] views; its output in [batch, seq, heads, head_dim]."""
-    if backend == "cudnn-fp8":  # cuDNN takes any strides: no layout change
-        return fp8_attention.attention(q, k, v, q_bound, k_bound)
-    return _EXTERNAL_OPS[backend](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return _EXTERNAL[backend](q, k, v).transpose(1, 2)
 
 
 def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False, q_bound=None,
@@ -114,7 +117,7 @@ def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_a
                            "use the 'diffsynth' backend for entity-masked prompts")
     if backend in SDPA_BACKENDS:
         return rearrange(attend(q, k, v, backend), "b n s d -> b s (n d)")
-    return _external(q, k, v, backend, q_bound, k_bound).flatten(2)
+    return _EXTERNAL[backend](q, k, v, q_bound, k_bound).flatten(2)
 
 
 def takes_bounds() -> bool:
@@ -164,12 +167,12 @@ def availability(backend: str, device: str) -> Availability:
         if not gpu.ok:
             return gpu
     if backend in EXTERNAL_BACKENDS:
-        module, what, (low, high) = EXTERNAL_BACKENDS[backend]
+        loader, what, (low, high) = EXTERNAL_BACKENDS[backend]
         gpu = needs_cuda(device, what, low, high)
         if not gpu.ok:
             return gpu
         try:
-            fp8_attention.cudnn_frontend() if backend == "cudnn-fp8" else importlib.import_module(module)
+            loader() if callable(loader) else importlib.import_module(loader)
         except Exception as error:  # ImportError, or a broken build raising anything at import
             return Availability.no(f"{what} is not installed ({type(error).__name__}: {error_summary(error)})")
     try:

@@ -55,9 +55,8 @@ def availability(mode: str, device: str) -> Availability:
     return te.availability(device)
 
 
-def _eligible(module: torch.nn.Module, name: str) -> bool:
-    return (isinstance(module, torch.nn.Linear) and ".lora_" not in f".{name}"
-            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+def _eligible(module: torch.nn.Linear) -> bool:
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
 def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
@@ -67,13 +66,14 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
     if mode == "off":
         return report
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".lora_" not in f".{name}"}
-    report.kept_bf16 = sorted(name for name, m in linears.items() if not _eligible(m, name))
-    report.converted = len(linears) - len(report.kept_bf16)
+    eligible = {name: m for name, m in linears.items() if _eligible(m)}
+    report.kept_bf16 = sorted(set(linears) - set(eligible))
+    report.converted = len(eligible)
     if mode.startswith("te"):
         from . import te
-        te.convert(model, _eligible, report, device, scaling=TE_SCALING[mode])
+        te.convert(model, eligible, report, device, scaling=TE_SCALING[mode])
         return report
-    targets = [m for name, m in linears.items() if _eligible(m, name)]
+    targets = list(eligible.values())
     from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, PerRow,
                                       quantize_)
     # set_inductor_config=False: torchao would otherwise switch on Inductor's coordinate-descent tuning for the

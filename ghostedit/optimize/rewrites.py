@@ -109,10 +109,8 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
 
     def _bound(self, *norms) -> torch.Tensor:
         """The largest magnitude the normalized (and rotated) q or k of these norms can take, with a margin for
-        bf16 rounding."""
-        weights = [norm.weight.abs().amax() for norm in norms if norm.weight is not None]
-        largest = torch.stack(weights).amax().float() if weights else torch.ones((), device=self.to_out[0].weight.device)
-        return largest * (self.head_dim ** 0.5 * 1.02)
+        bf16 rounding (DiffSynth builds these RMSNorms with weights)."""
+        return torch.stack([norm.weight.abs().amax() for norm in norms]).amax().float() * (self.head_dim ** 0.5 * 1.02)
 
     def forward(self, image, text, image_rotary_emb=None, attention_mask=None, enable_fp8_attention=False,
                 kv_cache=None):

@@ -53,12 +53,12 @@ def _model_init(fp8_recipe):
     return init(enabled=True, recipe=fp8_recipe)
 
 
-def convert(model: torch.nn.Module, eligible, report, device: str, scaling: str) -> None:
+def convert(model: torch.nn.Module, eligible: dict[str, torch.nn.Linear], report, device: str, scaling: str) -> None:
+    """Replaces the eligible linears (by name) that TE can take with TE Linear layers; the rest stay bf16."""
     te = import_te()
     fp8_recipe = recipe(scaling)
-    targets = [(name, m) for name, m in model.named_modules()
-               if eligible(m, name) and not any(part in name for part in _IMAGE_STREAM_SKIP)]
-    refused = {name for name, m in model.named_modules() if eligible(m, name)} - {name for name, _ in targets}
+    targets = [(name, m) for name, m in eligible.items() if not any(part in name for part in _IMAGE_STREAM_SKIP)]
+    refused = set(eligible) - {name for name, _ in targets}
     for name, linear in targets:
         linear.to(device)
         with _model_init(fp8_recipe):

@@ -10,7 +10,7 @@ import psutil
 import torch
 
 from ..device import package_version
-from ..telemetry import GIB, MemoryProbe
+from ..telemetry import GIB, MemoryProbe, nvml_module
 from .settings import TOGGLE_WORDS
 
 LIBRARIES = ("torch", "diffsynth", "transformers", "gradio", "gradio_client", "torchao", "peft", "safetensors",
@@ -19,12 +19,8 @@ LIBRARIES = ("torch", "diffsynth", "transformers", "gradio", "gradio_client", "t
 
 
 def _driver_version() -> str | None:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        return pynvml.nvmlSystemGetDriverVersion()
-    except Exception:  # NVML missing or refused (containers): the rest of the report stands
-        return None
+    nvml = nvml_module()
+    return nvml.nvmlSystemGetDriverVersion() if nvml is not None else None
 
 
 def hardware(device: str) -> dict:
