@@ -20,8 +20,9 @@ FP8_MODES = ("off", "storage", "torchao", "te", "te-delayed")
 # "diffsynth" leaves DiffSynth's own choice in place (FA3 if installed, else PyTorch SDPA's dispatch): the stock baseline.
 ATTENTION_BACKENDS = ("diffsynth", "auto", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "fa4", "fa3", "fa2", "sage", "cudnn-fp8")
 COMPILE_MODES = ("off", "regional", "max-autotune")
-# Lossless rewrites of the DiT (see optimize/rewrites.py)
-REWRITES = ("real-rope", "fused-qkv", "inductor-cdt")
+# Lossless rewrites of the DiT (see optimize/rewrites.py); the Inductor ones are settings of compile
+INDUCTOR_REWRITES = ("inductor-cdt", "inductor-multi-kernel")
+REWRITES = ("real-rope", "joint-layout", "fused-qkv") + INDUCTOR_REWRITES
 
 MAX_INPUT_IMAGES = 3
 STEPS_RANGE = (1, 100)
@@ -87,12 +88,16 @@ class OptimizationConfig:
         check_choice("compile mode", self.compile, COMPILE_MODES)
         for rewrite in self.rewrites:
             check_choice("rewrite", rewrite, REWRITES)
-        object.__setattr__(self, "rewrites", tuple(sorted(set(self.rewrites))))  # one key per set of rewrites
+        rewrites = set(self.rewrites)
+        if self.attention == "cudnn-fp8" or "fused-qkv" in rewrites:
+            rewrites.add("joint-layout")  # both run through GhostEdit's JointAttention (see optimize/rewrites.py)
+        object.__setattr__(self, "rewrites", tuple(sorted(rewrites)))  # one key per set of rewrites
         if "fused-qkv" in self.rewrites and self.lora is not None and self.lora.mode == "runtime":
             raise InvalidRequestError("fused-qkv needs a fused LoRA: runtime LoRA layers sit on the separate q/k/v "
                                       "projections")
-        if "inductor-cdt" in self.rewrites and self.compile == "off":
-            raise InvalidRequestError("inductor-cdt tunes compiled kernels: it needs compile on")
+        for rewrite in set(self.rewrites) & set(INDUCTOR_REWRITES):
+            if self.compile == "off":
+                raise InvalidRequestError(f"{rewrite} sets how compiled kernels are made: it needs compile on")
 
     @property
     def cache_key(self) -> "OptimizationConfig":

@@ -93,13 +93,13 @@ class Engine:
 
     def options(self) -> dict[str, dict[str, Availability]]:
         """Every toggle's choices with whether each can run on this machine, and why not."""
-        from .config import ATTENTION_BACKENDS, COMPILE_MODES, FP8_MODES, REWRITES
+        from .config import ATTENTION_BACKENDS, COMPILE_MODES, FP8_MODES, INDUCTOR_REWRITES, REWRITES
         compile_ok = compile_opt.availability("regional", self.device)
         return {
             "fp8": {mode: fp8.availability(mode, self.device) for mode in FP8_MODES},
             "attention": {name: attention.availability(name, self.device) for name in ATTENTION_BACKENDS},
             "compile": {mode: compile_opt.availability(mode, self.device) for mode in COMPILE_MODES},
-            "rewrites": {name: compile_ok if name == "inductor-cdt" else Availability.yes() for name in REWRITES},
+            "rewrites": {name: compile_ok if name in INDUCTOR_REWRITES else Availability.yes() for name in REWRITES},
         }
 
     def check(self, config: OptimizationConfig) -> None:

@@ -48,8 +48,9 @@ def prepare_dit(base_dit: torch.nn.Module, config: OptimizationConfig, recorder:
     if "fused-qkv" in config.rewrites:
         with step("fuse QKV", "fusing q/k/v projections"):
             report["fused-qkv"] = f"{rewrites.fuse_qkv(dit)} attention layers with fused q/k/v projections"
-    if config.attention == "cudnn-fp8":
-        rewrites.joint_attention(dit)  # hands the FP8 attention its bounds on q and k
+    if "joint-layout" in config.rewrites:
+        layers = len(rewrites.joint_attention(dit))
+        report["joint-layout"] = f"{layers} joint attention layers in the projections' layout"
     if "real-rope" in config.rewrites:
         rewrites.use_real_rope(dit)
         report["real-rope"] = "rotary embedding with real cos/sin"
@@ -61,8 +62,8 @@ def prepare_dit(base_dit: torch.nn.Module, config: OptimizationConfig, recorder:
     # Lossless, last: compile what the steps above produced
     if config.compile != "off":
         with step("compile", "setting up torch.compile"):
-            blocks = compile_opt.compile_regions(dit, config.compile, rewrites.inductor_options(config.rewrites))
-        report["compile"] = f"{config.compile}: {blocks} transformer blocks (compiled on first call)"
-        if "inductor-cdt" in config.rewrites:
-            report["compile"] += ", coordinate-descent tuning"
+            options, words = rewrites.inductor_settings(config.rewrites)
+            blocks = compile_opt.compile_regions(dit, config.compile, options)
+        report["compile"] = ", ".join([f"{config.compile}: {blocks} transformer blocks (compiled on first call)",
+                                       *words])
     return dit, report

@@ -52,10 +52,12 @@ def main() -> None:
     if "cudnn-fp8" in results["backends"]:
         results["cudnn_version"] = fp8_attention.cudnn_frontend().backend_version()
         (q8, qd), (k8, kd), (v8, vd) = (fp8_attention.to_fp8(t, fp8_attention.largest_magnitude(t)) for t in (q, k, v))
-        kernel_output = fp8_attention.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd)
+        parts = [[t.transpose(1, 2)] for t in (q8, k8, v8)]  # the op takes [batch, seq, heads, head_dim] parts
+
+        def kernel_alone():
+            return fp8_attention.cudnn_fp8_attention(*parts, qd, kd, vd)
         results["backends"]["cudnn-fp8 kernel alone"] = row(
-            "cudnn-fp8 kernel alone", lambda: fp8_attention.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd),
-            (kernel_output.float() * vd).transpose(1, 2))
+            "cudnn-fp8 kernel alone", kernel_alone, (kernel_alone().float() * vd).transpose(1, 2))
         compiled = torch.compile(fp8_attention.attention)
         results["backends"]["cudnn-fp8 compiled"] = row("cudnn-fp8 compiled (quantize + kernel)",
                                                         lambda: compiled(q, k, v).transpose(1, 2))

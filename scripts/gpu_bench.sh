@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 [ -n "${DRY_RUN:-}" ] || QUIET_SETUP=1 source scripts/gpu_setup.sh
 OUT=${OUT:-bench-results}
 # the fastest with exact attention, and the best: the same with FP8 attention
-EXACT=${EXACT:-fp8=torchao,compile=regional,rewrites=real-rope}
+EXACT=${EXACT:-fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel}
 BEST=${BEST:-$EXACT,attention=cudnn-fp8}
 MODEL=${MODEL:-synthetic}
 SIZE=(--width "${SIDE:-1024}" --height "${SIDE:-1024}")
@@ -44,10 +44,14 @@ phase() {
   case $1 in
     dit)
       rm -rf "$TORCHINDUCTOR_CACHE_DIR"
+      # the lossless rewrites one at a time on FP8 + compile, up to EXACT; then BEST without multi-kernel and
+      # BEST with fused-qkv
       bench dit --level dit "${SIZE[@]}" --text-tokens 256 --repeats 6 --experiments --configs baseline "$BEST" \
         attention=auto attention=fa4 attention=sdpa-flash attention=cudnn-fp8 fp8=storage fp8=torchao \
-        compile=regional fp8=torchao,compile=regional "$EXACT" "$EXACT,attention=fa4" \
-        fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv,attention=cudnn-fp8 ;;
+        compile=regional fp8=torchao,compile=regional fp8=torchao,compile=regional,rewrites=real-rope \
+        fp8=torchao,compile=regional,rewrites=real-rope+joint-layout "$EXACT" \
+        fp8=torchao,compile=regional,rewrites=real-rope,attention=cudnn-fp8 \
+        fp8=torchao,compile=regional,rewrites=real-rope+inductor-multi-kernel+fused-qkv,attention=cudnn-fp8 ;;
     restart)
       bench restart --level dit "${SIZE[@]}" --text-tokens 256 --repeats 3 --configs "$BEST" ;;
     e2e)

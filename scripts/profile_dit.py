@@ -23,13 +23,14 @@ from pathlib import Path
 import torch
 
 from ghostedit.bench_dit import dit_inputs, forward, resolve_backend
-from ghostedit.config import OptimizationConfig
+from ghostedit.config import INDUCTOR_REWRITES, OptimizationConfig
 from ghostedit.models.synthetic import build_synthetic_dit
 from ghostedit.optimize.compile import compile_regions
+from ghostedit.optimize.rewrites import inductor_settings
 from ghostedit.recipe import prepare_dit
 from ghostedit.telemetry import RunRecorder, median_ms
 
-BEST = "fp8=torchao,compile=regional,rewrites=real-rope,attention=cudnn-fp8"
+BEST = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel,attention=cudnn-fp8"
 # Kernel families by name, first match wins: Inductor names its kernels after the ops they fuse ("scaled_mm" when
 # one quantizes a GEMM's input), and FlashAttention-4's kernels are CUTLASS kernels
 FAMILIES = (("inductor", r"^triton_"),
@@ -42,12 +43,14 @@ FP8_GEMM_TFLOPS, ATTENTION_TFLOPS = 1290, 687
 
 def compiled_variant(base_dit, config: OptimizationConfig, dynamic: bool):
     """The configuration prepared without compile, then its blocks compiled for dynamic or static shapes."""
-    dit, _ = prepare_dit(base_dit, replace(config, compile="off"), RunRecorder("cuda"), "cuda")
+    eager = replace(config, compile="off", rewrites=tuple(set(config.rewrites) - set(INDUCTOR_REWRITES)))
+    dit, _ = prepare_dit(base_dit, eager, RunRecorder("cuda"), "cuda")
+    options, _ = inductor_settings(config.rewrites)
     if dynamic:
-        compile_regions(dit, config.compile)
+        compile_regions(dit, config.compile, options)
     else:
         for block in dit.transformer_blocks:
-            block.compile(dynamic=False)
+            block.compile(dynamic=False, options=options or None)
     return dit
 
 

@@ -27,7 +27,7 @@ from ghostedit.models.synthetic import build_synthetic_dit
 from ghostedit.recipe import prepare_dit
 from ghostedit.telemetry import RunRecorder
 
-BEST = "fp8=torchao,compile=regional,rewrites=real-rope,attention=cudnn-fp8"
+BEST = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel,attention=cudnn-fp8"
 
 
 def top_functions(profile: cProfile.Profile, key: str, count: int = 40) -> list[str]:

@@ -1,14 +1,17 @@
-"""Attention backends on the CPU: what cannot run says why, "auto" stays exact, and the FP8 attention's scaling
-(everything around the cuDNN kernel) computes attention."""
+"""Attention backends on the CPU: what cannot run says why, "auto" stays exact, the FP8 attention's scaling
+(everything around the cuDNN kernel) computes attention, and the lossless rewrites keep the DiT's output."""
 import math
 import time
 
 import pytest
 import torch
 
+from ghostedit import OptimizationConfig, bench_dit
+from ghostedit.bench_dit import dit_inputs
 from ghostedit.models import load_base_dit, resolve
 from ghostedit.optimize import attention, fp8_attention, rewrites
-from ghostedit.recipe import clone_sharing_weights
+from ghostedit.recipe import clone_sharing_weights, prepare_dit
+from ghostedit.telemetry import RunRecorder
 
 
 @pytest.fixture(scope="module")
@@ -49,24 +52,39 @@ def test_fp8_scaling_round_trips_and_saturates_instead_of_overflowing():
 
 
 def _reference_fp8_kernel(q, k, v, q_descale, k_descale, v_descale):
-    """cuDNN's contract, computed on the CPU: FP8 inputs and descales in, the output in FP8 scaled as v is, in
-    [batch, seq, heads, head_dim]."""
-    out = torch.nn.functional.scaled_dot_product_attention(q.float() * q_descale, k.float() * k_descale,
-                                                           v.float() * v_descale)
+    """cuDNN's op, computed on the CPU: lists of FP8 parts in [batch, seq, heads, head_dim] joined along the
+    sequence and descales in, the output in FP8 scaled as v is, in [batch, seq, heads, head_dim]."""
+    q, k, v = (torch.cat([part.float() for part in parts], dim=1).transpose(1, 2) for parts in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q * q_descale, k * k_descale, v * v_descale)
     return (out / v_descale).transpose(1, 2).to(torch.float8_e4m3fn)
 
 
+def test_fp8_parts_join_as_bytes_along_the_sequence():
+    text, image = (torch.randn(1, tokens, 2, 8).to(torch.float8_e4m3fn) for tokens in (3, 5))
+    joined = fp8_attention._joined([text, image])
+    assert joined.dtype == torch.float8_e4m3fn
+    assert torch.equal(joined.float(), torch.cat([text.float(), image.float()], dim=1))
+
+
 @pytest.mark.parametrize("bounds", [False, True])
-def test_fp8_attention_scaling_computes_attention(monkeypatch, bounds):
+def test_fp8_joint_attention_scaling_computes_attention(monkeypatch, bounds):
+    """Two streams of unequal scale, each cast to FP8 before the join with the joined tensor's one scale."""
     monkeypatch.setattr(fp8_attention, "cudnn_fp8_attention", _reference_fp8_kernel)
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 128, 64, generator=generator) for _ in range(3))
-    q, k = q * 4, k * 0.5  # peaked attention: scaling mistakes show
-    kwargs = {"q_bound": q.abs().max() * 1.5, "k_bound": k.abs().max() * 3} if bounds else {}
-    out = fp8_attention.attention(q, k, v, **kwargs)
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+    text, image = ([torch.randn(1, tokens, 2, 64, generator=generator) for _ in range(3)] for tokens in (16, 112))
+    text[2] = text[2] * 8  # the text's v dominates the joined v's scale
+    for stream in (text, image):
+        stream[0], stream[1] = stream[0] * 4, stream[1] * 0.5  # peaked attention: scaling mistakes show
+    q, k, v = (torch.cat(parts, dim=1) for parts in zip(text, image))
+    scales = {"q_scale": fp8_attention.fp8_scale(q.abs().max() * 1.5),
+              "k_scale": fp8_attention.fp8_scale(k.abs().max() * 3)} if bounds else {}
+    out = fp8_attention.joint_attention([text, image], **scales)
+    expected = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+    expected = expected.transpose(1, 2)
     assert out.shape == expected.shape == (1, 128, 2, 64)
     assert float((out - expected).norm() / expected.norm()) < 0.08
+    one_stream = fp8_attention.attention(*(t.transpose(1, 2) for t in (q, k, v)))  # [batch, heads, seq, dim] in
+    assert float((one_stream - expected).norm() / expected.norm()) < 0.08
 
 
 def test_joint_attention_is_diffsynths_and_its_bounds_hold(tiny_dit):
@@ -84,12 +102,22 @@ def test_joint_attention_is_diffsynths_and_its_bounds_hold(tiny_dit):
         with torch.no_grad():
             for norm in (joint.norm_q, joint.norm_added_q):
                 norm.weight.copy_(torch.rand(norm.weight.shape, generator=generator) * 3)
-        bounds = joint._bounds()
+        bounds = rewrites.qk_bounds(joint)
         # RMSNorm of large, spiky rows, then a RoPE rotation: still within the bound
         rows = torch.randn(1, 2, 64, joint.head_dim, generator=generator) * 50
         rows[..., 0] = 1e4
         angles = torch.rand(64, joint.head_dim // 2, generator=generator) * 2 * math.pi
         for norm in (joint.norm_q, joint.norm_added_q):
-            rotated = rewrites._rotary(norm(rows), (angles.cos(), angles.sin()))
-            assert rotated.abs().max() <= bounds["q_bound"]
-        assert rotated.abs().max() > 0.5 * bounds["q_bound"]  # and the bound is not loose
+            cos_sin = rewrites._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
+            rotated = rewrites._rotary(norm(rows), cos_sin)
+            assert rotated.abs().max() <= bounds["q"]
+        assert rotated.abs().max() > 0.5 * bounds["q"]  # and the bound is not loose
+
+
+@pytest.mark.parametrize("rewrites", [("real-rope",), ("joint-layout",), ("fused-qkv",), ("real-rope", "joint-layout")])
+def test_lossless_rewrites_keep_the_dits_output(tiny_dit, rewrites):
+    inputs = dit_inputs(tiny_dit, 64, 64, 8, "cpu", torch.float32)
+    stock = bench_dit.forward(tiny_dit, inputs, OptimizationConfig(), "diffsynth")
+    config = OptimizationConfig(rewrites=rewrites)
+    dit, _ = prepare_dit(tiny_dit, config, RunRecorder("cpu"), "cpu")
+    assert bench_dit.relative_error(bench_dit.forward(dit, inputs, config, "diffsynth"), stock) < 1e-5

@@ -86,11 +86,10 @@ for _op in (_fa4, _fa3, _fa2, _sage):
 
 def _on_transposed_views(op):
     """A kernel taking [batch, seq, heads, head_dim], called with [batch, heads, seq, head_dim] views."""
-    return lambda q, k, v, q_bound=None, k_bound=None: op(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return lambda q, k, v: op(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
-# Each called with [batch, heads, seq, head_dim] tensors and optional bounds on |q| and |k|; each returns
-# [batch, seq, heads, head_dim]. cuDNN takes any strides, so its FP8 attention gets the tensors as they are.
+# Each called with [batch, heads, seq, head_dim] tensors; each returns [batch, seq, heads, head_dim].
 _EXTERNAL = {"fa4": _on_transposed_views(_fa4), "fa3": _on_transposed_views(_fa3),
              "fa2": _on_transposed_views(_fa2), "sage": _on_transposed_views(_sage),
              "cudnn-fp8": fp8_attention.attention}
@@ -104,25 +103,35 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> t
     return _EXTERNAL[backend](q, k, v).transpose(1, 2)
 
 
-def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False, q_bound=None,
-                           k_bound=None):
-    """Drop-in for DiffSynth's `qwen_image_flash_attention` (same signature, output [b, s, h*d]). GhostEdit's
-    JointAttention also passes bounds on |q| and |k|, which the FP8 backend scales by."""
+def _refuse_masks(backend: str, attention_mask, enable_fp8_attention) -> None:
+    if attention_mask is not None or enable_fp8_attention:
+        raise RuntimeError(f"attention backend {backend} does not take masks or FP8 attention; "
+                           "use the 'diffsynth' backend for entity-masked prompts")
+
+
+def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False):
+    """Drop-in for DiffSynth's `qwen_image_flash_attention`: the same signature, output [b, s, h*d]."""
     backend = _active_backend
     if backend == "diffsynth":
         return _diffsynth_attention(q, k, v, num_heads, attention_mask=attention_mask,
                                     enable_fp8_attention=enable_fp8_attention)
-    if attention_mask is not None or enable_fp8_attention:
-        raise RuntimeError(f"attention backend {backend} does not take masks or FP8 attention; "
-                           "use the 'diffsynth' backend for entity-masked prompts")
+    _refuse_masks(backend, attention_mask, enable_fp8_attention)
     if backend in SDPA_BACKENDS:
         return rearrange(attend(q, k, v, backend), "b n s d -> b s (n d)")
-    return _EXTERNAL[backend](q, k, v, q_bound, k_bound).flatten(2)
+    return _EXTERNAL[backend](q, k, v).flatten(2)
 
 
-def takes_bounds() -> bool:
-    """Whether the active backend uses bounds on |q| and |k| (see rewrites.JointAttention)."""
-    return _active_backend == "cudnn-fp8"
+def joint_attention(streams, num_heads: int, attention_mask=None, enable_fp8_attention=False, q_scale=None,
+                    k_scale=None) -> torch.Tensor:
+    """Attention over streams joined along the sequence, in order, each stream's (q, k, v) in
+    [batch, seq, heads, head_dim]; output [batch, seq, heads * head_dim]. The FP8 backend quantizes each stream
+    before the join, q and k with the given FP8 scales (from rewrites.qk_bounds); the others get the joined
+    tensors."""
+    if _active_backend == "cudnn-fp8":
+        _refuse_masks(_active_backend, attention_mask, enable_fp8_attention)
+        return fp8_attention.joint_attention(streams, q_scale, k_scale).flatten(2)
+    q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) for parts in zip(*streams))
+    return _dispatching_attention(q, k, v, num_heads, attention_mask, enable_fp8_attention)
 
 
 def install() -> None:

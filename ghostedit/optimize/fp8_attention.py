@@ -66,12 +66,21 @@ def largest_magnitude(x: torch.Tensor) -> torch.Tensor:
     return x.abs().amax(dim=-1).amax()
 
 
+def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The factor that maps `amax` (a largest magnitude, or a known bound on it) onto FP8's largest value. Worked out
+    once where it can be: compiled code recomputes a scalar for every element that uses it (here in float64)."""
+    from torchao.float8.float8_utils import amax_to_scale  # torchao loads with a run, not with the app
+    return amax_to_scale(amax, FP8)
+
+
 def to_fp8(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x in float8_e4m3fn, scaled so that `amax` (its largest magnitude, or a known bound on it) becomes FP8's
-    largest value, and the factor that undoes the scaling, shaped [1, 1, 1, 1] as cuDNN takes it. A bound needs no
-    pass over x, so the cast fuses into x's producer."""
-    from torchao.float8.float8_utils import amax_to_scale, to_fp8_saturated  # torchao loads with a run, not the app
-    scale = amax_to_scale(amax, FP8)
+    largest value, and the factor that undoes the scaling, shaped [1, 1, 1, 1] as cuDNN takes it."""
+    return _scaled_fp8(x, fp8_scale(amax))
+
+
+def _scaled_fp8(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from torchao.float8.float8_utils import to_fp8_saturated
     return to_fp8_saturated(x.float() * scale, FP8), scale.reciprocal().reshape(1, 1, 1, 1)
 
 
@@ -126,46 +135,72 @@ def _bshd_output_stride(batch, heads, seq, head_dim):
     return (seq * heads * head_dim, head_dim, heads * head_dim, 1)
 
 
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """FP8 parts in [batch, seq, heads, head_dim] joined along the sequence (copied as bytes)."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([part.view(torch.uint8) for part in parts], dim=1).view(FP8)
+
+
 @torch.library.custom_op("ghostedit::cudnn_fp8_attention", mutates_args=())
-def cudnn_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor,
-                        k_descale: torch.Tensor, v_descale: torch.Tensor) -> torch.Tensor:
-    """q, k, v: float8_e4m3fn [batch, heads, seq, head_dim] (any strides, head_dim contiguous) and their [1, 1, 1, 1]
-    descale factors. Returns the attention output in float8_e4m3fn, [batch, seq, heads, head_dim], scaled as v is:
-    multiply by v_descale for the real values."""
+def cudnn_fp8_attention(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
+                        q_descale: torch.Tensor, k_descale: torch.Tensor, v_descale: torch.Tensor) -> torch.Tensor:
+    """q, k, v: each a list of float8_e4m3fn parts in [batch, seq, heads, head_dim] (any strides, head_dim
+    contiguous), joined along the sequence here: compiled code hands over each stream in FP8 as the kernel that
+    made it wrote it. The descale factors are [1, 1, 1, 1]. Returns the attention output in float8_e4m3fn,
+    [batch, seq, heads, head_dim], scaled as v is: multiply by v_descale for the real values."""
     cudnn = cudnn_frontend()
+    q, k, v = (_joined(parts).permute(0, 2, 1, 3) for parts in (q, k, v))  # the graph's [batch, heads, seq, dim]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     batch, heads, seq_q, head_dim = q.shape
     shape = (batch, heads, seq_q, k.shape[2], head_dim)
     output_stride = _bshd_output_stride(batch, heads, seq_q, head_dim)
     handle = _handle(cudnn, q.device)
+    output = torch.empty((batch, seq_q, heads, head_dim), dtype=FP8, device=q.device)
+    scale_s, descale_s = _softmax_scales(q.device)
+    variant_pack = {
+        _Q: q, _K: k, _V: v, _O: output.permute(0, 2, 1, 3),
+        _AMAX_O: torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device),
+        _DESCALE_Q: q_descale, _DESCALE_K: k_descale, _DESCALE_V: v_descale,
+        _DESCALE_S: descale_s, _SCALE_S: scale_s, _SCALE_O: v_descale.reciprocal(),
+    }
     key = (shape, q.stride(), k.stride(), v.stride(), q.device)
     with _graphs_lock:
         if key not in _graphs:
             _graphs[key] = _build_graph(cudnn, handle, shape, q.stride(), k.stride(), v.stride(), output_stride)
         graph, workspace_bytes = _graphs[key]
-    output = torch.empty((batch, seq_q, heads, head_dim), dtype=FP8, device=q.device)
-    scale_s, descale_s = _softmax_scales(q.device)
-    graph.execute({
-        _Q: q, _K: k, _V: v, _O: output.permute(0, 2, 1, 3),
-        _AMAX_O: torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device),
-        _DESCALE_Q: q_descale, _DESCALE_K: k_descale, _DESCALE_V: v_descale,
-        _DESCALE_S: descale_s, _SCALE_S: scale_s, _SCALE_O: v_descale.reciprocal(),
-    }, torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device), handle=handle)
+    graph.execute(variant_pack, torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device), handle=handle)
     return output
 
 
 @cudnn_fp8_attention.register_fake
 def _(q, k, v, q_descale, k_descale, v_descale):
-    batch, heads, seq, head_dim = q.shape
-    return q.new_empty((batch, seq, heads, head_dim))
+    batch, _, heads, head_dim = q[0].shape
+    return q[0].new_empty((batch, sum(part.shape[1] for part in q), heads, head_dim))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_bound: torch.Tensor | None = None,
-              k_bound: torch.Tensor | None = None) -> torch.Tensor:
-    """FP8 attention of bf16 q, k, v in [batch, heads, seq, head_dim]; the output in their dtype, in
-    [batch, seq, heads, head_dim]. q and k are scaled by their bounds when given, else by their largest values."""
-    q8, q_descale = to_fp8(q, largest_magnitude(q) if q_bound is None else q_bound)
-    k8, k_descale = to_fp8(k, largest_magnitude(k) if k_bound is None else k_bound)
-    v8, v_descale = to_fp8(v, largest_magnitude(v))
+def joint_attention(streams, q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """FP8 attention over streams joined along the sequence, in order: each stream's bf16 (q, k, v) in
+    [batch, seq, heads, head_dim]; the output in their dtype, in the same layout. q and k are cast per stream, with
+    the joined tensor's one scale, and joined in FP8 by the kernel's op, so their casts fuse into the kernels that
+    make them (RMSNorm and RoPE); v, a GEMM's output, is joined and cast in one pass. q and k are scaled by the
+    given factors (fp8_scale of a bound), else by their largest values."""
+    queries, keys, values = zip(*streams)
+    q8, q_descale = _fp8_parts(queries, q_scale)
+    k8, k_descale = _fp8_parts(keys, k_scale)
+    v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
     output = cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale)
-    return (output.float() * v_descale).to(q.dtype)
+    return (output.float() * v_descale).to(queries[0].dtype)
+
+
+def _fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    if scale is None:
+        scale = fp8_scale(torch.stack([largest_magnitude(part) for part in parts]).amax())
+    cast = [_scaled_fp8(part, scale) for part in parts]
+    return [part8 for part8, _ in cast], cast[0][1]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """FP8 attention of bf16 q, k, v in [batch, heads, seq, head_dim], each scaled by its largest value; the output
+    in their dtype, in [batch, seq, heads, head_dim]."""
+    return joint_attention([(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))])

@@ -1,13 +1,18 @@
 """Lossless rewrites of DiffSynth's Qwen DiT: the same function, computed with fewer or better-fused kernels.
 
-real-rope   DiffSynth rotates q and k with complex numbers (view_as_complex); Inductor cannot generate code for
-            complex ops and leaves them as separate eager kernels. The same rotation written with real cos/sin
-            tensors fuses into the neighbouring kernels.
-fused-qkv   One projection for q, k and v (a 3x wider GEMM) per stream instead of three, and one activation
-            quantization instead of three under FP8.
-Both run DiffSynth's joint attention through GhostEdit's JointAttention (the same computation), which FP8 attention
-also uses for its bounds on q and k.
+real-rope     DiffSynth rotates q and k with complex numbers (view_as_complex); Inductor cannot generate code for
+              complex ops and leaves them as separate eager kernels. The same rotation written with real cos/sin
+              tensors fuses into the neighbouring kernels.
+joint-layout  DiffSynth's joint attention through GhostEdit's JointAttention (the same computation), which builds
+              the joined text and image q, k and v in the projections' layout instead of transposing each first.
+              The FP8 attention always runs through it: it hands over bounds on q and k and lets each stream be
+              quantized before the join.
+fused-qkv     One projection for q, k and v (a 3x wider GEMM) per stream instead of three, and one activation
+              quantization instead of three under FP8. Runs through JointAttention too.
 inductor-cdt  Inductor's coordinate-descent tuning of its generated kernels while compiling (slower compile).
+inductor-multi-kernel  Inductor generates each reduction two ways, whole rows in registers (persistent) and
+              looped, and times both on first use: by default it loops over rows longer than 1024 (the FP8 MLP's
+              quantization reads its 12288-wide rows twice).
 Each is measured alone by the bench and offered only as a toggle; none changes the model's function beyond
 floating-point rounding.
 """
@@ -15,9 +20,8 @@ from __future__ import annotations
 
 import torch
 from diffsynth.models import qwen_image_dit
-from einops import rearrange
 
-from . import attention
+from . import attention, fp8_attention
 
 _diffsynth_rotary = None
 
@@ -31,17 +35,23 @@ def install() -> None:
 
 
 def _rotary(x: torch.Tensor, freqs):
+    """DiffSynth's rotation of each pair (x[2i], x[2i+1]) as a complex number, computed from real tensors:
+    x * cos + (x with each pair swapped) * sin, with cos and sin repeated over each pair and sin negated on its
+    first element (see _as_cos_sin): each element is the sum of the same two products as the complex product's.
+    Written without splitting the pairs apart and stacking them again, compiled code reads each input element
+    once per use, unmasked."""
     if not isinstance(freqs, tuple):
         return _diffsynth_rotary(x, freqs)
     cos, sin = freqs
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    real, imag = pairs.unbind(-1)
-    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
-    return rotated.flatten(3).type_as(x)
+    pairs_swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (x.float() * cos + pairs_swapped.float() * sin).to(x.dtype)
 
 
 def _as_cos_sin(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return freqs.real.float().contiguous(), freqs.imag.float().contiguous()
+    """Complex frequencies [..., head_dim / 2] as the real (cos, sin) that _rotary takes, each [..., head_dim]."""
+    cos = freqs.real.float().repeat_interleave(2, dim=-1)
+    sin = torch.stack((-freqs.imag.float(), freqs.imag.float()), dim=-1).flatten(-2)
+    return cos.contiguous(), sin.contiguous()
 
 
 def use_real_rope(dit: torch.nn.Module) -> None:
@@ -82,20 +92,37 @@ def fuse_qkv(dit: torch.nn.Module) -> int:
 
 
 def joint_attention(dit: torch.nn.Module) -> list[torch.nn.Module]:
-    """Each block's joint attention, now computed by GhostEdit's JointAttention (idempotent). It calls DiffSynth's
-    attention function as GhostEdit's dispatcher replaces it, with its bounds on q and k."""
+    """Each block's joint attention, now computed by GhostEdit's JointAttention (idempotent), with the FP8 scales of
+    q and k worked out once from their bounds (LoRAs change linear layers only, not the RMSNorm weights)."""
     attention.install()
     modules = [m for m in dit.modules() if isinstance(m, qwen_image_dit.QwenDoubleStreamAttention)]
     for module in modules:
         module.__class__ = JointAttention
+        for name, bound in qk_bounds(module).items():
+            module.register_buffer(f"{name}_scale", fp8_attention.fp8_scale(bound), persistent=False)
     return modules
 
 
+def qk_bounds(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The largest magnitudes the normalized and rotated q and k of a joint attention can take, over both streams,
+    with a margin for bf16 rounding: q and k come out of RMSNorms with weights, so |q| <= sqrt(head_dim) *
+    max|norm weight|, and RoPE rotates pairs without changing their length."""
+    def bound(*norms):
+        largest = torch.stack([norm.weight.detach().abs().amax().float() for norm in norms]).amax()
+        return largest * (module.head_dim ** 0.5 * 1.02)
+    return {"q": bound(module.norm_q, module.norm_added_q), "k": bound(module.norm_k, module.norm_added_k)}
+
+
+def _per_head(freqs):
+    """RoPE frequencies over [seq, head_dim / 2], made to broadcast over [batch, seq, heads, head_dim / 2]."""
+    return tuple(f.unsqueeze(1) for f in freqs) if isinstance(freqs, tuple) else freqs.unsqueeze(1)
+
+
 class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
-    """DiffSynth's joint attention, computed as DiffSynth computes it, with projections that may be fused (fused-qkv)
-    and with bounds on q and k handed to the attention backend: the FP8 backend scales by them instead of measuring
-    each tensor's largest value (q and k come out of RMSNorm, so |q| <= sqrt(head_dim) * max|norm weight|, and
-    RoPE rotates pairs without changing their length)."""
+    """DiffSynth's joint attention, computed as DiffSynth computes it, in the projections' own layout,
+    [batch, seq, heads, head_dim]: DiffSynth transposes each of q, k and v to [batch, heads, seq, head_dim] first, so
+    its joins copy and transpose them. The projections may be fused (fused-qkv), and the FP8 attention gets bounds
+    on q and k (see qk_bounds) and quantizes each stream before the join."""
 
     def _projections(self, image, text):
         if hasattr(self, "to_qkv"):
@@ -103,39 +130,35 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
         return ((self.to_q(image), self.to_k(image), self.to_v(image)),
                 (self.add_q_proj(text), self.add_k_proj(text), self.add_v_proj(text)))
 
-    def _bounds(self) -> dict:
-        return {"q_bound": self._bound(self.norm_q, self.norm_added_q),
-                "k_bound": self._bound(self.norm_k, self.norm_added_k)}
-
-    def _bound(self, *norms) -> torch.Tensor:
-        """The largest magnitude the normalized (and rotated) q or k of these norms can take, with a margin for
-        bf16 rounding (DiffSynth builds these RMSNorms with weights)."""
-        return torch.stack([norm.weight.abs().amax() for norm in norms]).amax().float() * (self.head_dim ** 0.5 * 1.02)
-
     def forward(self, image, text, image_rotary_emb=None, attention_mask=None, enable_fp8_attention=False,
                 kv_cache=None):
         if kv_cache is not None:
             raise RuntimeError("GhostEdit's joint attention does not support DiffSynth's KV cache")
-        heads = self.num_heads
         image_qkv, text_qkv = self._projections(image, text)
-        img_q, img_k, img_v = (rearrange(t, "b s (h d) -> b h s d", h=heads) for t in image_qkv)
-        txt_q, txt_k, txt_v = (rearrange(t, "b s (h d) -> b h s d", h=heads) for t in text_qkv)
+        img_q, img_k, img_v = (t.unflatten(-1, (self.num_heads, -1)) for t in image_qkv)
+        txt_q, txt_k, txt_v = (t.unflatten(-1, (self.num_heads, -1)) for t in text_qkv)
         img_q, img_k = self.norm_q(img_q), self.norm_k(img_k)
         txt_q, txt_k = self.norm_added_q(txt_q), self.norm_added_k(txt_k)
         if image_rotary_emb is not None:
-            img_freqs, txt_freqs = image_rotary_emb
+            img_freqs, txt_freqs = (_per_head(freqs) for freqs in image_rotary_emb)
             rotate = qwen_image_dit.apply_rotary_emb_qwen  # looked up at call time: may be the patched one
             img_q, img_k = rotate(img_q, img_freqs), rotate(img_k, img_freqs)
             txt_q, txt_k = rotate(txt_q, txt_freqs), rotate(txt_k, txt_freqs)
-        joint = qwen_image_dit.qwen_image_flash_attention(
-            torch.cat([txt_q, img_q], dim=2), torch.cat([txt_k, img_k], dim=2), torch.cat([txt_v, img_v], dim=2),
-            num_heads=heads, attention_mask=attention_mask, enable_fp8_attention=enable_fp8_attention,
-            **self._bounds() if attention.takes_bounds() else {},
-        ).to(img_q.dtype)
-        seq_txt = txt_q.shape[2]
+        joint = attention.joint_attention(
+            ((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), self.num_heads, attention_mask, enable_fp8_attention,
+            self.q_scale, self.k_scale).to(img_q.dtype)
+        seq_txt = txt_q.shape[1]
         return self.to_out(joint[:, seq_txt:]), self.to_add_out(joint[:, :seq_txt])
 
 
-def inductor_options(rewrites: tuple[str, ...]) -> dict:
-    """Extra Inductor options the rewrites ask for, given to the compiled blocks."""
-    return {"coordinate_descent_tuning": True} if "inductor-cdt" in rewrites else {}
+# Inductor settings offered as rewrites: (options given to the compiled blocks, what they do in words)
+INDUCTOR_SETTINGS = {
+    "inductor-cdt": ({"coordinate_descent_tuning": True}, "coordinate-descent tuning"),
+    "inductor-multi-kernel": ({"triton.multi_kernel": 1}, "multi-kernel reductions"),
+}
+
+
+def inductor_settings(rewrites: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """The Inductor options the rewrites ask for, and their words."""
+    chosen = [INDUCTOR_SETTINGS[name] for name in rewrites if name in INDUCTOR_SETTINGS]
+    return {key: value for options, _ in chosen for key, value in options.items()}, [words for _, words in chosen]

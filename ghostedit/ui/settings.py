@@ -25,17 +25,17 @@ FP8_WORDS = {
 }
 # What each FP8 mode gave on an H100 (full-size DiT, 1024x1024 edit, one forward; docs/benchmarks.md).
 FP8_MEASURED = (
-    "Measured on an H100, one DiT forward at a 1024² edit (stock bf16: 432 ms): storage 637 ms (half the weight "
-    "memory, slower); torchao 560-770 ms eager but 242 ms with compile (1.8x, half the memory), 211 ms (2.05x) with "
-    "compile and cuDNN FP8 attention; Transformer Engine 385 ms eager (1.12x; delayed scaling 373 ms, 1.16x) and "
-    "264 ms with compile (1.64x), with no memory saving (TE keeps two FP8 copies of each weight) and only the image "
-    "stream in FP8."
+    "Measured on an H100, one DiT forward at a 1024² edit (stock bf16: 426 ms): storage 634 ms (half the weight "
+    "memory, slower); torchao 560-770 ms eager but 242 ms with compile (1.76x, half the memory), 196 ms (2.18x) with "
+    "compile, the lossless rewrites and cuDNN FP8 attention; Transformer Engine 385 ms eager (1.12x; delayed "
+    "scaling 373 ms, 1.16x) and 264 ms with compile (1.64x), with no memory saving (TE keeps two FP8 copies of each "
+    "weight) and only the image stream in FP8."
 )
 # What the attention backends gave on an H100 at a 1024² edit (docs/benchmarks.md, section 1b)
 ATTENTION_MEASURED = (
-    "Measured on an H100 at a 1024² edit, attention alone: cuDNN (DiffSynth's default, through SDPA) 1.34 ms, "
-    "FlashAttention-4 1.34 ms, SDPA's FlashAttention-2 2.43 ms; cuDNN FP8 0.92 ms (lossy), which pays only with "
-    "compile: 211 ms per DiT forward against 238 ms with FlashAttention-4."
+    "Measured on an H100 at a 1024² edit, attention alone: cuDNN (DiffSynth's default, through SDPA) 1.38 ms, "
+    "FlashAttention-4 1.30 ms, SDPA's FlashAttention-2 2.51 ms; cuDNN FP8 0.95 ms (lossy), which pays only with "
+    "compile: 196 ms per DiT forward against 218 ms with exact attention."
 )
 ATTENTION_WORDS = {
     "diffsynth": "DiffSynth default",
@@ -57,8 +57,10 @@ COMPILE_WORDS = {
 }
 REWRITE_WORDS = {
     "real-rope": "real-valued RoPE (fuses under compile)",
+    "joint-layout": "joint attention without transposing copies",
     "fused-qkv": "one fused Q/K/V projection",
     "inductor-cdt": "Inductor kernel tuning (with compile)",
+    "inductor-multi-kernel": "Inductor reductions timed two ways (with compile)",
 }
 TOGGLE_WORDS = {"fp8": FP8_WORDS, "attention": ATTENTION_WORDS, "compile": COMPILE_WORDS, "rewrites": REWRITE_WORDS}
 
