@@ -160,8 +160,6 @@ def environment() -> dict:
     return info
 
 
-
-
 def add_bench_command(commands) -> None:
     bench = commands.add_parser("bench", help="benchmark configurations on the same inputs")
     add_model_argument(bench)

@@ -192,7 +192,6 @@ DIT_COLUMNS = {
 }
 
 
-
 def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
     import json
     from pathlib import Path

@@ -45,12 +45,12 @@ def prepare_dit(base_dit: torch.nn.Module, config: OptimizationConfig, recorder:
             with step("attach LoRA", "attaching runtime LoRA layers"):
                 lora_opt.attach_runtime_lora(dit, matched)
         report["lora"] = f"{config.lora.name}: {matched.report}, {config.lora.mode}"
-    if "fused-qkv" in config.rewrites:
-        with step("fuse QKV", "fusing q/k/v projections"):
-            report["fused-qkv"] = f"{rewrites.fuse_qkv(dit)} attention layers with fused q/k/v projections"
-    if "joint-layout" in config.rewrites:
-        layers = len(rewrites.joint_attention(dit))
-        report["joint-layout"] = f"{layers} joint attention layers in the projections' layout"
+    if "joint-layout" in config.rewrites:  # also implied by fused-qkv and cudnn-fp8 (see OptimizationConfig)
+        layers = rewrites.joint_attention(dit, fp8_scales=config.attention == "cudnn-fp8")
+        report["joint-layout"] = f"{len(layers)} joint attention layers in the projections' layout"
+        if "fused-qkv" in config.rewrites:
+            with step("fuse QKV", "fusing q/k/v projections"):
+                report["fused-qkv"] = f"{rewrites.fuse_qkv(layers)} attention layers with fused q/k/v projections"
     if "real-rope" in config.rewrites:
         rewrites.use_real_rope(dit)
         report["real-rope"] = "rotary embedding with real cos/sin"

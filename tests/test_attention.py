@@ -90,7 +90,7 @@ def test_fp8_joint_attention_scaling_computes_attention(monkeypatch, bounds):
 def test_joint_attention_is_diffsynths_and_its_bounds_hold(tiny_dit):
     reference = tiny_dit.transformer_blocks[0].attn
     copy = clone_sharing_weights(tiny_dit)
-    rewrites.joint_attention(copy)
+    rewrites.joint_attention(copy, fp8_scales=True)
     joint = copy.transformer_blocks[0].attn
     assert type(joint) is rewrites.JointAttention
     generator = torch.Generator().manual_seed(1)

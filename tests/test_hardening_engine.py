@@ -59,6 +59,7 @@ CONVERTED = {
     "8:1, the most elongated": (lambda: encoded(noise(256, 32)), lambda im: im.size == (256, 32)),
 }
 
+
 @pytest.mark.parametrize("name", CONVERTED)
 def test_unusual_images_are_converted_to_rgb(name, tmp_path):
     make, correct = CONVERTED[name]

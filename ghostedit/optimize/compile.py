@@ -3,7 +3,6 @@ share one compiled graph, so compiling costs one block's worth, not the whole mo
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -33,7 +32,6 @@ def availability(mode: str, device: str) -> Availability:
     except Exception as error:
         return Availability.no(f"torch.compile on the CPU needs a working C++ compiler ({error_summary(error)})")
     return Availability.yes()
-
 
 
 def compiled_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -76,12 +74,6 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     hand_blocks_plain_tensors(model)
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
-    if options.get("triton.multi_kernel"):
-        # Measured with torch 2.11: compiled code with multi-kernels, loaded from the compile cache on disk in a new
-        # process, fails while reading which variant was picked before (MultiKernelCall.load_cache asks Triton for
-        # a kernel key it cannot give yet). Without that record each process times the variants again on its first
-        # call, which costs milliseconds.
-        os.environ["TORCHINDUCTOR_DISABLE_MULTI_KERNEL_CACHE"] = "1"
     for block in blocks:
         block.compile(dynamic=True, options=options or None)
     return len(blocks)

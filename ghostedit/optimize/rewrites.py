@@ -78,28 +78,29 @@ def _fused_linear(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
     return fused
 
 
-def fuse_qkv(dit: torch.nn.Module) -> int:
-    """Replaces each block's q/k/v projections (both streams) with one projection each. Must run on plain
-    linear layers: after LoRA fusing, before quantization."""
-    count = 0
-    for module in joint_attention(dit):
+def fuse_qkv(layers: list[torch.nn.Module]) -> int:
+    """Replaces the q/k/v projections (both streams) of these JointAttention layers with one projection each. Must
+    run on plain linear layers: after LoRA fusing, before quantization."""
+    for module in layers:
         module.to_qkv = _fused_linear([module.to_q, module.to_k, module.to_v])
         module.add_qkv = _fused_linear([module.add_q_proj, module.add_k_proj, module.add_v_proj])
         for name in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
             delattr(module, name)
-        count += 1
-    return count
+    return len(layers)
 
 
-def joint_attention(dit: torch.nn.Module) -> list[torch.nn.Module]:
-    """Each block's joint attention, now computed by GhostEdit's JointAttention (idempotent), with the FP8 scales of
-    q and k worked out once from their bounds (LoRAs change linear layers only, not the RMSNorm weights)."""
+def joint_attention(dit: torch.nn.Module, fp8_scales: bool) -> list[torch.nn.Module]:
+    """Each block's joint attention, now computed by GhostEdit's JointAttention. With `fp8_scales` (for the FP8
+    attention) the FP8 scales of q and k are worked out once, from their bounds (LoRAs change linear layers only,
+    not the RMSNorm weights); without, they are None and torchao is not loaded."""
     attention.install()
     modules = [m for m in dit.modules() if isinstance(m, qwen_image_dit.QwenDoubleStreamAttention)]
     for module in modules:
         module.__class__ = JointAttention
-        for name, bound in qk_bounds(module).items():
-            module.register_buffer(f"{name}_scale", fp8_attention.fp8_scale(bound), persistent=False)
+        bounds = qk_bounds(module) if fp8_scales else {"q": None, "k": None}
+        for name, bound in bounds.items():
+            module.register_buffer(f"{name}_scale", None if bound is None else fp8_attention.fp8_scale(bound),
+                                   persistent=False)
     return modules
 
 

@@ -24,6 +24,7 @@ from .settings import (NO_LORA, VARIANTS, LoraLibrary, edit_request, panel_confi
                        uploaded_images, variant_configs)
 from .system import cache_table, hardware_markdown, options_json, options_table, system_report
 
+
 def user_error(error: BaseException) -> gr.Error:
     """An engine error as the toast the page shows (and the AppError an API client gets); the app keeps serving.
     A GhostEditError's message is written for the user and shown as it is; anything else is a bug, logged with its
