@@ -200,7 +200,7 @@ def cmd_bench_dit(args, engine, configs: list[OptimizationConfig]) -> int:
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    base_dit = load_base_dit(engine.spec, engine.device, engine.torch_dtype)
+    base_dit = load_base_dit(engine.spec, engine.device, engine.dtypes)
     width, height = args.width or 1024, args.height or 1024
     inputs = dit_inputs(base_dit, width, height, args.text_tokens, engine.device, engine.torch_dtype, args.seed)
     context = {"model": engine.spec.source, "device": engine.device, "size": [width, height],

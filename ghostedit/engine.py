@@ -27,6 +27,7 @@ from .config import SIZE_RANGE, EditRequest, OptimizationConfig
 from .device import Availability, UnavailableOptionError, default_device, empty_cache
 from .errors import GpuOutOfMemoryError, error_summary
 from .models import ModelSpec, availability as model_availability, load_base_pipeline, resolve
+from .models.dtypes import component_dtypes, dtype_name
 from .optimize import attention, compile as compile_opt, fp8, lora as lora_opt, offload
 from .paths import ghostedit_home, write_atomically
 from .recipe import prepare_dit
@@ -73,13 +74,15 @@ class EditResult:
 
 class Engine:
     def __init__(self, source: str = "tiny", device: str | None = None, cache_budget_gib: float | None = None,
-                 torch_dtype: torch.dtype = torch.bfloat16, host_memory: tuple[str, ...] = ()):
-        """`host_memory` names what stays in host memory instead of on the device (see optimize/offload.py):
+                 dtype: str | None = None, host_memory: tuple[str, ...] = ()):
+        """`dtype`: "bfloat16" or "float32" for every component; None: what is fast on the device (models/dtypes.py).
+        `host_memory` names what stays in host memory instead of on the device (see optimize/offload.py):
         "base-dit" and/or "text-encoder". Both together let an FP8 DiT run on a 24 GB card."""
         self.spec: ModelSpec = resolve(source)
         self.device = device or default_device()
         self.host_memory = offload.checked(host_memory)
-        self.torch_dtype = torch_dtype
+        self.dtypes = component_dtypes(self.device, dtype)
+        self.torch_dtype = self.dtypes["dit"]
         self.cache_budget_gib = cache_budget_gib
         self._lock = threading.RLock()
         self._base = None
@@ -119,7 +122,7 @@ class Engine:
             if self._base is None:
                 recorder = recorder or RunRecorder(self.device)
                 with recorder.stage("load", f"loading {self.spec.description}"):
-                    self._base = load_base_pipeline(self.spec, self.device, self.torch_dtype)
+                    self._base = load_base_pipeline(self.spec, self.device, self.dtypes)
                     attention.install()
                     offload.keep_in_host_memory(self._base, self.host_memory, self.device)
                 self._base_pointers = storage_pointers(self._base.dit)
@@ -255,6 +258,7 @@ class Engine:
         compile_opt.configure_dynamo()  # in this thread: the app runs each edit in a thread of its own
         prepared, hit = self._prepare(config, recorder)
         recorder.telemetry.cache_hit = hit
+        recorder.telemetry.dtypes = {name: dtype_name(dtype) for name, dtype in self.dtypes.items()}
         recorder.telemetry.notes.extend(prepared.warnings)
         width, height, inputs = self._fit_inputs(request)
         recorder.telemetry.notes.extend(f"input image {index}: {note}" for index, image in enumerate(request.images, 1)

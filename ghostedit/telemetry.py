@@ -128,6 +128,7 @@ class RunTelemetry:
     prepare_steps: dict[str, float] = field(default_factory=dict)
     step_seconds: list[float] = field(default_factory=list)
     cache_hit: bool | None = None
+    dtypes: dict[str, str] = field(default_factory=dict)  # each component's dtype (models/dtypes.py)
     notes: list[str] = field(default_factory=list)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
@@ -145,6 +146,7 @@ class RunTelemetry:
         return {
             "device": self.device,
             "cache_hit": self.cache_hit,
+            "dtypes": dict(self.dtypes),
             "total_s": self.total_seconds,
             "stages_s": {name: self.stages[name] for name in STAGE_ORDER if name in self.stages},
             "prepare_steps_s": dict(self.prepare_steps),

@@ -45,21 +45,27 @@ def availability(spec: ModelSpec, device: str) -> Availability:
     return Availability.yes()
 
 
-def load_base_pipeline(spec: ModelSpec, device: str, torch_dtype: torch.dtype):
-    """The unmodified pipeline every prepared configuration derives from."""
+def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype]):
+    """The unmodified pipeline every prepared configuration derives from, each component in its dtype (see
+    dtypes.py); the pipeline's own dtype is the DiT's."""
+    from .dtypes import apply_component_dtypes
+    torch_dtype = dtypes["dit"]
     if spec.kind == "tiny":
         from .tiny import load_tiny_pipeline
-        return load_tiny_pipeline(device, torch_dtype)
-    if spec.kind == "synthetic":
+        pipe = load_tiny_pipeline(device, torch_dtype)
+    elif spec.kind == "synthetic":
         from .synthetic import build_synthetic_pipeline
-        return build_synthetic_pipeline(device, torch_dtype)
-    from .hub import load_pretrained_pipeline
-    return load_pretrained_pipeline(spec, device, torch_dtype)
+        pipe = build_synthetic_pipeline(device, torch_dtype)
+    else:
+        from .hub import load_pretrained_pipeline
+        pipe = load_pretrained_pipeline(spec, device, torch_dtype)
+    apply_component_dtypes(pipe, dtypes)
+    return pipe
 
 
-def load_base_dit(spec: ModelSpec, device: str, torch_dtype: torch.dtype):
+def load_base_dit(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype]):
     """The unmodified DiT alone, for DiT-level benchmarks: the synthetic one is built without the rest."""
     if spec.kind == "synthetic":
         from .synthetic import build_synthetic_dit
-        return build_synthetic_dit(device, torch_dtype)
-    return load_base_pipeline(spec, device, torch_dtype).dit
+        return build_synthetic_dit(device, dtypes["dit"])
+    return load_base_pipeline(spec, device, dtypes).dit
