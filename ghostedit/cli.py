@@ -1,4 +1,5 @@
-"""Command line: `python -m ghostedit edit ...`, `python -m ghostedit bench ...`, `python -m ghostedit options`."""
+"""The `ghostedit` command: `edit` one image and print the telemetry, `bench` configurations, list the `options`
+this machine can run, or `serve` the app (the same as `python app.py`)."""
 from __future__ import annotations
 
 import argparse
@@ -6,36 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from .config import ATTENTION_BACKENDS, COMPILE_MODES, FP8_MODES, LORA_MODES, EditRequest, LoraChoice, OptimizationConfig
-
-
-def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny",
-                        help="tiny (default), synthetic, a Hugging Face repo id (modelscope:<id> for ModelScope) "
-                             "or a local folder")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-
-
-def add_request_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image", action="append", required=True, help="input image (repeat for up to 3)")
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--negative-prompt", default="")
-    parser.add_argument("--steps", type=int, default=None, help="default: the model's (tiny 4, real 40)")
-    parser.add_argument("--cfg", type=float, default=4.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width", type=int, default=None)
-    parser.add_argument("--height", type=int, default=None)
-
-
-def request_from_args(args, default_steps: int) -> EditRequest:
-    return EditRequest(images=args.image, prompt=args.prompt,
-                       negative_prompt=args.negative_prompt, steps=args.steps or default_steps, cfg_scale=args.cfg,
-                       seed=args.seed, width=args.width, height=args.height)
-
-
-def config_from_args(args) -> OptimizationConfig:
-    lora = LoraChoice.from_file(args.lora, args.lora_scale, args.lora_mode) if args.lora else None
-    return OptimizationConfig(lora=lora, fp8=args.fp8, attention=args.attention, compile=args.compile)
+from .arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, config_from_args, \
+    request_from_args
 
 
 def print_progress(event) -> None:
@@ -52,7 +25,9 @@ def format_telemetry(result) -> str:
     summary = result.telemetry.summary()
     lines = [f"configuration: {result.config.label}   ({result.width}x{result.height}, {result.request.steps} steps, "
              f"CFG {result.request.cfg_scale:g}, attention ran: {result.attention_backend})",
-             f"prepared pipeline: {'cache hit' if summary['cache_hit'] else 'built (cache miss)'}"]
+             f"prepared pipeline: {'cache hit' if summary['cache_hit'] else 'built (cache miss)'}",
+             "dtypes: " + ", ".join(f"{name} {dtype}" for name, dtype in summary["dtypes"].items()),
+             "placement: " + ", ".join(f"{name} in {where}" for name, where in summary["placement"].items())]
     lines += [f"  {name}: {words}" for name, words in result.prepared_report.items()]
     lines.append("stages:")
     lines += [f"  {name:<16}{seconds:8.3f} s" for name, seconds in summary["stages_s"].items()]
@@ -69,10 +44,16 @@ def format_telemetry(result) -> str:
     return "\n".join(lines)
 
 
-def cmd_edit(args) -> int:
+def _engine(args):
+    from .device import default_device
     from .engine import Engine
+    from .models import default_source
+    device = args.device or default_device()
+    return Engine(args.model or default_source(device), device=device, dtype=args.dtype)
 
-    engine = Engine(args.model, device=args.device)
+
+def cmd_edit(args) -> int:
+    engine = _engine(args)
     result = engine.run(request_from_args(args, engine.spec.default_steps), config_from_args(args),
                         on_progress=print_progress)
     result.image.save(args.out)
@@ -83,42 +64,61 @@ def cmd_edit(args) -> int:
     return 0
 
 
-def cmd_options(args) -> int:
-    from .engine import Engine
+def options_text(engine) -> str:
+    """Every setting's choices, each marked available or not with the reason, and where each component lives."""
+    options = engine.options()
+    width = max(len(choice) for choices in options.values() for choice in choices) + 2
+    lines = []
+    for setting, choices in options.items():
+        lines.append(f"{setting}:")
+        lines += [f"  {choice:<{width}}{'available' if available.ok else 'unavailable: ' + available.reason}"
+                  for choice, available in choices.items()]
+    lines.append("placement (memory=auto):")
+    lines += [f"  {component:<{width}}{where['where']}: {where['why']}"
+              for component, where in engine.placement().describe().items()]
+    return "\n".join(lines)
 
-    engine = Engine(args.model, device=args.device)
-    for toggle, choices in engine.options().items():
-        print(f"{toggle}:")
-        for choice, available in choices.items():
-            print(f"  {choice:<16}{'available' if available.ok else 'unavailable: ' + available.reason}")
+
+def cmd_options(args) -> int:
+    print(options_text(_engine(args)))
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ghostedit", description=__doc__)
+def cmd_serve(args) -> int:
+    from .ui.serve import serve
+    serve(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ghostedit", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    edit = commands.add_parser("edit", help="edit an image and print the telemetry")
-    add_model_argument(edit)
+    edit = commands.add_parser("edit", help="edit an image and print the telemetry",
+                               description="Edit 1 to 3 images with an instruction; print the stage and step times.")
+    add_model_arguments(edit)
     add_request_arguments(edit)
-    edit.add_argument("--lora", default=None, help="LoRA .safetensors file")
-    edit.add_argument("--lora-scale", type=float, default=1.0)
-    edit.add_argument("--lora-mode", choices=LORA_MODES, default="fused")
-    edit.add_argument("--fp8", choices=FP8_MODES, default="off")
-    edit.add_argument("--attention", choices=ATTENTION_BACKENDS, default="diffsynth")
-    edit.add_argument("--compile", choices=COMPILE_MODES, default="off")
-    edit.add_argument("--out", required=True)
+    add_toggle_arguments(edit)
+    edit.add_argument("--out", required=True, help="where to write the edited image (PNG, JPEG, WebP...)")
     edit.add_argument("--json", default=None, help="also write the telemetry as JSON here")
     edit.set_defaults(run=cmd_edit)
 
     options = commands.add_parser("options", help="which toggles can run on this machine, and why not")
-    add_model_argument(options)
+    add_model_arguments(options)
     options.set_defaults(run=cmd_options)
 
-    from .bench import add_bench_command
+    from .bench.command import add_bench_command
     add_bench_command(commands)
 
-    args = parser.parse_args(argv)
+    from .ui.serve import add_serve_arguments
+    serve = commands.add_parser("serve", help="serve the app in a browser (the same as python app.py)")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=cmd_serve)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     return args.run(args)
 
 

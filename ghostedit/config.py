@@ -14,15 +14,11 @@ from PIL import Image
 
 from .errors import InputImageError, InvalidRequestError
 from .images import load_image
+from .optimize import registry
 
 LORA_MODES = ("fused", "runtime")
-FP8_MODES = ("off", "storage", "torchao", "te", "te-delayed")
-# "diffsynth" leaves DiffSynth's own choice in place (FA3 if installed, else PyTorch SDPA's dispatch): the stock baseline.
-ATTENTION_BACKENDS = ("diffsynth", "auto", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "fa4", "fa3", "fa2", "sage", "cudnn-fp8")
-COMPILE_MODES = ("off", "regional", "max-autotune")
-# Lossless rewrites of the DiT (see optimize/rewrites.py); the Inductor ones are settings of compile
-INDUCTOR_REWRITES = ("inductor-cdt", "inductor-multi-kernel")
-REWRITES = ("real-rope", "joint-layout", "fused-qkv") + INDUCTOR_REWRITES
+MAX_LORAS = 4
+LORA_SPEC = re.compile(r"(?P<path>.+?)(?::(?P<scale>[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)(?::(?P<mode>fused|runtime))?)?")
 
 MAX_INPUT_IMAGES = 3
 STEPS_RANGE = (1, 100)
@@ -54,7 +50,9 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
 
 @dataclass(frozen=True)
 class LoraChoice:
-    """A LoRA file, identified by content so a replaced file with the same name is a different configuration."""
+    """A LoRA file, identified by content so a replaced file with the same name is a different configuration.
+    "fused": merged into the DiT's weights (switched in place on a prepared pipeline); "runtime": PEFT layers whose
+    scale is set per run."""
     path: str
     sha256: str
     scale: float = 1.0
@@ -69,74 +67,194 @@ class LoraChoice:
         path = Path(path).resolve()
         return cls(path=str(path), sha256=file_sha256(path), scale=scale, mode=mode)
 
+    @classmethod
+    def parse(cls, text: str, scale: float = 1.0, mode: str = "fused") -> "LoraChoice":
+        """FILE, FILE:SCALE or FILE:SCALE:MODE; the defaults fill what is left out."""
+        found = LORA_SPEC.fullmatch(text)
+        return cls.from_file(found["path"], float(found["scale"] or scale), found["mode"] or mode)
+
     @property
     def name(self) -> str:
         return Path(self.path).stem
 
-
-@dataclass(frozen=True)
-class OptimizationConfig:
-    lora: LoraChoice | None = None
-    fp8: str = "off"
-    attention: str = "diffsynth"
-    compile: str = "off"
-    rewrites: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        check_choice("FP8 mode", self.fp8, FP8_MODES)
-        check_choice("attention backend", self.attention, ATTENTION_BACKENDS)
-        check_choice("compile mode", self.compile, COMPILE_MODES)
-        for rewrite in self.rewrites:
-            check_choice("rewrite", rewrite, REWRITES)
-        rewrites = set(self.rewrites)
-        if self.attention == "cudnn-fp8" or "fused-qkv" in rewrites:
-            rewrites.add("joint-layout")  # both run through GhostEdit's JointAttention (see optimize/rewrites.py)
-        object.__setattr__(self, "rewrites", tuple(sorted(rewrites)))  # one key per set of rewrites
-        if "fused-qkv" in self.rewrites and self.lora is not None and self.lora.mode == "runtime":
-            raise InvalidRequestError("fused-qkv needs a fused LoRA: runtime LoRA layers sit on the separate q/k/v "
-                                      "projections")
-        for rewrite in set(self.rewrites) & set(INDUCTOR_REWRITES):
-            if self.compile == "off":
-                raise InvalidRequestError(f"{rewrite} sets how compiled kernels are made: it needs compile on")
-
     @property
-    def cache_key(self) -> "OptimizationConfig":
-        """A runtime LoRA's scale is applied per run, so it is not part of what gets prepared."""
-        if self.lora is not None and self.lora.mode == "runtime":
-            return replace(self, lora=replace(self.lora, scale=0.0))
-        return self
-
-    @classmethod
-    def parse(cls, text: str) -> "OptimizationConfig":
-        """From the command line: "baseline", or comma-separated toggles such as
-        "fp8=torchao,compile=regional,attention=auto,rewrites=real-rope+fused-qkv,lora=loras/ghost.safetensors:0.8:runtime"."""
-        fields = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            if item in ("baseline", "stock"):
-                continue
-            name, _, value = item.partition("=")
-            if name == "lora":
-                path, scale, mode = (value.split(":") + ["1.0", "fused"][value.count(":"):])[:3]
-                fields["lora"] = LoraChoice.from_file(path, float(scale), mode)
-            elif name in ("fp8", "attention", "compile"):
-                fields[name] = value
-            elif name == "rewrites":
-                fields[name] = tuple(value.split("+"))
-            else:
-                raise ValueError(f"unknown toggle {name!r} in {text!r}: use fp8=, attention=, compile=, rewrites=, lora=")
-        return cls(**fields)
+    def identity(self) -> tuple[str, str]:
+        return self.path, self.sha256
 
     @property
     def label(self) -> str:
-        parts = ["bf16" if self.fp8 == "off" else f"fp8-{self.fp8}"]
-        if self.attention != "diffsynth":
-            parts.append(self.attention)
-        if self.compile != "off":
-            parts.append(f"compile-{self.compile}")
-        parts.extend(self.rewrites)
-        if self.lora is not None:
-            parts.append(f"lora-{self.lora.name}-{self.lora.mode}@{self.lora.scale:g}")
-        return " + ".join(parts)
+        return f"lora-{self.name}-{self.mode}@{self.scale:g}"
+
+
+@dataclass(frozen=True, init=False)
+class OptimizationConfig:
+    """What a run asks of the model: the toggles declared in ghostedit/optimize/toggles/ (every registered one, at
+    its default unless set) and the LoRAs, stacked in order. Built from untrusted values: each value is checked
+    against its toggle's choices, implied settings are added (so that each pipeline has one cache key) and a
+    choice whose requirement is not met is refused with the reason.
+
+        OptimizationConfig(fp8="torchao", compile="regional", rewrites=("real-rope",), loras=(LoraChoice...,))
+    """
+    loras: tuple[LoraChoice, ...]
+    values: tuple[tuple[str, str], ...]   # (toggle, value) for every registered toggle, by name
+
+    def __init__(self, loras=(), **settings):
+        loras = tuple(loras)
+        if len(loras) > MAX_LORAS:
+            raise InvalidRequestError(f"at most {MAX_LORAS} LoRAs can be stacked; got {len(loras)}")
+        for lora in loras:
+            if not isinstance(lora, LoraChoice):
+                raise InvalidRequestError(f"a LoRA must be a LoraChoice; got {type(lora).__name__}")
+        object.__setattr__(self, "loras", loras)
+        object.__setattr__(self, "values", tuple(sorted(resolved_settings(settings).items())))
+        for message in _refusals(self):
+            raise InvalidRequestError(message)
+
+    def value(self, toggle: str) -> str:
+        """The toggle's value (a configuration made before a toggle was registered has it at its default)."""
+        return dict(self.values).get(toggle) or registry.get(toggle).default
+
+    def flags(self, group: str) -> tuple[str, ...]:
+        """The flags of a group that are on, in preparation order."""
+        return tuple(toggle.name for toggle in registry.groups().get(group, []) if self.value(toggle.name) == registry.ON)
+
+    def settings(self) -> dict:
+        """{setting: value}, a group's value the tuple of its flags that are on: what the constructor takes."""
+        result = {toggle.name: self.value(toggle.name) for toggle in registry.singles()}
+        result.update({group: self.flags(group) for group in registry.groups()})
+        return result
+
+    def replace(self, loras=None, **settings) -> "OptimizationConfig":
+        return OptimizationConfig(loras=self.loras if loras is None else loras, **{**self.settings(), **settings})
+
+    @property
+    def fused_loras(self) -> tuple[LoraChoice, ...]:
+        return tuple(lora for lora in self.loras if lora.mode == "fused")
+
+    @property
+    def runtime_loras(self) -> tuple[LoraChoice, ...]:
+        return tuple(lora for lora in self.loras if lora.mode == "runtime")
+
+    @property
+    def cache_key(self) -> tuple:
+        """What the prepared pipeline depends on: the toggles that change it (as much of each value as matters) and
+        which runtime LoRAs it carries. Fused LoRAs are written into a prepared pipeline's weights in place, and
+        runtime scales are set per run: neither is part of the key."""
+        prepared = tuple((toggle.name, toggle.prepared_key(self.value(toggle.name))) for toggle in registry.toggles()
+                         if toggle.changes == registry.PREPARED)
+        return prepared, tuple(lora.identity for lora in self.runtime_loras)
+
+    @property
+    def lossy(self) -> bool:
+        return any(toggle.is_lossy(self.value(toggle.name)) for toggle in registry.toggles())
+
+    @classmethod
+    def parse(cls, text: str) -> "OptimizationConfig":
+        """From the command line: "baseline", a named preset ("best", "exact"), or comma-separated settings such
+        as "fp8=torchao,compile=regional,attention=auto,rewrites=real-rope+fused-qkv,lora=ghost.safetensors:0.8"
+        (lora= may repeat: the LoRAs stack; each is FILE[:SCALE[:MODE]]). A preset can be extended:
+        "best,lora=ghost.safetensors"."""
+        from .optimize.presets import PRESETS
+        settings, loras = {}, []
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            if item in ("baseline", "stock"):
+                continue
+            if item in PRESETS:
+                settings.update(cls.parse(PRESETS[item]).settings())
+                continue
+            name, _, value = item.partition("=")
+            if name == "lora":
+                loras.append(LoraChoice.parse(value))
+            elif name in registry.groups():
+                settings[name] = tuple(filter(None, value.split("+")))
+            elif name in registry.settings():
+                settings[name] = value
+            else:
+                raise InvalidRequestError(f"unknown setting {name!r} in {text!r}: use "
+                                          f"{', '.join(f'{s}=' for s in registry.settings())} or lora=")
+        return cls(loras=loras, **settings)
+
+    @property
+    def text(self) -> str:
+        """The parse() form of this configuration, without LoRAs (their files are local)."""
+        parts = []
+        for setting, value in self.settings().items():
+            if isinstance(value, tuple):
+                if value:
+                    parts.append(f"{setting}={'+'.join(value)}")
+            elif value != registry.get(setting).default:
+                parts.append(f"{setting}={value}")
+        return ",".join(parts) or "baseline"
+
+    @property
+    def label(self) -> str:
+        """Short words for tables: each toggle away from its default, then the LoRAs."""
+        parts = [part for toggle in registry.toggles() if (part := toggle.label_part(self.value(toggle.name)))]
+        parts += [lora.label for lora in self.loras]
+        return " + ".join(parts) or "stock"
+
+    @property
+    def prepared_label(self) -> str:
+        """The label of what is prepared: the toggles that change the prepared pipeline (not an exact attention
+        backend, chosen per run), runtime LoRAs without a scale (set per run), no fused LoRAs (written into the
+        weights per run)."""
+        parts = [toggle.label_part(self.value(toggle.name)) for toggle in registry.toggles()
+                 if toggle.changes == registry.PREPARED
+                 and toggle.prepared_key(self.value(toggle.name)) != toggle.prepared_key(toggle.default)]
+        parts += [f"lora-{lora.name}-runtime" for lora in self.runtime_loras]
+        return " + ".join(parts) or "stock"
+
+
+def resolved_settings(settings: dict) -> dict[str, str]:
+    """Every toggle's value: the given ones checked, defaults for the rest, implied settings added."""
+    values = {toggle.name: toggle.default for toggle in registry.toggles()}
+    groups = registry.groups()
+    for name, value in settings.items():
+        if name in groups:
+            flags = _listed(name, value)
+            members = {toggle.name for toggle in groups[name]}
+            for flag in flags:
+                check_choice(f"each of {name}", flag, tuple(sorted(members)))
+            values.update({member: registry.ON if member in flags else registry.OFF for member in members})
+        elif name in values and registry.get(name).group is None:
+            check_choice(registry.get(name).label, value, registry.get(name).values)
+            values[name] = value
+        else:
+            raise InvalidRequestError(f"unknown setting {name!r}: the settings are {', '.join(registry.settings())}")
+    changed = True
+    while changed:  # implied settings may imply more
+        changed = False
+        for toggle in registry.toggles():
+            for other, implied in toggle.choice(values[toggle.name]).implies:
+                if values[other] != implied:
+                    values[other], changed = implied, True
+    return values
+
+
+def _listed(name: str, value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise InvalidRequestError(f"{name} must be a list; got {value!r}")
+    return tuple(value)
+
+
+def _refusals(config: OptimizationConfig):
+    """Why each choice whose requirements are not met cannot run in this configuration."""
+    for toggle in registry.toggles():
+        choice = toggle.choice(config.value(toggle.name))
+        for requirement in choice.requires:
+            if not requirement.accepts(config.value(requirement.toggle)):
+                yield (f"{toggle.name if toggle.group else f'{toggle.name}={choice.value}'} needs "
+                       f"{requirement.toggle} {_wanted(requirement)}: {requirement.why}")
+        if choice.needs_fused_loras and config.runtime_loras:
+            yield f"{toggle.name} needs fused LoRAs: {choice.needs_fused_loras}"
+
+
+def _wanted(requirement) -> str:
+    if requirement.values:
+        return "set to " + " or ".join(requirement.values)
+    return "set to anything but " + " or ".join(requirement.not_values)
 
 
 @dataclass(frozen=True)

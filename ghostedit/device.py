@@ -68,6 +68,15 @@ def needs_cuda(device: str, what: str, min_capability: tuple[int, int] | None = 
     return Availability.yes()
 
 
+def gpu_capacity_bytes(device: str) -> int:
+    """The memory this process may use on the card: its size, or less under set_per_process_memory_fraction (the
+    bench's --gpu-memory emulates a smaller card that way)."""
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = torch.cuda.get_per_process_memory_fraction(index)
+    return int(total * fraction)
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize(torch.device(device))

@@ -20,7 +20,8 @@ from .device import synchronize
 GIB = 1024**3
 
 # The order in which stages are shown; a run reports the ones it went through.
-STAGE_ORDER = ("load", "prepare", "compile warm-up", "image encoding", "text encoding", "denoising", "decoding")
+STAGE_ORDER = ("load", "prepare", "LoRA switch", "compile warm-up", "image encoding", "text encoding", "denoising",
+               "decoding")
 
 
 def median_ms(fn, device: str, repeats: int, warmup: int = 0) -> float:
@@ -127,8 +128,10 @@ class RunTelemetry:
     stages: dict[str, float] = field(default_factory=dict)
     prepare_steps: dict[str, float] = field(default_factory=dict)
     step_seconds: list[float] = field(default_factory=list)
+    warm_up_steps: list[int] = field(default_factory=list)  # steps whose first forward compiled (time left out)
     cache_hit: bool | None = None
     dtypes: dict[str, str] = field(default_factory=dict)  # each component's dtype (models/dtypes.py)
+    placement: dict[str, str] = field(default_factory=dict)  # where each component lives (engine/placement.py)
     notes: list[str] = field(default_factory=list)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
@@ -138,7 +141,9 @@ class RunTelemetry:
 
     @property
     def denoise_seconds_per_step(self) -> float | None:
-        return statistics.median(self.step_seconds) if self.step_seconds else None
+        """The median step, leaving out steps that compiled when others did not."""
+        steady = [s for i, s in enumerate(self.step_seconds) if i not in self.warm_up_steps] or self.step_seconds
+        return statistics.median(steady) if steady else None
 
     def summary(self) -> dict:
         """A flat, JSON-ready view for tables, the API and the bench."""
@@ -147,10 +152,12 @@ class RunTelemetry:
             "device": self.device,
             "cache_hit": self.cache_hit,
             "dtypes": dict(self.dtypes),
+            "placement": dict(self.placement),
             "total_s": self.total_seconds,
             "stages_s": {name: self.stages[name] for name in STAGE_ORDER if name in self.stages},
             "prepare_steps_s": dict(self.prepare_steps),
             "step_s": list(self.step_seconds),
+            "warm_up_steps": list(self.warm_up_steps),
             "denoise_s_per_step": self.denoise_seconds_per_step,
             "memory_kind": peak.label if peak else None,
             "peak_allocated_gib": peak.allocated_gib if peak else None,
@@ -181,6 +188,7 @@ class RunRecorder:
         self.total_steps = 0
         self._steps_done = 0
         self._excluded_from_step = 0.0
+        self._step_warmed_up = False
         self._denoise_end = 0.0
 
     def elapsed(self) -> float:
@@ -231,9 +239,11 @@ class RunRecorder:
             else:
                 self.telemetry.add_stage(name, seconds)
 
-    def exclude_from_current_step(self, seconds: float) -> None:
-        """Work done inside a step that is not the step's own (e.g. the compile warm-up)."""
+    def exclude_from_current_step(self, seconds: float, warm_up: bool = False) -> None:
+        """Work done inside a step that is not the step's own; `warm_up`: a compiling first call, after which the
+        step's remaining time is not a steady-state step."""
         self._excluded_from_step += seconds
+        self._step_warmed_up |= warm_up
 
     def timed_steps(self, timesteps):
         """Wraps the denoising loop's iterable (DiffSynth's progress_bar_cmd): times each step as it finishes."""
@@ -244,10 +254,12 @@ class RunRecorder:
             self.check_cancelled()
             synchronize(self.device)
             start = time.perf_counter()
-            self._excluded_from_step = 0.0
+            self._excluded_from_step, self._step_warmed_up = 0.0, False
             yield timestep
             synchronize(self.device)
             seconds = time.perf_counter() - start - self._excluded_from_step
+            if self._step_warmed_up:
+                self.telemetry.warm_up_steps.append(len(self.telemetry.step_seconds))
             self.telemetry.step_seconds.append(seconds)
             self.telemetry.add_stage("denoising", seconds)
             self._steps_done += 1

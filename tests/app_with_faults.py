@@ -46,7 +46,8 @@ def out_of_memory():
 
 
 def inject_out_of_memory(faults: dict) -> None:
-    from ghostedit.engine import Engine, _instrumented
+    from ghostedit.engine import Engine
+    from ghostedit.engine.runner import _Instrumented
 
     current = threading.local()  # the request of the attempt running in this thread (the engine runs one at a time)
 
@@ -62,7 +63,7 @@ def inject_out_of_memory(faults: dict) -> None:
             return True
         return False
 
-    run, build, model_fn = Engine._run, Engine._build, _instrumented._timed_model_fn
+    run, build, model_fn = Engine._run, Engine._build, _Instrumented._model_fn
 
     def run_noting_the_request(self, request, *args):
         current.request = request
@@ -81,7 +82,7 @@ def inject_out_of_memory(faults: dict) -> None:
             raise out_of_memory()
         return model_fn(self, **inputs)
 
-    Engine._run, Engine._build, _instrumented._timed_model_fn = run_noting_the_request, build_or_fail, model_fn_or_fail
+    Engine._run, Engine._build, _Instrumented._model_fn = run_noting_the_request, build_or_fail, model_fn_or_fail
 
 
 def main() -> None:

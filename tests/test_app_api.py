@@ -49,7 +49,7 @@ def test_two_configurations_give_two_comparison_rows(app):
     session.predict(**inputs(), api_name="/edit")
     second = session.predict(**inputs(fp8="storage"), api_name="/edit")
     baseline, fp8 = rows(second[TABLE])  # exactly two: other tests' sessions never show here
-    assert baseline["run"] == "#1 (baseline)" and baseline["configuration"] == "bf16"
+    assert baseline["run"] == "#1 (baseline)" and baseline["configuration"] == "stock"
     assert fp8["configuration"] == "fp8-storage"
     assert fp8["speedup e2e ×"] > 0 and fp8["speedup s/step ×"] > 0
     assert 25 < float(fp8["PSNR dB"]) < math.inf and 0 < fp8["SSIM"] < 1
@@ -58,8 +58,8 @@ def test_two_configurations_give_two_comparison_rows(app):
 
 def test_identical_second_run_is_a_cache_hit(app):
     session = client(app)
-    first = session.predict(**inputs(attention="sdpa-math"), api_name="/edit")
-    second = session.predict(**inputs(attention="sdpa-math"), api_name="/edit")
+    first = session.predict(**inputs(rewrites=["joint-layout"]), api_name="/edit")
+    second = session.predict(**inputs(rewrites=["joint-layout"]), api_name="/edit")
     assert first[RUN_JSON]["telemetry"]["cache_hit"] is False
     assert second[RUN_JSON]["telemetry"]["cache_hit"] is True
     assert [row["cache"] for row in rows(second[TABLE])] == ["miss", "hit"]
@@ -71,7 +71,7 @@ def test_run_variants_fills_the_comparison(app):
                                  variants=["baseline", "lora-fused", "lora-runtime"], api_name="/run_variants")
     table = rows(result[TABLE])
     assert [row["configuration"] for row in table] == [
-        "bf16", "bf16 + lora-tiny_lora_peft-fused@1", "bf16 + lora-tiny_lora_peft-runtime@1"]
+        "stock", "lora-tiny_lora_peft-fused@1", "lora-tiny_lora_peft-runtime@1"]
     assert table[0]["run"].endswith("(baseline)")
     fused, runtime = table[1:]
     assert float(fused["PSNR dB"]) < 40  # the LoRA changes the picture
@@ -86,7 +86,7 @@ def test_run_variants_fills_the_comparison(app):
     (dict(prompt="  "), "prompt is empty"),
     (dict(lora="../../etc/passwd"), "not a LoRA name"),
     (dict(lora="missing.safetensors"), "no LoRA named"),
-    (dict(compile_mode="off", rewrites=["inductor-cdt"]), "needs compile on"),
+    (dict(compile="off", rewrites=["inductor-cdt"]), "inductor-cdt needs compile set to anything but off"),
 ])
 def test_refused_runs_say_why_and_the_app_keeps_serving(app, overrides, message):
     session = client(app)
@@ -131,7 +131,7 @@ def test_lora_upload_is_saved_under_a_safe_name(app, tmp_path):
     assert (app.lora_dir / "my_ghost_style.safetensors").read_bytes() == upload.read_bytes()
     assert "my_ghost_style.safetensors" in message
     result = client(app).predict(**inputs(lora="my_ghost_style.safetensors", lora_mode="runtime"), api_name="/edit")
-    assert "24 layers matched" in result[RUN_JSON]["prepared_report"]["lora"]
+    assert "24 layers matched" in result[RUN_JSON]["prepared_report"]["LoRA my_ghost_style"]
 
 
 def test_lora_upload_refuses_a_file_that_is_not_safetensors(app, tmp_path):

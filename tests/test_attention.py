@@ -6,17 +6,21 @@ import time
 import pytest
 import torch
 
-from ghostedit import OptimizationConfig, bench_dit
-from ghostedit.bench_dit import dit_inputs
-from ghostedit.models import load_base_dit, resolve
+from dit_helpers import dit_engine, dit_output, inputs_for
+from ghostedit import OptimizationConfig
+from ghostedit.bench.dit import relative_error
+from ghostedit.engine.prepare import clone_sharing_weights
 from ghostedit.optimize import attention, fp8_attention, rewrites
-from ghostedit.recipe import clone_sharing_weights, prepare_dit
-from ghostedit.telemetry import RunRecorder
 
 
 @pytest.fixture(scope="module")
-def tiny_dit():
-    return load_base_dit(resolve("tiny"), "cpu", torch.float32)
+def tiny_engine():
+    return dit_engine()
+
+
+@pytest.fixture(scope="module")
+def tiny_dit(tiny_engine):
+    return tiny_engine.load().dit
 
 
 def test_fp8_attention_is_unavailable_on_a_cpu_with_the_reason():
@@ -115,9 +119,8 @@ def test_joint_attention_is_diffsynths_and_its_bounds_hold(tiny_dit):
 
 
 @pytest.mark.parametrize("rewrites", [("real-rope",), ("joint-layout",), ("fused-qkv",), ("real-rope", "joint-layout")])
-def test_lossless_rewrites_keep_the_dits_output(tiny_dit, rewrites):
-    inputs = dit_inputs(tiny_dit, 64, 64, 8, "cpu", torch.float32)
-    stock = bench_dit.forward(tiny_dit, inputs, OptimizationConfig(), "diffsynth")
-    config = OptimizationConfig(rewrites=rewrites)
-    dit, _ = prepare_dit(tiny_dit, config, RunRecorder("cpu"), "cpu")
-    assert bench_dit.relative_error(bench_dit.forward(dit, inputs, config, "diffsynth"), stock) < 1e-5
+def test_lossless_rewrites_keep_the_dits_output(tiny_engine, rewrites):
+    inputs = inputs_for(tiny_engine)
+    stock = dit_output(tiny_engine, OptimizationConfig(), inputs)
+    changed = dit_output(tiny_engine, OptimizationConfig(rewrites=rewrites), inputs)
+    assert relative_error(changed, stock) < 1e-5

@@ -2,11 +2,8 @@
 import torch
 from torch._dynamo.utils import compile_times, counters
 
-from ghostedit.bench_dit import dit_inputs, forward
+from dit_helpers import dit_engine, dit_output, inputs_for
 from ghostedit.config import OptimizationConfig
-from ghostedit.models import load_base_dit, resolve
-from ghostedit.recipe import prepare_dit
-from ghostedit.telemetry import RunRecorder
 
 
 def test_compiled_blocks_are_traced_and_compiled_once():
@@ -16,12 +13,11 @@ def test_compiled_blocks_are_traced_and_compiled_once():
     torch._dynamo.reset()
     counters.clear()
     config = OptimizationConfig(compile="regional", rewrites=("real-rope",))
-    base = load_base_dit(resolve("tiny"), "cpu", torch.float32)
-    dit, _ = prepare_dit(base, config, RunRecorder("cpu"), "cpu")
-    inputs = dit_inputs(dit, 64, 64, 8, "cpu", torch.float32)
-    first = forward(dit, inputs, config, "diffsynth")
-    again = forward(dit, inputs, config, "diffsynth")
+    engine = dit_engine()
+    inputs = inputs_for(engine)
+    first = dit_output(engine, config, inputs)
+    again = dit_output(engine, config, inputs)
     assert torch.equal(first, again)
-    assert len(dit.transformer_blocks) > 1
+    assert len(engine.load().dit.transformer_blocks) > 1
     assert counters["frames"]["total"] == 1, dict(counters["frames"])
     assert "compile_attempt_1" not in compile_times(repr="str", aggregate=True)

@@ -13,7 +13,9 @@ import torch
 from PIL import Image
 
 from ghostedit import EditRequest, LoraChoice, OptimizationConfig
-from ghostedit.engine import OUT_OF_MEMORY_RETRY_NOTE, Engine, _instrumented
+from ghostedit.engine import Engine
+from ghostedit.engine.recovery import OUT_OF_MEMORY_RETRY_NOTE
+from ghostedit.engine.runner import _Instrumented
 from ghostedit.errors import GhostEditError, GpuOutOfMemoryError, InputImageError, InvalidRequestError
 from ghostedit.images import image_notes, load_image
 from ghostedit.loras import list_loras, resolve_lora, save_uploaded_lora
@@ -159,7 +161,7 @@ def test_bad_loras_leave_cached_pipelines_and_base_weights_untouched(engine, hou
     base = {name: p.detach().clone() for name, p in engine.load().dit.named_parameters()}
     for case, (path, message) in bad_loras.items():
         for mode in ("fused", "runtime"):
-            config = OptimizationConfig(lora=LoraChoice.from_file(path, mode=mode), fp8="storage")
+            config = OptimizationConfig(loras=(LoraChoice.from_file(path, mode=mode),), fp8="storage")
             with pytest.raises(LoraError, match=message):
                 engine.run(request(house), config)
     assert [entry["config"] for entry in engine.cached()] == cached
@@ -211,8 +213,8 @@ def test_uploaded_lora_is_checked_by_content_and_stored_under_a_safe_name(engine
         with pytest.raises(LoraError, match=r"^evil\.safetensors "):
             save_uploaded_lora(folder, bad_loras[case][0], "../../evil.safetensors")
     assert list_loras(folder) == sorted([name, second], key=str.lower)
-    result = engine.run(request(house), OptimizationConfig(lora=LoraChoice.from_file(resolve_lora(folder, name))))
-    assert "layers matched" in result.prepared_report["lora"]
+    result = engine.run(request(house), OptimizationConfig(loras=(LoraChoice.from_file(resolve_lora(folder, name)),)))
+    assert "layers matched" in result.prepared_report["LoRA My_Ghost_v2 (fused)"]
 
 
 def test_check_lora_file_counts_layers():
@@ -225,7 +227,7 @@ def _spy_on_dit_calls(monkeypatch, before_call=None):
     """Weak references to every tensor the DiT is called with, through the engine's own hook; `before_call(n)` runs
     before the n-th call and may raise."""
     tensors, calls = [], []
-    original = _instrumented._timed_model_fn
+    original = _Instrumented._model_fn
 
     def spy(self, **inputs):
         calls.append(len(tensors))
@@ -234,7 +236,7 @@ def _spy_on_dit_calls(monkeypatch, before_call=None):
             before_call(len(calls))
         return original(self, **inputs)
 
-    monkeypatch.setattr(_instrumented, "_timed_model_fn", spy)
+    monkeypatch.setattr(_Instrumented, "_model_fn", spy)
     return tensors, calls
 
 
@@ -278,9 +280,9 @@ def test_out_of_memory_while_preparing_retries(engine, house, monkeypatch):
     result = engine.run(request(house, steps=1), OptimizationConfig(fp8="storage"))
     assert builds == ["fp8-storage"] * 2 and OUT_OF_MEMORY_RETRY_NOTE in result.telemetry.notes
     failures.append(_out_of_memory())
-    prepared, hit = engine.prepare(OptimizationConfig(attention="sdpa-math"))  # preparing alone recovers too
-    assert not hit and builds[2:] == ["bf16 + sdpa-math"] * 2
-    assert [entry["config"] for entry in engine.cached()] == ["bf16 + sdpa-math"]
+    prepared, hit = engine.prepare(OptimizationConfig(rewrites=("real-rope",)))  # preparing alone recovers too
+    assert not hit and builds[2:] == ["real-rope"] * 2
+    assert [entry["config"] for entry in engine.cached()] == ["real-rope"]
 
 
 def test_out_of_memory_twice_is_a_clear_error_and_the_next_edit_succeeds(engine, house, monkeypatch):
@@ -289,7 +291,7 @@ def test_out_of_memory_twice_is_a_clear_error_and_the_next_edit_succeeds(engine,
         raise _out_of_memory()
 
     tensors, _ = _spy_on_dit_calls(monkeypatch, always)
-    with pytest.raises(GpuOutOfMemoryError, match=r"out of (GPU )?memory while running a 128x128 edit with bf16 "
+    with pytest.raises(GpuOutOfMemoryError, match=r"out of (GPU )?memory while running a 128x128 edit with stock "
                                                   r"\(it needed another 2.00 GiB\): GhostEdit freed every cached "
                                                   r"pipeline and tried once more.*smaller output size") as failed:
         engine.run(request(house, seed=9, steps=1))
@@ -393,7 +395,7 @@ def test_concurrent_callers_each_get_their_own_result_and_telemetry(engine, hous
     cancelled_job, foreign_job, gif_job = 6, 7, 5
     requests = [request(gif if index == gif_job else house, seed=200 + index, steps=count)
                 for index, count in enumerate(steps)]
-    foreign = OptimizationConfig(lora=LoraChoice.from_file(ensure_foreign_lora()))
+    foreign = OptimizationConfig(loras=(LoraChoice.from_file(ensure_foreign_lora()),))
     cancel = threading.Event()
     events = [[] for _ in requests]
     outcomes = {}

@@ -86,7 +86,7 @@ def test_history_exports_csv_and_json(results, tmp_path):
     for result in results:
         history.add(result)
     csv_path, json_path = history.write_exports(tmp_path)
-    assert pd.read_csv(csv_path)["configuration"].tolist() == ["bf16", "fp8-storage", "bf16"]
+    assert pd.read_csv(csv_path)["configuration"].tolist() == ["stock", "fp8-storage", "stock"]
     exported = json.loads(json_path.read_text())
     assert [run["baseline"] for run in exported["runs"]] == [True, False, False]
     assert exported["runs"][0]["versus_baseline"]["psnr_db"] == "identical"
@@ -104,12 +104,12 @@ def test_history_keeps_a_baseline_when_cleared_and_refilled(results):
 
 def test_variants_add_one_panel_setting_each_and_run_duplicates_once():
     lora = LoraChoice.from_file(ensure_tiny_lora("peft"), 0.5, "runtime")
-    panel = OptimizationConfig(lora=lora, fp8="storage", compile="regional")
+    panel = OptimizationConfig(loras=(lora,), fp8="storage", compile="regional")
     runs, notes = variant_configs(["all", "baseline", "fp8", "lora-fused", "compile"], panel)
     assert [name for name, _ in runs] == ["baseline", "lora-fused", "fp8", "compile", "all"]
     configs = dict(runs)
     assert configs["baseline"] == OptimizationConfig()
-    assert configs["lora-fused"].lora.mode == "fused" and configs["lora-fused"].lora.scale == 0.5
+    assert configs["lora-fused"].loras[0].mode == "fused" and configs["lora-fused"].loras[0].scale == 0.5
     assert configs["fp8"] == OptimizationConfig(fp8="storage") and configs["all"] == panel
     assert notes == []
     runs, notes = variant_configs(["baseline", "all"], OptimizationConfig())

@@ -9,6 +9,23 @@ import torch
 from ..device import Availability
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
+# Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
+# model; Qwen2.5-VL-7B with its vision tower; the VAE): what placement plans with before the weights are loaded
+FULL_SIZE_PARAMETERS = {"dit": 20_430_000_000, "text_encoder": 8_290_000_000, "vae": 127_000_000}
+TINY_PARAMETERS = {"dit": 340_480, "text_encoder": 226_272, "vae": 668_043}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Bytes of each component in the dtypes it runs in."""
+    dit: int
+    text_encoder: int
+    vae: int
+
+    def prepared_dit(self, config) -> int:
+        """What a configuration's DiT adds on the GPU when the base is not there: FP8 halves the linear weights
+        (Transformer Engine keeps bf16 masters: no saving)."""
+        return self.dit // 2 if config.value("fp8") in ("storage", "torchao") else self.dit
 
 
 @dataclass(frozen=True)
@@ -18,6 +35,11 @@ class ModelSpec:
     default_area: int     # output pixels when the request gives no size
     default_steps: int
 
+    def nominal_sizes(self, dtypes: dict[str, torch.dtype]):
+        """Bytes of each component in its dtype, from the model's parameter counts (before anything is loaded)."""
+        parameters = TINY_PARAMETERS if self.kind == "tiny" else FULL_SIZE_PARAMETERS
+        return Sizes(*(parameters[name] * dtypes[name].itemsize for name in ("dit", "text_encoder", "vae")))
+
     @property
     def description(self) -> str:
         return {
@@ -26,6 +48,11 @@ class ModelSpec:
             "hub": f"{self.source} from the model hub",
             "local": f"weights in {self.source}",
         }[self.kind]
+
+
+def default_source(device: str) -> str:
+    """The model the app and the CLI use unless told: the tiny one without a GPU, the released one with."""
+    return DEFAULT_REPO if device.startswith("cuda") else "tiny"
 
 
 def resolve(source: str) -> ModelSpec:
@@ -45,27 +72,34 @@ def availability(spec: ModelSpec, device: str) -> Availability:
     return Availability.yes()
 
 
-def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype]):
+def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype], base_dit_on_gpu: bool = True,
+                       dit_only: bool = False):
     """The unmodified pipeline every prepared configuration derives from, each component in its dtype (see
-    dtypes.py); the pipeline's own dtype is the DiT's."""
+    dtypes.py; the pipeline's own dtype is the DiT's), the DiT in pinned host memory unless `base_dit_on_gpu`.
+    `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else."""
     from .dtypes import apply_component_dtypes
     torch_dtype = dtypes["dit"]
+    if spec.kind == "synthetic" and dit_only:
+        from diffsynth.pipelines.qwen_image import QwenImagePipeline
+        from .synthetic import build_synthetic_dit
+        pipe = QwenImagePipeline(device=device, torch_dtype=torch_dtype)
+        pipe.dit = build_synthetic_dit(device, torch_dtype, in_host_memory=not base_dit_on_gpu)
+        return pipe
     if spec.kind == "tiny":
         from .tiny import load_tiny_pipeline
         pipe = load_tiny_pipeline(device, torch_dtype)
     elif spec.kind == "synthetic":
         from .synthetic import build_synthetic_pipeline
-        pipe = build_synthetic_pipeline(device, torch_dtype)
+        pipe = build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu)
     else:
         from .hub import load_pretrained_pipeline
         pipe = load_pretrained_pipeline(spec, device, torch_dtype)
+        if not base_dit_on_gpu and device.startswith("cuda"):
+            pipe.dit.to("cpu")  # DiffSynth's loader puts every weight on the device first
     apply_component_dtypes(pipe, dtypes)
+    if dit_only:
+        pipe.text_encoder = pipe.vae = None
     return pipe
 
 
-def load_base_dit(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype]):
-    """The unmodified DiT alone, for DiT-level benchmarks: the synthetic one is built without the rest."""
-    if spec.kind == "synthetic":
-        from .synthetic import build_synthetic_dit
-        return build_synthetic_dit(device, dtypes["dit"])
-    return load_base_pipeline(spec, device, dtypes).dit
+

@@ -10,22 +10,24 @@ import contextlib
 
 import torch
 
-from ..device import Availability, needs_cuda
+from ..device import Availability, gpu_capacity_bytes, needs_cuda
 from .processor import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, load_processor, special_token_ids, write_processor
 from ..paths import ghostedit_home
 
 # GPT-style init: with PyTorch's default (Kaiming) init the modulation gates come out near zero and the blocks barely
 # change the residual stream, so quantization errors would be measured on a near-identity network.
 INIT_STD = 0.02
-# bf16 weights: DiT 38 GiB + text encoder 15.5 GiB + VAE, plus room for activations
-MIN_GPU_GIB = 64
+# The released DiT's shape (diffsynth's QwenImageDiT hardcodes it too)
+DIT_LAYERS, DIT_WIDTH, DIT_HEADS = 60, 3072, 24
+# an FP8 DiT (19.5 GiB) and room for activations: a smaller card runs it with memory=low (engine/placement.py)
+MIN_GPU_GIB = 22
 
 
 def availability(device: str) -> Availability:
     gpu = needs_cuda(device, "the full-size synthetic model")
     if not gpu.ok:
         return gpu
-    total = torch.cuda.get_device_properties(torch.device(device)).total_memory / 1024**3
+    total = gpu_capacity_bytes(device) / 1024**3
     if total < MIN_GPU_GIB:
         return Availability.no(f"the full-size synthetic model needs a GPU with {MIN_GPU_GIB} GiB; this one has {total:.0f}")
     return Availability.yes()
@@ -50,13 +52,13 @@ def processor_folder():
     return folder
 
 
-def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype):
+def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype, dit_in_host_memory: bool = False):
     from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
     from diffsynth.models.qwen_image_vae import QwenImageVAE
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
     folder = processor_folder()
-    dit = build_synthetic_dit(device, torch_dtype)
+    dit = build_synthetic_dit(device, torch_dtype, in_host_memory=dit_in_host_memory)
     with _created_on(device, torch_dtype):
         text_encoder, vae = QwenImageTextEncoder().eval(), QwenImageVAE().eval()
     _use_token_ids(text_encoder, special_token_ids(folder))
@@ -67,24 +69,40 @@ def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype):
     return pipe
 
 
-def build_synthetic_dit(device: str, torch_dtype: torch.dtype):
-    """The full-size DiT alone, with the same random weights every time."""
-    from diffsynth.models.qwen_image_dit import QwenImageDiT
+def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: bool = False):
+    """The full-size DiT, with the same random weights every time. `in_host_memory`: each of its 60 blocks is made
+    on the device and moved to pinned host memory at once, so the device never holds more than one block."""
+    from diffsynth.models.qwen_image_dit import QwenImageDiT, QwenImageTransformerBlock
     with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
         torch.manual_seed(0)
         with _created_on(device, torch_dtype):
-            dit = QwenImageDiT().eval()
+            dit = QwenImageDiT(num_layers=0).eval()
         _init_like_trained(dit)
-    return dit
+        for _ in range(DIT_LAYERS):
+            with _created_on(device, torch_dtype):
+                block = QwenImageTransformerBlock(dim=DIT_WIDTH, num_attention_heads=DIT_HEADS,
+                                                  attention_head_dim=DIT_WIDTH // DIT_HEADS).eval()
+            _init_like_trained(block)
+            dit.transformer_blocks.append(_pinned(block) if in_host_memory else block)
+    return _pinned(dit) if in_host_memory else dit
 
 
 @torch.no_grad()
-def _init_like_trained(dit) -> None:
-    for module in dit.modules():
-        if isinstance(module, torch.nn.Linear):
-            module.weight.normal_(std=INIT_STD)
-            if module.bias is not None:
-                module.bias.zero_()
+def _init_like_trained(module) -> None:
+    for linear in module.modules():
+        if isinstance(linear, torch.nn.Linear):
+            linear.weight.normal_(std=INIT_STD)
+            if linear.bias is not None:
+                linear.bias.zero_()
+
+
+@torch.no_grad()
+def _pinned(module: torch.nn.Module) -> torch.nn.Module:
+    """The module's tensors moved to pinned host memory (fast copies back to the GPU), one tensor at a time."""
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if not tensor.is_pinned():
+            tensor.data = tensor.data.to("cpu").pin_memory()
+    return module
 
 
 def _use_token_ids(text_encoder, ids: dict) -> None:

@@ -79,6 +79,10 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     return len(blocks)
 
 
+def is_compiled(model: torch.nn.Module) -> bool:
+    return any(block._compiled_call_impl is not None for block in compiled_blocks(model))
+
+
 def revert_to_eager(model: torch.nn.Module) -> None:
     for block in compiled_blocks(model):
         block._compiled_call_impl = None

@@ -180,25 +180,35 @@ def fuse_lora(model: torch.nn.Module, lora: MatchedLora, scale: float) -> int:
     return len(lora.layers)
 
 
-def attach_runtime_lora(model: torch.nn.Module, lora: MatchedLora) -> int:
-    """Wraps the matched layers in PEFT LoRA layers. Layers of lower rank are zero-padded to the highest rank, which
-    leaves B @ A unchanged and lets one LoraConfig describe every layer."""
+def attach_runtime_loras(model: torch.nn.Module, loras: list[tuple[str, MatchedLora]]) -> int:
+    """Wraps the matched layers in PEFT LoRA layers, one adapter per (name, LoRA), all active at scale 0 until
+    set_runtime_scales. Layers of lower rank are zero-padded to the adapter's highest rank, which leaves B @ A
+    unchanged and lets one LoraConfig describe every layer of an adapter."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    rank = max(layer.down.shape[0] for layer in lora.layers.values())
-    config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(lora.layers), lora_dropout=0.0)
-    inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
     units = {}
-    for name, layer in lora.layers.items():
-        peft_layer = model.get_submodule(name)
-        down, up = _pad_rank(layer, rank)
-        a, b = peft_layer.lora_A[ADAPTER_NAME].weight, peft_layer.lora_B[ADAPTER_NAME].weight
-        with torch.no_grad():
-            a.copy_(down)
-            b.zero_()  # scale 0 until a run sets it
-        units[name] = (up * layer.factor).to(device=b.device, dtype=b.dtype)
+    for name, lora in loras:
+        adapter = _adapter_name(name)
+        rank = max(layer.down.shape[0] for layer in lora.layers.values())
+        config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(lora.layers), lora_dropout=0.0)
+        inject_adapter_in_model(config, model, adapter_name=adapter)
+        for layer_name, layer in lora.layers.items():
+            peft_layer = model.get_submodule(layer_name)
+            down, up = _pad_rank(layer, rank)
+            a, b = peft_layer.lora_A[adapter].weight, peft_layer.lora_B[adapter].weight
+            with torch.no_grad():
+                a.copy_(down)
+                b.zero_()
+            units[(adapter, layer_name)] = (up * layer.factor).to(device=b.device, dtype=b.dtype)
+    for module in model.modules():  # PEFT activates only the last injected adapter; every one is meant to run
+        if hasattr(module, "set_adapter") and hasattr(module, "lora_A"):
+            module.set_adapter([_adapter_name(name) for name, _ in loras])
     model.ghostedit_runtime_lora = units
     return len(units)
+
+
+def _adapter_name(name: str) -> str:
+    return f"{ADAPTER_NAME}_{name[:16]}"
 
 
 def _pad_rank(layer: LoraLayer, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,12 +218,21 @@ def _pad_rank(layer: LoraLayer, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return down, up
 
 
-def set_runtime_lora_scale(model: torch.nn.Module, scale: float) -> None:
-    """Sets a runtime LoRA's strength by rewriting its small B matrices: no reload, and no recompile of a compiled
-    model (a weight's values change, not the traced program)."""
+def set_runtime_scales(model: torch.nn.Module, scales: dict[str, float]) -> None:
+    """Sets each runtime LoRA's strength ({name given to attach_runtime_loras: scale}) by rewriting its small B
+    matrices: no reload, and no recompile of a compiled model (a weight's values change, not the traced program)."""
     with torch.no_grad():
-        for name, unit in model.ghostedit_runtime_lora.items():
-            model.get_submodule(name).lora_B[ADAPTER_NAME].weight.copy_(unit * scale)
+        for (adapter, layer_name), unit in model.ghostedit_runtime_lora.items():
+            scale = next(scale for name, scale in scales.items() if _adapter_name(name) == adapter)
+            model.get_submodule(layer_name).lora_B[adapter].weight.copy_(unit * scale)
+
+
+def write_weight_in_place(linear: torch.nn.Module, weight: torch.Tensor) -> None:
+    """Writes new values into the weight tensor a layer already holds (compiled code keeps reading that tensor)."""
+    target = linear.weight
+    if type(target) not in (torch.Tensor, torch.nn.Parameter):
+        raise LoraError(f"fused LoRA switching into {type(target).__name__} weights is not supported yet")
+    target.data.copy_(weight.to(target.dtype))
 
 
 def has_runtime_lora(model: torch.nn.Module) -> bool:

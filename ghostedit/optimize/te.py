@@ -15,8 +15,10 @@ import torch
 
 from ..device import Availability, load_torch_cudnn, needs_cuda
 
-_IMAGE_STREAM_SKIP = ("txt_", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "_mod.", "time_text_embed",
-                      "norm_out")
+# The text stream's linears (as separate projections, or fused by the fused-qkv rewrite), the modulation and the
+# timestep embedding: their inputs are not a multiple of 16 tokens
+_IMAGE_STREAM_SKIP = ("txt_", "add_q_proj", "add_k_proj", "add_v_proj", "add_qkv", "to_add_out", "_mod.",
+                      "time_text_embed", "norm_out")
 
 
 def availability(device: str) -> Availability:
@@ -26,7 +28,7 @@ def availability(device: str) -> Availability:
     # Found, not imported: importing TE changes the whole process (see docs/benchmarks.md), so only a run that
     # asks for TE pays for it; a broken install then fails at preparation with TE's own message.
     if importlib.util.find_spec("transformer_engine") is None:
-        return Availability.no("transformer_engine is not installed (see scripts/build_te_wheel.sh)")
+        return Availability.no("transformer_engine is not installed (see scripts/gpu/build_te_wheel.sh)")
     return Availability.yes()
 
 
@@ -53,11 +55,16 @@ def _model_init(fp8_recipe):
     return init(enabled=True, recipe=fp8_recipe)
 
 
+def image_stream_targets(eligible: dict[str, torch.nn.Linear]) -> list[tuple[str, torch.nn.Linear]]:
+    """The linears TE can take: the image stream's."""
+    return [(name, m) for name, m in eligible.items() if not any(part in name for part in _IMAGE_STREAM_SKIP)]
+
+
 def convert(model: torch.nn.Module, eligible: dict[str, torch.nn.Linear], report, device: str, scaling: str) -> None:
     """Replaces the eligible linears (by name) that TE can take with TE Linear layers; the rest stay bf16."""
     te = import_te()
     fp8_recipe = recipe(scaling)
-    targets = [(name, m) for name, m in eligible.items() if not any(part in name for part in _IMAGE_STREAM_SKIP)]
+    targets = image_stream_targets(eligible)
     refused = set(eligible) - {name for name, _ in targets}
     for name, linear in targets:
         linear.to(device)

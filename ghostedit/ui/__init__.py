@@ -4,12 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def create_app(model: str, lora_dir: str | Path, device: str | None = None):
+def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtype: str | None = None):
     """The Blocks app on an engine for `model` (loaded on the first run), with its queue: one GPU job at a time."""
     from ..engine import Engine
     from .layout import build_app
 
-    demo = build_app(Engine(model, device=device), Path(lora_dir))
+    demo = build_app(Engine(model, device=device, dtype=dtype), Path(lora_dir))
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 

@@ -20,8 +20,8 @@ from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live
 from .history import COMPARISON_RULE, History
-from .settings import (NO_LORA, VARIANTS, LoraLibrary, edit_request, panel_config, toggle_choices,
-                       uploaded_images, variant_configs)
+from .settings import (NO_LORA, LoraLibrary, edit_request, panel_config, toggle_choices, toggle_parameters,
+                       uploaded_images, variant_configs, variants)
 from .system import cache_table, hardware_markdown, options_json, options_table, system_report
 
 
@@ -68,21 +68,13 @@ class Handlers:
 
     # ---- one edit ----
 
-    # The page passes every value; a default of None makes a parameter optional for API clients (Gradio takes the
-    # component's initial value as the client's default, and the extra images have none). Values arrive as sent,
-    # unprocessed by Gradio (layout._wire_edit): the engine's objects check every one.
-    def edit(self, image, image_2=None, image_3=None, prompt=None, negative_prompt=None, steps=None, cfg_scale=None,
-             seed=None, width=None, height=None, lora=None, lora_mode=None, lora_scale=None, fp8=None, attention=None,
-             compile_mode=None, rewrites=None, history: History | None = None, request: gr.Request = None,
-             progress=gr.Progress()):
-        """Edits 1 to 3 images with an instruction under the chosen toggles. Streams the live status (markdown)
-        and progress (JSON: stage, step, total_steps, s/step, elapsed, ETA, memory) at every step, then returns
-        the before/after pair, the run summary, the run's telemetry (JSON) and the session's comparison table."""
+    # Values arrive as sent, unprocessed by Gradio (layout._wire_edit), as {API parameter: value}: the engine's
+    # objects check every one. layout.py gives these methods their API signature (api.py).
+    def edit(self, values: dict, history: History, request: gr.Request, progress):
         try:
-            config = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
+            config = panel_config(self.loras, values)
             self.engine.check(config)
-            edit = edit_request(uploaded_images([image, image_2, image_3], self.upload_folder), prompt,
-                                negative_prompt, steps, cfg_scale, seed, width, height)
+            edit = self._edit_request(values)
         except Exception as error:
             raise user_error(error) from error
         result = yield from self._stream(edit, config, request, progress, heading="")
@@ -92,29 +84,22 @@ class Handlers:
         yield (live.done_status(result), _before_after(result), live.run_summary(result),
                live.result_json(result, record.number), history.table(), history)
 
-    def run_variants(self, image, image_2=None, image_3=None, prompt=None, negative_prompt=None, steps=None,
-                     cfg_scale=None, seed=None, width=None, height=None, lora=None, lora_mode=None, lora_scale=None,
-                     fp8=None, attention=None, compile_mode=None, rewrites=None, variants=None,
-                     history: History | None = None, request: gr.Request = None, progress=gr.Progress()):
-        """Runs the same edit under several configurations in one go ("baseline", "lora-fused", "lora-runtime",
-        "fp8", "attention", "compile", "rewrites", "all": each "+" variant adds that one panel setting to the stock
-        baseline). Streams like /edit; each finished variant joins the comparison table, with "baseline" as its
-        baseline."""
+    def run_variants(self, values: dict, history: History, request: gr.Request, progress):
+        words = variants()
         try:
-            panel = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
-            runs, notes = variant_configs(variants, panel)
+            panel = panel_config(self.loras, values)
+            runs, notes = variant_configs(values.get("variants"), panel)
             for name, config in runs:  # refuse before the first run, not after an hour of them
                 try:
                     self.engine.check(config)
                 except UnavailableOptionError as error:
-                    raise UnavailableOptionError(f"“{VARIANTS[name]}”: {error}") from error
-            edit = edit_request(uploaded_images([image, image_2, image_3], self.upload_folder), prompt,
-                                negative_prompt, steps, cfg_scale, seed, width, height)
+                    raise UnavailableOptionError(f"“{words[name]}”: {error}") from error
+            edit = self._edit_request(values)
         except Exception as error:
             raise user_error(error) from error
         finished = []
         for index, (name, config) in enumerate(runs, 1):
-            heading = f"**Variant {index} of {len(runs)}: {VARIANTS[name]}** ({config.label})\n\n"
+            heading = f"**Variant {index} of {len(runs)}: {words[name]}** ({config.label})\n\n"
             result = yield from self._stream(edit, config, request, progress, heading)
             if result is None:
                 return
@@ -129,6 +114,11 @@ class Handlers:
             yield (status, _before_after(result), live.run_summary(result),
                    {"state": "done" if index == len(runs) else "running", "runs": finished, "notes": notes},
                    history.table(), history)
+
+    def _edit_request(self, values: dict):
+        images = uploaded_images([values.get(name) for name in ("image", "image_2", "image_3")], self.upload_folder)
+        return edit_request(images, values.get("prompt"), values.get("negative_prompt"), values.get("steps"),
+                            values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"))
 
     def _stream(self, edit, config, request: gr.Request, progress, heading: str):
         """Yields the live view while the engine runs; returns the result, or None when the run was cancelled."""
@@ -185,9 +175,10 @@ class Handlers:
                           "machine.")
         return " ".join(notice)
 
-    def panel_notice(self, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites) -> str:
+    def panel_notice(self, *values) -> str:
+        """The prepare notice for the panel's toggles, in the order of toggle_parameters()."""
         try:
-            config = panel_config(self.loras, lora, lora_mode, lora_scale, fp8, attention, compile_mode, rewrites)
+            config = panel_config(self.loras, dict(zip(toggle_parameters(), values)))
         except Exception as error:
             return f"⚠️ {html.escape(str(error), quote=False)}"
         return self.prepare_notice(config)
@@ -254,7 +245,7 @@ class Handlers:
         return {
             "options": options_json(self.options),
             "loras": [value for _, value in self.loras.choices()],
-            "variants": dict(VARIANTS),
+            "variants": variants(),
             "model": {"source": self.engine.spec.source, "default_steps": self.engine.spec.default_steps},
         }
 

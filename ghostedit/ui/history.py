@@ -47,11 +47,10 @@ class RunRecord:
 
 def record_from_result(result, number: int) -> RunRecord:
     request, config = result.request, result.config
-    lora = config.lora
-    toggles = {"lora": None if lora is None else {"name": lora.name, "mode": lora.mode, "scale": lora.scale,
-                                                  "sha256": lora.sha256},
-               "fp8": config.fp8, "attention": config.attention, "compile": config.compile,
-               "rewrites": list(config.rewrites)}
+    toggles = {"loras": [{"name": lora.name, "mode": lora.mode, "scale": lora.scale, "sha256": lora.sha256}
+                         for lora in config.loras],
+               **{setting: list(value) if isinstance(value, tuple) else value
+                  for setting, value in config.settings().items()}}
     params = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "steps": request.steps,
               "cfg_scale": request.cfg_scale, "seed": request.seed, "width": result.width, "height": result.height,
               "input_images": len(result.inputs)}

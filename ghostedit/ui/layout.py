@@ -8,9 +8,13 @@ import gradio as gr
 
 from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
+from .. import figures
 from .handlers import Handlers
 from .history import COLUMNS, History
-from .settings import ATTENTION_MEASURED, DEFAULT_VARIANTS, FP8_MEASURED, NO_LORA, VARIANTS
+from ..optimize import registry
+from . import api
+from .settings import (DEFAULT_VARIANTS, LORA_SLOTS, NO_LORA, lora_parameter, lora_parameters, setting_parameter,
+                       variants)
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EXAMPLES = [
@@ -85,9 +89,11 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
             ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
             with gr.Accordion("Run telemetry (JSON)", open=False):
                 ui.run_json = gr.JSON(elem_id="run_json")
-    ui.toggles = [ui.lora, ui.lora_mode, ui.lora_scale, ui.fp8, ui.attention, ui.compile_mode, ui.rewrites]
-    ui.panel = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
-                ui.width, ui.height] + ui.toggles  # the order of Handlers.edit's parameters
+    ui.toggles = [ui.controls[name] for name in lora_parameters()] + [ui.controls[setting_parameter(setting)]
+                                                                      for setting in registry.settings()]
+    ui.request = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
+                  ui.width, ui.height]
+    ui.panel = ui.request + ui.toggles  # the order of api.edit_parameters()
     return ui
 
 
@@ -120,37 +126,56 @@ def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
                                  info="0: from the input's aspect ratio", elem_id="width")
             ui.height = gr.Slider(0, SIZE_RANGE[1], value=0, step=16, label="Output height",
                                   info="0: from the input's aspect ratio", elem_id="height")
+    ui.controls = {}
+    with gr.Accordion("LoRAs", open=True):
+        _lora_slots(ui, handlers)
     with gr.Accordion("Speed toggles", open=True):
-        with gr.Row(equal_height=True):
-            ui.lora = gr.Dropdown(handlers.loras.choices(), value=NO_LORA, label="LoRA", scale=3, elem_id="lora",
-                                  allow_custom_value=True,  # files added later are checked by LoraLibrary.path
-                                  info=f"*.safetensors files in {handlers.loras.folder}")
-            ui.lora_upload = gr.UploadButton("⬆ Upload a LoRA", file_types=[".safetensors"], scale=1, size="sm",
-                                             elem_id="lora_upload")
-        ui.lora_message = gr.Markdown(elem_classes="ghost-note")
-        with gr.Row():
-            ui.lora_mode = gr.Radio([("fused into the weights", "fused"), ("runtime (PEFT layers)", "runtime")],
-                                    value="fused", label="LoRA mode", elem_id="lora_mode")
-            ui.lora_scale = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="LoRA scale", elem_id="lora_scale")
-        ui.fp8 = gr.Dropdown(handlers.choices("fp8"), value="off", label="FP8", elem_id="fp8",
-                             info=FP8_MEASURED)
-        ui.attention = gr.Dropdown(handlers.choices("attention"), value="diffsynth", label="Attention backend",
-                                   elem_id="attention", info=ATTENTION_MEASURED)
-        ui.compile_mode = gr.Dropdown(handlers.choices("compile"), value="off", label="torch.compile",
-                                      elem_id="compile")
-        ui.rewrites = gr.CheckboxGroup(handlers.choices("rewrites"), value=[], elem_id="rewrites",
-                                       label="Lossless DiT rewrites", info="the same function with fewer kernels")
+        for setting in registry.settings():
+            ui.controls[setting_parameter(setting)] = _toggle_control(setting, handlers)
     ui.prepare_notice = gr.Markdown(elem_id="prepare_notice")
     with gr.Row():
         ui.run = gr.Button("Run", variant="primary", elem_id="run", scale=3)
         ui.cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=1)
 
 
+def _lora_slots(ui: SimpleNamespace, handlers: Handlers) -> None:
+    """LORA_SLOTS stacked LoRAs, each with its mode and scale; the first also takes uploads."""
+    for slot in range(1, LORA_SLOTS + 1):
+        with gr.Group(visible=True):
+            with gr.Row(equal_height=True):
+                ui.controls[lora_parameter(slot)] = gr.Dropdown(
+                    handlers.loras.choices(), value=NO_LORA, label="LoRA" if slot == 1 else f"LoRA {slot} (stacked)",
+                    scale=3, elem_id=lora_parameter(slot), allow_custom_value=True,  # checked by LoraLibrary.path
+                    info=f"*.safetensors files in {handlers.loras.folder}" if slot == 1 else None)
+                if slot == 1:
+                    ui.lora_upload = gr.UploadButton("⬆ Upload a LoRA", file_types=[".safetensors"], scale=1,
+                                                     size="sm", elem_id="lora_upload")
+            with gr.Row():
+                ui.controls[lora_parameter(slot, "mode")] = gr.Radio(
+                    [("fused into the weights", "fused"), ("runtime (PEFT layers)", "runtime")], value="fused",
+                    label="mode", elem_id=lora_parameter(slot, "mode"))
+                ui.controls[lora_parameter(slot, "scale")] = gr.Slider(
+                    -2.0, 2.0, value=1.0, step=0.05, label="scale", elem_id=lora_parameter(slot, "scale"))
+    ui.lora = ui.controls[lora_parameter(1)]
+    ui.lora_message = gr.Markdown(elem_classes="ghost-note")
+
+
+def _toggle_control(setting: str, handlers: Handlers):
+    """A dropdown for a toggle, a checkbox group for a group of flags; each choice this machine cannot run says
+    why (the handler refuses it)."""
+    if setting in registry.groups():
+        return gr.CheckboxGroup(handlers.choices(setting), value=[], elem_id=setting_parameter(setting),
+                                label="Lossless DiT rewrites", info="the same function with fewer kernels")
+    toggle = registry.get(setting)
+    return gr.Dropdown(handlers.choices(setting), value=toggle.default, label=toggle.label,
+                       elem_id=setting_parameter(setting), info=figures.toggle_info(setting) or toggle.help)
+
+
 def _compare_section() -> SimpleNamespace:
     ui = SimpleNamespace()
     gr.Markdown("## Compare runs")
     with gr.Row():
-        ui.variants = gr.CheckboxGroup([(words, name) for name, words in VARIANTS.items()], value=DEFAULT_VARIANTS,
+        ui.variants = gr.CheckboxGroup([(words, name) for name, words in variants().items()], value=DEFAULT_VARIANTS,
                                        label="Run variants: the current inputs under each chosen configuration",
                                        info="Each “+” variant is the stock baseline plus that one setting of the "
                                             "toggles above; “all” is every setting above.",
@@ -197,8 +222,17 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history) -> N
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, history]
     compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
                        compare.download_csv, compare.download_json, compare.caption]
-    edit_fn = on_gpu(handlers.edit)
-    variants_fn = on_gpu(handlers.run_variants, runs_for=lambda arguments: len(arguments.get("variants") or [1]))
+    names = list(api.REQUEST_PARAMETERS) + list(lora_parameters()) + [setting_parameter(setting)
+                                                                       for setting in registry.settings()]
+    edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles. "
+                                  "Streams the live status and progress (stage, step, s/step, elapsed, ETA, memory) "
+                                  "at every step, then returns the before/after pair, the run summary, the run's "
+                                  "telemetry (JSON) and the session's comparison table.", names))
+    variants_fn = on_gpu(api.endpoint(handlers.run_variants, "Runs the same edit under several configurations in one "
+                                      "go: the stock baseline, the baseline plus one panel setting each, or the "
+                                      "whole panel. Streams like /edit; each finished variant joins the comparison "
+                                      "table.", names + ["variants"], {"variants": api.variants_description()}),
+                         runs_for=lambda arguments: len(arguments.get("variants") or [1]))
     for button, fn, inputs, name in ((edit.run, edit_fn, edit.panel + [history], "edit"),
                                      (compare.run_variants, variants_fn, edit.panel + [compare.variants, history],
                                       "run_variants")):

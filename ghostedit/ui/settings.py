@@ -8,81 +8,63 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..config import EditRequest, LoraChoice, OptimizationConfig
+from ..config import EditRequest, LoraChoice, OptimizationConfig, resolved_settings
 from ..device import Availability
+from ..optimize import registry
 from ..errors import InvalidRequestError
 from ..loras import list_loras, resolve_lora, save_uploaded_lora
 
 NO_LORA = "none"
 BUILTIN_PREFIX = "built-in/"
+LORA_SLOTS = 3  # LoRAs the page stacks (the API takes the same: lora, lora_2, lora_3)
 
-FP8_WORDS = {
-    "off": "off (bf16 weights)",
-    "storage": "storage (FP8 weights, bf16 compute)",
-    "torchao": "torchao (FP8 compute)",
-    "te": "Transformer Engine (FP8 compute, current scaling)",
-    "te-delayed": "Transformer Engine (FP8 compute, delayed scaling)",
-}
-# What each FP8 mode gave on an H100 (full-size DiT, 1024x1024 edit, one forward; docs/benchmarks.md).
-FP8_MEASURED = (
-    "Measured on an H100, one DiT forward at a 1024² edit (stock bf16: 426 ms): storage 634 ms (half the weight "
-    "memory, slower); torchao 560-770 ms eager but 242 ms with compile (1.76x, half the memory), 196 ms (2.18x) with "
-    "compile, the lossless rewrites and cuDNN FP8 attention; Transformer Engine 385 ms eager (1.12x; delayed "
-    "scaling 373 ms, 1.16x) and 264 ms with compile (1.64x), with no memory saving (TE keeps two FP8 copies of each "
-    "weight) and only the image stream in FP8."
-)
-# What the attention backends gave on an H100 at a 1024² edit (docs/benchmarks.md, section 1b)
-ATTENTION_MEASURED = (
-    "Measured on an H100 at a 1024² edit, attention alone: cuDNN (DiffSynth's default, through SDPA) 1.38 ms, "
-    "FlashAttention-4 1.30 ms, SDPA's FlashAttention-2 2.51 ms; cuDNN FP8 0.95 ms (lossy), which pays only with "
-    "compile: 196 ms per DiT forward against 218 ms with exact attention."
-)
-ATTENTION_WORDS = {
-    "diffsynth": "DiffSynth default",
-    "auto": "auto (fastest exact backend measured here)",
-    "sdpa-cudnn": "PyTorch SDPA: cuDNN",
-    "sdpa-flash": "PyTorch SDPA: flash",
-    "sdpa-efficient": "PyTorch SDPA: memory-efficient",
-    "sdpa-math": "PyTorch SDPA: math",
-    "fa4": "FlashAttention-4",
-    "fa3": "FlashAttention-3",
-    "fa2": "FlashAttention-2",
-    "sage": "SageAttention (INT8, lossy)",
-    "cudnn-fp8": "cuDNN FP8 attention (lossy)",
-}
-COMPILE_WORDS = {
-    "off": "off (eager)",
-    "regional": "regional (each transformer block)",
-    "max-autotune": "max-autotune (each block, tuned kernels)",
-}
-REWRITE_WORDS = {
-    "real-rope": "real-valued RoPE (fuses under compile)",
-    "joint-layout": "joint attention without transposing copies",
-    "fused-qkv": "one fused Q/K/V projection",
-    "inductor-cdt": "Inductor kernel tuning (with compile)",
-    "inductor-multi-kernel": "Inductor reductions timed two ways (with compile)",
-}
-TOGGLE_WORDS = {"fp8": FP8_WORDS, "attention": ATTENTION_WORDS, "compile": COMPILE_WORDS, "rewrites": REWRITE_WORDS}
 
-# "Run variants": the stock baseline, the baseline plus one setting of the panel, or the whole panel.
-VARIANTS = {
-    "baseline": "baseline (stock: bf16, DiffSynth attention, no compile, no LoRA)",
-    "lora-fused": "+ LoRA fused",
-    "lora-runtime": "+ LoRA runtime",
-    "fp8": "+ FP8",
-    "attention": "+ attention",
-    "compile": "+ compile",
-    "rewrites": "+ rewrites",
-    "all": "all: every setting of the panel",
-}
+def lora_parameter(slot: int, part: str = "") -> str:
+    """The API parameter of a LoRA slot: lora, lora_mode, lora_scale; lora_2, lora_2_mode, lora_2_scale..."""
+    return ("lora" if slot == 1 else f"lora_{slot}") + (f"_{part}" if part else "")
+
+
+def setting_parameter(setting: str) -> str:
+    """The API parameter of a toggle setting (its name, a valid Python name)."""
+    return setting.replace("-", "_")
+
+
+def lora_parameters() -> list[str]:
+    return [lora_parameter(slot, part) for slot in range(1, LORA_SLOTS + 1) for part in ("", "mode", "scale")]
+
+
+def toggle_parameters() -> list[str]:
+    """The API parameters of the toggles: the LoRA slots, then one per setting of the registry."""
+    return lora_parameters() + [setting_parameter(setting) for setting in registry.settings()]
+
+
+def variants() -> dict[str, str]:
+    """"Run variants": the stock baseline, the baseline plus one setting of the panel (each LoRA mode, each speed
+    setting of the registry), or the whole panel."""
+    words = {"baseline": "baseline (stock: every setting at its default, no LoRA)",
+             "lora-fused": "+ LoRAs fused", "lora-runtime": "+ LoRAs runtime"}
+    words.update({setting: f"+ {_setting_label(setting)}" for setting in _speed_settings()})
+    words["all"] = "all: every setting of the panel"
+    return words
+
+
+def _speed_settings() -> list[str]:
+    """The settings a "+" variant can add: all but where the weights live (not a speed setting of a run)."""
+    return [setting for setting in registry.settings()
+            if setting in registry.groups() or registry.get(setting).changes != registry.PLACEMENT]
+
+
+def _setting_label(setting: str) -> str:
+    return "lossless rewrites" if setting in registry.groups() else registry.get(setting).label
+
+
 DEFAULT_VARIANTS = ["baseline", "all"]
 
 
-def toggle_choices(toggle: str, options: dict[str, Availability]) -> list[tuple[str, str]]:
-    """Dropdown choices as (label, value); a choice this machine cannot run says so, with the reason."""
-    words = TOGGLE_WORDS.get(toggle, {})
-    labels = {value: words.get(value, value) for value in options}
-    return [(labels[value] if available.ok else f"{labels[value]} — unavailable: {available.reason}", value)
+def toggle_choices(setting: str, options: dict[str, Availability]) -> list[tuple[str, str]]:
+    """Choices as (label, value); a choice this machine cannot run says so, with the reason."""
+    return [(registry.words(setting, value) if available.ok
+             else f"{registry.words(setting, value)} — unavailable: {available.reason}", value)
             for value, available in options.items()]
 
 
@@ -114,14 +96,25 @@ class LoraLibrary:
         return save_uploaded_lora(self.folder, uploaded, original_name)
 
 
-def panel_config(library: LoraLibrary, lora: str, lora_mode: str, lora_scale: float, fp8: str, attention: str,
-                 compile_mode: str, rewrites=()) -> OptimizationConfig:
-    """The configuration the panel's values ask for. The values may come as an API caller sent them: each is
-    checked by the LoRA library or the configuration."""
-    path = library.path(lora)
-    choice = None if path is None else LoraChoice.from_file(path, lora_scale, lora_mode)
-    return OptimizationConfig(lora=choice, fp8=fp8, attention=attention, compile=compile_mode,
-                              rewrites=_listed("rewrites", rewrites))
+def panel_config(library: LoraLibrary, values: dict) -> OptimizationConfig:
+    """The configuration the panel's values ask for ({API parameter: value}, as toggle_parameters() names them).
+    The values may come as an API caller sent them: each is checked by the LoRA library or the configuration."""
+    loras = []
+    for slot in range(1, LORA_SLOTS + 1):
+        path = library.path(values.get(lora_parameter(slot)))
+        if path is not None:
+            loras.append(LoraChoice.from_file(path, _or(values.get(lora_parameter(slot, "scale")), 1.0),
+                                              _or(values.get(lora_parameter(slot, "mode")), "fused")))
+    settings = {}
+    for setting in registry.settings():
+        value = values.get(setting_parameter(setting))
+        if value is not None:
+            settings[setting] = _listed(setting, value) if setting in registry.groups() else value
+    return OptimizationConfig(loras=loras, **settings)
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def _listed(name: str, values) -> tuple:
@@ -167,38 +160,54 @@ def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, se
 
 
 def variant_configs(names: list[str], panel: OptimizationConfig) -> tuple[list[tuple[str, OptimizationConfig]], list]:
-    """The (variant, configuration) pairs to run, in the order of VARIANTS, and notes on variants left out because
-    they repeat an earlier one. A "+" variant whose setting is off in the panel is an error that says what to set:
-    it would otherwise silently repeat the baseline."""
-    stock = OptimizationConfig()
+    """The (variant, configuration) pairs to run, in the order of variants(), and notes on variants left out because
+    they repeat an earlier one. A "+" variant whose setting is at its default in the panel is an error that says
+    what to set: it would otherwise silently repeat the baseline."""
+    words = variants()
     names = _listed("variants", names)
-    unknown = [name for name in names if not isinstance(name, str) or name not in VARIANTS]
+    unknown = [name for name in names if not isinstance(name, str) or name not in words]
     if unknown:
-        raise InvalidRequestError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+        raise InvalidRequestError(f"unknown variants {unknown}: choose from {', '.join(words)}")
     if not names:
         raise InvalidRequestError("choose at least one variant to run")
     runs, notes = [], []
-    for name in (name for name in VARIANTS if name in names):
-        config = _variant(name, panel, stock)
+    for name in (name for name in words if name in names):
+        config = _variant(name, panel)
         earlier = next((other for other, existing in runs if existing == config), None)
         if earlier is None:
             runs.append((name, config))
         else:
-            notes.append(f"“{VARIANTS[name]}” is the same configuration as “{VARIANTS[earlier]}”: run once")
+            notes.append(f"“{words[name]}” is the same configuration as “{words[earlier]}”: run once")
     return runs, notes
 
 
-def _variant(name: str, panel: OptimizationConfig, stock: OptimizationConfig) -> OptimizationConfig:
+def _variant(name: str, panel: OptimizationConfig) -> OptimizationConfig:
+    stock = OptimizationConfig(memory=panel.value("memory"))  # where the weights live is no variant's difference
     if name == "baseline":
         return stock
     if name == "all":
         return panel
     if name.startswith("lora-"):
-        if panel.lora is None:
-            raise InvalidRequestError(f"“{VARIANTS[name]}” adds the LoRA picked in the panel, but no LoRA is picked")
-        return replace(stock, lora=replace(panel.lora, mode=name.removeprefix("lora-")))
-    value = getattr(panel, name)
-    if value == getattr(stock, name):  # "off", "diffsynth", or no rewrites
-        raise InvalidRequestError(f"“{VARIANTS[name]}” adds the panel's {name} setting, but the panel has it at the stock "
-                         "setting: choose one first")
-    return replace(stock, **{name: value})
+        if not panel.loras:
+            raise InvalidRequestError(f"“{variants()[name]}” adds the LoRAs picked in the panel, but no LoRA is picked")
+        mode = name.removeprefix("lora-")
+        return stock.replace(loras=tuple(replace(lora, mode=mode) for lora in panel.loras))
+    value = panel.settings()[name]
+    if value == stock.settings()[name]:
+        raise InvalidRequestError(f"“{variants()[name]}” adds the panel's {name} setting, but the panel has it at the "
+                                  "stock setting: choose one first")
+    return _with_requirements(stock, panel, {name: value})
+
+
+def _with_requirements(stock: OptimizationConfig, panel: OptimizationConfig, settings: dict) -> OptimizationConfig:
+    """The stock configuration with `settings`, plus the panel's value of every setting those need (compile for an
+    Inductor setting, say): a variant adds one setting and what it cannot run without."""
+    chosen = dict(settings)
+    while True:
+        values = resolved_settings({**stock.settings(), **chosen})
+        missing = {registry.get(requirement.toggle).group or requirement.toggle
+                   for toggle in registry.toggles() for requirement in toggle.choice(values[toggle.name]).requires
+                   if not requirement.accepts(values[requirement.toggle])}
+        if not missing - set(chosen):
+            return stock.replace(**chosen)
+        chosen.update({setting: panel.settings()[setting] for setting in missing})

@@ -11,7 +11,7 @@ import torch
 
 from ..device import package_version
 from ..telemetry import GIB, MemoryProbe, nvml_module
-from .settings import TOGGLE_WORDS
+from ..optimize import registry
 
 LIBRARIES = ("torch", "diffsynth", "transformers", "gradio", "gradio_client", "torchao", "peft", "safetensors",
              "transformer_engine", "flash_attn", "flash-attn-4", "flash_attn_3", "sageattention",
@@ -58,6 +58,7 @@ def system_report(engine) -> dict:
         "hardware": hardware(engine.device),
         "libraries": {name: package_version(name) for name in LIBRARIES},
         "options": options_json(engine.options()),
+        "placement": engine.placement().describe(),
         "memory": memory_now(engine.device),
         "cached_pipelines": engine.cached(),
     }
@@ -85,7 +86,7 @@ def hardware_markdown(report: dict) -> str:
 
 
 def options_table(report: dict) -> pd.DataFrame:
-    rows = [{"toggle": toggle, "choice": TOGGLE_WORDS.get(toggle, {}).get(choice, choice),
+    rows = [{"toggle": toggle, "choice": registry.words(toggle, choice),
              "available here": "yes" if state["available"] else "no", "reason": state["reason"]}
             for toggle, choices in report["options"].items() for choice, state in choices.items()]
     return pd.DataFrame(rows, columns=["toggle", "choice", "available here", "reason"])

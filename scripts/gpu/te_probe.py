@@ -1,8 +1,8 @@
 """What importing Transformer Engine changes in a PyTorch process, and how TE stores FP8 weights (GPU machine).
 
-    python3 scripts/te_probe.py            # without TE
-    python3 scripts/te_probe.py with-te    # TE imported right after torch through GhostEdit's import_te
-    python3 scripts/te_probe.py with-te raw  # plain `import transformer_engine.pytorch`
+    python3 scripts/gpu/te_probe.py            # without TE
+    python3 scripts/gpu/te_probe.py with-te    # TE imported right after torch through GhostEdit's import_te
+    python3 scripts/gpu/te_probe.py with-te raw  # plain `import transformer_engine.pytorch`
 
 Prints the cuDNN version torch runs with, times SDPA with PyTorch's own dispatch and with the cuDNN kernel forced,
 and a bf16 GEMM, at the Qwen DiT's shapes; with TE, also the type and bytes of a te.Linear weight created under

@@ -3,9 +3,9 @@
 # on a CPU-only x86-64 machine for the GPU machine (Python 3.12, torch 2.11.0+cu130, CUDA 13.0, H100),
 # and gather in .whl-te/ every wheel TE needs that the GPU image lacks. A file over 45 MiB (the core
 # wheel) is split into parts, one folder .whl-te-partN per transfer. Then run
-# scripts/install_te_on_gpu.sh on the GPU machine.
+# scripts/gpu/install_te.sh on the GPU machine.
 #
-#   scripts/build_te_wheel.sh          # idempotent: reruns reuse build-te/ (venv, downloads, wheel)
+#   scripts/gpu/build_te_wheel.sh          # idempotent: reruns reuse build-te/ (venv, downloads, wheel)
 #
 # Needs here: pyenv's Python 3.12.1 (or PY=...), nvcc 13.0 (CUDA_HOME), gcc, PyPI.
 # Scratch lives in build-te/ and output in .whl-te*/; both are git-ignored: commit only this script.
@@ -139,4 +139,4 @@ echo "Transfers to the GPU machine (one device call each, back to back so that i
 for i in $(seq 1 "$nparts"); do
   echo "  $i: carry .whl-te-part$i; run: mkdir -p /tmp/parts && cp .whl-te-part$i/* /tmp/parts/"
 done
-echo "  $((nparts + 1)): carry .whl-te; run: bash scripts/install_te_on_gpu.sh"
+echo "  $((nparts + 1)): carry .whl-te; run: bash scripts/gpu/install_te.sh"

@@ -1,7 +1,7 @@
 """Where the time of one DiT forward goes, for the best configuration, and what compile settings change it.
 
-On the GPU machine (after `source scripts/gpu_setup.sh`):
-    python3 scripts/profile_dit.py [--config CONFIG] [--engine-only] [--out DIR]
+On the GPU machine (after `source scripts/gpu/setup.sh`):
+    python3 scripts/gpu/profile_dit.py [--config CONFIG] [--engine-only] [--out DIR]
 Builds the full-size synthetic DiT alone, times the configuration's forward (CUDA events, median after warm-up,
 first call apart) with its blocks compiled two ways: as the engine compiles them (dynamic shapes) and for static
 shapes. Each is profiled with torch.profiler, its GPU kernels
@@ -17,20 +17,16 @@ import os
 import re
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ghostedit.bench_dit import dit_inputs, forward, resolve_backend
-from ghostedit.config import INDUCTOR_REWRITES, OptimizationConfig
-from ghostedit.models.synthetic import build_synthetic_dit
+from ghostedit.bench.dit import dit_inputs, running
+from ghostedit.config import OptimizationConfig
+from ghostedit.engine import Engine
+from ghostedit.optimize import registry
 from ghostedit.optimize.compile import compile_regions
-from ghostedit.optimize.rewrites import inductor_settings
-from ghostedit.recipe import prepare_dit
 from ghostedit.telemetry import RunRecorder, median_ms
-
-BEST = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel,attention=cudnn-fp8"
 # Kernel families by name, first match wins: Inductor names its kernels after the ops they fuse ("scaled_mm" when
 # one quantizes a GEMM's input), and FlashAttention-4's kernels are CUTLASS kernels
 FAMILIES = (("inductor", r"^triton_"),
@@ -41,34 +37,35 @@ FAMILIES = (("inductor", r"^triton_"),
 FP8_GEMM_TFLOPS, ATTENTION_TFLOPS = 1290, 687
 
 
-def compiled_variant(base_dit, config: OptimizationConfig, dynamic: bool):
+def compiled_variant(engine, config: OptimizationConfig, dynamic: bool):
     """The configuration prepared without compile, then its blocks compiled for dynamic or static shapes."""
-    eager = replace(config, compile="off", rewrites=tuple(set(config.rewrites) - set(INDUCTOR_REWRITES)))
-    dit, _ = prepare_dit(base_dit, eager, RunRecorder("cuda"), "cuda")
-    options, _ = inductor_settings(config.rewrites)
+    compiled_only = [flag for flag in config.flags("rewrites") if registry.get(flag).compile_options]
+    eager = config.replace(compile="off", rewrites=tuple(set(config.flags("rewrites")) - set(compiled_only)))
+    prepared, _ = engine.prepare(eager)
+    options, _ = registry.compile_options(config)
     if dynamic:
-        compile_regions(dit, config.compile, options)
+        compile_regions(prepared.dit, config.value("compile"), options)
     else:
-        for block in dit.transformer_blocks:
+        for block in prepared.dit.transformer_blocks:
             block.compile(dynamic=False, options=options or None)
-    return dit
+    return prepared
 
 
-def time_variant(dit, config, inputs, backend) -> dict:
+def time_variant(call) -> dict:
     torch.cuda.synchronize()
     start = time.perf_counter()
-    forward(dit, inputs, config, backend)
+    call()
     torch.cuda.synchronize()
     first_call_s = time.perf_counter() - start
-    ms = median_ms(lambda: forward(dit, inputs, config, backend), "cuda", repeats=10, warmup=2)
+    ms = median_ms(call, "cuda", repeats=10, warmup=2)
     return {"first_call_s": first_call_s, "ms_per_forward": ms}
 
 
-def kernel_breakdown(dit, config, inputs, backend, forwards: int = 3) -> dict:
+def kernel_breakdown(call, forwards: int = 3) -> dict:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(forwards):
-            forward(dit, inputs, config, backend)
+            call()
         torch.cuda.synchronize()
     kernels = defaultdict(lambda: [0.0, 0])
     for event in prof.events():
@@ -110,12 +107,13 @@ def print_breakdown(result: dict, ideal: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--config", default=BEST)
+    parser.add_argument("--config", default="best")
     parser.add_argument("--engine-only", action="store_true", help="skip the static-shapes variant")
     args = parser.parse_args()
     out = Path(args.out) / "profile"
     out.mkdir(parents=True, exist_ok=True)
-    base_dit = build_synthetic_dit("cuda", torch.bfloat16)
+    engine = Engine("synthetic", device="cuda", dit_only=True)
+    base_dit = engine.load().dit
     inputs = dit_inputs(base_dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
     report = {"config": config.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -123,14 +121,16 @@ def main() -> None:
     variants = {"engine (dynamic shapes)": True, "static shapes": False}
     for name, dynamic in list(variants.items())[:1 if args.engine_only else 2]:
         torch._dynamo.reset()  # each variant compiles from scratch, not from the previous one's code
-        dit = compiled_variant(base_dit, config, dynamic)
-        backend, _ = resolve_backend(config, dit, inputs, "cuda")
-        result = report["variants"][name] = time_variant(dit, config, inputs, backend)
-        print(name, {key: round(value, 2) for key, value in result.items()}, flush=True)
-        result.update(kernel_breakdown(dit, config, inputs, backend))
+        engine.free()
+        prepared = compiled_variant(engine, config, dynamic)
+        with running(prepared, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
+            result = report["variants"][name] = time_variant(call)
+            print(name, {key: round(value, 2) for key, value in result.items()}, flush=True)
+            result.update(kernel_breakdown(call))
         (out / "profile.json").write_text(json.dumps(report, indent=2))
         print_breakdown(result, report["ideal"])
-        del dit
+        del prepared
+        engine.free()
         gc.collect()  # compiled blocks and their code reference each other
         torch.cuda.empty_cache()
 

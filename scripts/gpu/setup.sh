@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (no network): install the wheels carried there, then print what the machine has.
-# Source it: `source scripts/gpu_setup.sh`.
+# Source it: `source scripts/gpu/setup.sh`.
 # Wheels arrive over several device calls (at most 64 MiB each; ../shared/tools/device-wheels lays them out):
 # each call copies its whole wheels into /tmp/wheels and its 45 MiB parts into /tmp/parts:
 #   mkdir -p /tmp/wheels /tmp/parts; cp .whl-x/*.whl /tmp/wheels/; cp .whl-x-partN/* /tmp/parts/
@@ -15,9 +15,9 @@ if [ ! -d /tmp/site/diffsynth ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wheels/*.whl 2>&1 |
     { grep -v "^WARNING: Target directory" || true; } | tail -5
 fi
-export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD:/tmp/site-te  # site-te: scripts/install_te_on_gpu.sh
+export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD:/tmp/site-te  # site-te: scripts/gpu/install_te.sh
 export GHOSTEDIT_HOME=/tmp/ghostedit-home PYTHONUNBUFFERED=1
-# What the machine has; QUIET_SETUP=1 (scripts/gpu_bench.sh) skips the report, whose imports take ~15 s
+# What the machine has; QUIET_SETUP=1 (scripts/gpu/bench.sh) skips the report, whose imports take ~15 s
 [ -n "${QUIET_SETUP:-}" ] && return 0
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 - <<'PY'

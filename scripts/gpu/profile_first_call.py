@@ -1,8 +1,8 @@
 """Where the first call of a compiled configuration spends its time: run it twice, on an empty compile cache and
 then in a new process that finds the cache on disk (a restart).
 
-On the GPU machine (after `source scripts/gpu_setup.sh`):
-    python3 scripts/profile_first_call.py cold [CONFIG]; python3 scripts/profile_first_call.py restart --cprofile [CONFIG]
+On the GPU machine (after `source scripts/gpu/setup.sh`):
+    python3 scripts/gpu/profile_first_call.py cold [CONFIG]; python3 scripts/gpu/profile_first_call.py restart --cprofile [CONFIG]
 Builds the full-size synthetic DiT alone, prepares the configuration (default: the bench's best), and runs its
 first forward (with --cprofile, under cProfile, which slows Python-heavy work). Writes first-call-<label>.json:
 wall times, Dynamo's compile-time breakdown, the compile caches' hit/miss/bypass counters, and with --cprofile the
@@ -21,13 +21,10 @@ from pathlib import Path
 
 import torch
 
-from ghostedit.bench_dit import dit_inputs, forward, resolve_backend
+from ghostedit.bench.dit import dit_inputs, running
 from ghostedit.config import OptimizationConfig
-from ghostedit.models.synthetic import build_synthetic_dit
-from ghostedit.recipe import prepare_dit
+from ghostedit.engine import Engine
 from ghostedit.telemetry import RunRecorder
-
-BEST = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel,attention=cudnn-fp8"
 
 
 def top_functions(profile: cProfile.Profile, key: str, count: int = 40) -> list[str]:
@@ -39,31 +36,31 @@ def top_functions(profile: cProfile.Profile, key: str, count: int = 40) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("label", help="cold or restart: names the output file")
-    parser.add_argument("config", nargs="?", default=BEST)
+    parser.add_argument("config", nargs="?", default="best")
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results") + "/first-call")
     args = parser.parse_args()
     began = time.perf_counter()
-    base_dit = build_synthetic_dit("cuda", torch.bfloat16)
-    inputs = dit_inputs(base_dit, 1024, 1024, 256, "cuda", torch.bfloat16)
+    engine = Engine("synthetic", device="cuda", dit_only=True)
+    inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
     built = time.perf_counter()
-    dit, _ = prepare_dit(base_dit, config, RunRecorder("cuda"), "cuda")
-    backend, _ = resolve_backend(config, dit, inputs, "cuda")
+    pipeline, _ = engine.prepare(config)
     torch.cuda.synchronize()
     prepared = time.perf_counter()
-    profile = cProfile.Profile() if args.cprofile else None
-    if profile:
-        profile.enable()
-    forward(dit, inputs, config, backend)
-    torch.cuda.synchronize()
-    if profile:
-        profile.disable()
-    first_call = time.perf_counter() - prepared
-    start = time.perf_counter()
-    forward(dit, inputs, config, backend)
-    torch.cuda.synchronize()
-    second_call = time.perf_counter() - start
+    with running(pipeline, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
+        profile = cProfile.Profile() if args.cprofile else None
+        if profile:
+            profile.enable()
+        call()
+        torch.cuda.synchronize()
+        if profile:
+            profile.disable()
+        first_call = time.perf_counter() - prepared
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        second_call = time.perf_counter() - start
     from torch._dynamo.utils import compile_times, counters
     result = {
         "config": config.label, "label": args.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

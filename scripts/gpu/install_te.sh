@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no network), from the repo root, in the last of the transfers that
-# scripts/build_te_wheel.sh prints: earlier calls copied .whl-te-partN/* into /tmp/parts, this call
+# scripts/gpu/build_te_wheel.sh prints: earlier calls copied .whl-te-partN/* into /tmp/parts, this call
 # carries .whl-te. Reassembles the core wheel, installs every wheel in ONE pip call into /tmp/site-te
 # (pip --target replaces a package folder that a later call installs again), then a smoke test.
 #
-#   bash scripts/install_te_on_gpu.sh [OTHER.whl ...]    # then: source scripts/gpu_setup.sh
+#   bash scripts/gpu/install_te.sh [OTHER.whl ...]    # then: source scripts/gpu/setup.sh
 set -euo pipefail
-site=${SITE:-/tmp/site-te} parts=${PARTS:-/tmp/parts}  # site-te: on the PYTHONPATH scripts/gpu_setup.sh sets
+site=${SITE:-/tmp/site-te} parts=${PARTS:-/tmp/parts}  # site-te: on the PYTHONPATH scripts/gpu/setup.sh sets
 cd "$(dirname "$0")/.."
 mkdir -p "$parts"
 cp .whl-te/*.part[0-9]* "$parts/" 2>/dev/null || true   # a last part may ride in .whl-te itself

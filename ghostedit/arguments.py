@@ -1,0 +1,79 @@
+"""Command-line arguments shared by `edit`, `bench` and `serve`: the model source, the edit request and one option
+per toggle setting, each option made from the toggle registry (a new toggle gets its flag here with no change)."""
+from __future__ import annotations
+
+import argparse
+
+from .config import CFG_RANGE, LORA_MODES, MAX_INPUT_IMAGES, SEED_RANGE, EditRequest, LoraChoice, OptimizationConfig
+from .models.dtypes import DTYPES
+from .optimize import registry
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="tiny, synthetic, a Hugging Face repo id (modelscope:<id> for ModelScope) or a local "
+                             "folder (default: tiny without a GPU, Qwen/Qwen-Image-Edit-2509 with one)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                        help="one dtype for every component (default: what is fast on the device: bf16 on a GPU; "
+                             "on a CPU the VAE and text encoder in float32)")
+
+
+def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool = True) -> None:
+    parser.add_argument("--image", action="append", required=image_required, default=None,
+                        help=f"input image; repeat for up to {MAX_INPUT_IMAGES}, edited together")
+    parser.add_argument("--prompt", required=image_required, default="turn the scene into a ghostly night",
+                        help="the edit instruction")
+    parser.add_argument("--negative-prompt", default="", help="what the edit should avoid (used when --cfg > 1)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="denoising steps (default: the model's, tiny 4, real 40)")
+    parser.add_argument("--cfg", type=float, default=4.0,
+                        help=f"true classifier-free guidance scale, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; "
+                             "1 runs one DiT forward per step instead of two (default 4)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help=f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]} (default 0)")
+    parser.add_argument("--width", type=int, default=None,
+                        help="output width, a multiple of 16 (default: the first image's aspect ratio at the "
+                             "model's default area; give both or neither)")
+    parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16")
+
+
+def request_from_args(args, default_steps: int) -> EditRequest:
+    return EditRequest(images=args.image, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                       steps=args.steps or default_steps, cfg_scale=args.cfg, seed=args.seed, width=args.width,
+                       height=args.height)
+
+
+def add_toggle_arguments(parser: argparse.ArgumentParser, defaults_to_none: bool = False) -> None:
+    """--<toggle> for every single toggle, --<group> (a list) for every group of flags, and the LoRAs.
+    `defaults_to_none`: leave every option unset unless given (the bench applies given ones over its configs)."""
+    for toggle in registry.singles():
+        words = "; ".join(f"{choice.value}: {choice.label}" for choice in toggle.choices)
+        parser.add_argument(f"--{toggle.name}", choices=toggle.values,
+                            default=None if defaults_to_none else toggle.default,
+                            help=f"{toggle.help} ({words}; default {toggle.default})")
+    for group, flags in registry.groups().items():
+        words = "; ".join(f"{flag.name}: {flag.label}" for flag in flags)
+        parser.add_argument(f"--{group}", nargs="*", choices=[flag.name for flag in flags],
+                            default=None if defaults_to_none else [], metavar=group.upper(),
+                            help=f"any of: {words}")
+    parser.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE[:MODE]]",
+                        help="a LoRA .safetensors file; repeat to stack LoRAs (each with its own scale and mode)")
+    parser.add_argument("--lora-scale", type=float, default=1.0, help="scale of every --lora that gives none")
+    parser.add_argument("--lora-mode", choices=LORA_MODES, default="fused",
+                        help="mode of every --lora that gives none: fused into the weights, or runtime (PEFT layers)")
+
+
+def settings_from_args(args) -> dict:
+    """The toggle settings given on the command line (unset ones left out)."""
+    settings = {name: getattr(args, name.replace("-", "_")) for name in registry.settings()}
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in settings.items()
+            if value is not None}
+
+
+def loras_from_args(args) -> tuple[LoraChoice, ...]:
+    return tuple(LoraChoice.parse(text, args.lora_scale, args.lora_mode) for text in args.lora)
+
+
+def config_from_args(args) -> OptimizationConfig:
+    return OptimizationConfig(loras=loras_from_args(args), **settings_from_args(args))

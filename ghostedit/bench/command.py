@@ -1,0 +1,126 @@
+"""`ghostedit bench`: its arguments (toggle options made from the registry apply to every configuration that does
+not set them itself) and its run, at the pipeline or the DiT level."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, loras_from_args, \
+    request_from_args, settings_from_args
+from ..config import OptimizationConfig
+from ..models import default_source
+from . import dit, pipeline
+from .output import environment, markdown_table, write_bar_charts, write_results
+
+
+def add_bench_command(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmark configurations on the same inputs",
+                                description="Configurations one after another in one process, on the same inputs; "
+                                            "the first is the baseline. Toggle options given here apply to every "
+                                            "configuration that does not set them itself.")
+    add_model_arguments(bench)
+    add_request_arguments(bench, image_required=False)
+    add_toggle_arguments(bench, defaults_to_none=True)
+    bench.add_argument("--configs", nargs="+", default=["baseline"],
+                       help='the configurations: "baseline", a preset ("best", "exact") or settings such as '
+                            '"fp8=torchao,compile=regional,attention=auto"')
+    bench.add_argument("--repeats", type=int, default=2,
+                       help="pipeline: warm runs per configuration after the cold one (0: report the cold run); "
+                            "dit: timed forwards")
+    bench.add_argument("--level", choices=("pipeline", "dit"), default="pipeline",
+                       help="pipeline: whole edits; dit: one DiT forward at the edit's shape (CUDA events)")
+    bench.add_argument("--text-tokens", type=int, default=256, help="dit level: prompt tokens")
+    bench.add_argument("--experiments", action="store_true",
+                       help="dit level: also time CFG batching and a CUDA graph of the fastest configuration")
+    bench.add_argument("--one-at-a-time", action="store_true",
+                       help="pipeline level: free prepared pipelines before each configuration, so each "
+                            "configuration's memory peak is its own")
+    bench.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
+                       help="use at most this much of the GPU (torch.cuda.set_per_process_memory_fraction): a "
+                            "smaller card, emulated; placement plans with it")
+    bench.add_argument("--out-dir", default="bench-results")
+    bench.add_argument("--title", default=None)
+    bench.set_defaults(run=cmd_bench)
+
+
+def configurations(args) -> list[OptimizationConfig]:
+    """--configs, each with the command line's toggle options and LoRAs under its own settings."""
+    given, loras = settings_from_args(args), loras_from_args(args)
+    configs = []
+    for text in args.configs:
+        config = OptimizationConfig.parse(text)
+        explicit = {name: value for name, value in config.settings().items()
+                    if value != OptimizationConfig().settings()[name]}
+        configs.append(OptimizationConfig(loras=config.loras or loras, **{**given, **explicit}))
+    return configs
+
+
+def cap_gpu_memory(gib: float | None, device: str) -> None:
+    if gib is None:
+        return
+    import torch
+    if not device.startswith("cuda"):
+        raise SystemExit("--gpu-memory emulates a smaller GPU: it needs a CUDA device")
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 1024**3 / total), torch.device(device))
+
+
+def cmd_bench(args) -> int:
+    from ..device import UnavailableOptionError, default_device
+    from ..engine import Engine
+
+    device = args.device or default_device()
+    cap_gpu_memory(args.gpu_memory, device)
+    engine = Engine(args.model or default_source(device), device=device, dtype=args.dtype,
+                    dit_only=args.level == "dit")
+    configs = configurations(args)
+    for config in configs:  # refuse up front, with the reason, rather than after an hour of benchmarking
+        try:
+            engine.check(config)
+        except UnavailableOptionError as error:
+            raise SystemExit(f"{config.label}: {error}")
+    out_dir = Path(args.out_dir)
+    context = {"model": engine.spec.source, "device": engine.device, "gpu_memory_gib": args.gpu_memory,
+               "configs": [config.text for config in configs], "environment": environment()}
+    if args.level == "dit":
+        return _dit(args, engine, configs, out_dir, context)
+    return _pipeline(args, engine, configs, out_dir, context)
+
+
+def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
+    width, height = args.width or 1024, args.height or 1024
+
+    def on_row(row, results):
+        write_results(out_dir, {**context, **results})  # kept even if a later configuration fails
+        print(f"{row['config']}: {row['ms_per_forward']:.1f} ms/forward, first call {row['first_call_s']:.1f} s, "
+              f"rel. error {row['rel_error']:.4f}, block {row['block_rel_error']:.4f}", flush=True)
+    results = dit.run_dit_bench(engine, configs, width, height, args.text_tokens, args.seed, args.repeats,
+                                args.experiments, on_row)
+    if results["experiments"]:
+        print(json.dumps(results["experiments"], indent=2), flush=True)
+    write_results(out_dir, {**context, **results})
+    rows = results["rows"]
+    (out_dir / "table.md").write_text(markdown_table(rows, dit.COLUMNS) + "\n")
+    write_bar_charts(out_dir / "chart.png",
+                     args.title or f"GhostEdit DiT forward, {width}x{height} edit: {engine.spec.source} on {engine.device}",
+                     [row["config"] for row in rows], [row["ms_per_forward"] for row in rows],
+                     "ms per DiT forward (lower is better)", [row["dit_alone_gib"] or 0 for row in rows],
+                     "DiT alone: weights + activation peak, GiB")
+    print(markdown_table(rows, dit.COLUMNS))
+    return 0
+
+
+def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
+    args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
+    request = request_from_args(args, engine.spec.default_steps)
+    engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or in memory
+    rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
+                              on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
+                                                       f"{row['end_to_end_s']:.2f} s end to end", flush=True))
+    context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
+                   repeats=args.repeats)
+    pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
+                           context)
+    print(markdown_table(rows, pipeline.COLUMNS))
+    print(f"wrote {out_dir}/table.md, results.json, chart.png")
+    return 0

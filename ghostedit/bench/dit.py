@@ -1,0 +1,220 @@
+"""The DiT-level bench: one forward of the DiT exactly as DiffSynth's edit pipeline calls it (its `model_fn` with the
+edit latents appended), at a real edit shape, for each configuration, through the engine: the same prepared
+pipelines, the same run-time contexts and the same forward function as an edit (engine/runner.py).
+
+Per configuration: preparation and the first call (compile warm-up) timed apart; then the median of `repeats`
+forwards timed with CUDA events after two warm-up calls; the DiT output's relative error against the first
+(baseline) configuration's output on the same inputs, whole and for one block; memory: the prepared DiT's weights
+and the activation peak of a forward. Two lossless ideas are measured on the block loop of the fastest
+configuration, each alone: the conditional and unconditional branches batched into one forward, and the whole loop
+captured as one CUDA graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from ..config import OptimizationConfig
+from ..device import synchronize
+from ..engine.runner import dit_contexts, forward
+from ..tensors import storage_bytes
+from ..telemetry import GIB, RunRecorder, median_ms
+
+COLUMNS = {
+    "config": "configuration",
+    "ms_per_forward": "ms / forward",
+    "speedup": "speedup",
+    "first_call_s": "first call s",
+    "prepare_s": "prepare s",
+    "weights_gib": "weights GiB",
+    "activation_peak_gib": "activations GiB",
+    "dit_alone_gib": "DiT alone GiB",
+    "rel_error": "rel. error (output)",
+    "block_rel_error": "rel. error (one block)",
+    "attention_ran": "attention",
+}
+
+
+def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtype, seed: int = 0) -> dict:
+    """The inputs DiffSynth's model_fn gets for a one-image edit: noisy latents, the edit image's latents (as many
+    tokens again) and the encoded prompt."""
+    generator = torch.Generator(device).manual_seed(seed)
+    latent = (1, 16, height // 8, width // 8)
+    return {
+        "latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
+        "edit_latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
+        "prompt_emb": torch.randn((1, text_tokens, dit.txt_in.in_features), generator=generator, device=device,
+                                  dtype=dtype),
+        "prompt_emb_mask": torch.ones((1, text_tokens), dtype=torch.long, device=device),
+        "timestep": torch.tensor([500.0], device=device, dtype=dtype),
+        "height": height, "width": width,
+    }
+
+
+def sequence_length(inputs: dict) -> int:
+    return 2 * (inputs["height"] // 16) * (inputs["width"] // 16) + inputs["prompt_emb"].shape[1]
+
+
+def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((output.float() - reference.float()).norm() / reference.float().norm())
+
+
+@contextlib.contextmanager
+def running(prepared, config: OptimizationConfig, inputs: dict, device: str, recorder: RunRecorder):
+    """A forward function for this prepared DiT inside its run-time contexts, and what the contexts resolved."""
+    contexts, ran = dit_contexts(prepared, config, device, sequence_length(inputs), recorder)
+    model_fn, arguments = prepared.pipe.model_fn, {**inputs, "dit": prepared.dit}
+    with torch.no_grad(), contexts:
+        yield (lambda: forward(model_fn, arguments)), ran
+
+
+def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeats: int, reference, block_reference):
+    """Returns (row, output). Without references (the baseline) the errors are 0 by definition."""
+    device = engine.device
+    recorder = RunRecorder(device)
+    prepared, _ = engine.prepare(config, recorder)
+    on_gpu = device.startswith("cuda")
+    with running(prepared, config, inputs, device, recorder) as (call, ran):
+        allocated_before = torch.cuda.memory_allocated() if on_gpu else 0
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        synchronize(device)
+        start = time.perf_counter()
+        output = call()
+        synchronize(device)
+        first_call_s = time.perf_counter() - start
+        ms = median_ms(call, device, repeats, warmup=2)
+        peak_gib = (torch.cuda.max_memory_allocated() - allocated_before) / GIB if on_gpu else None
+        block_error = 0.0
+        if block_reference is not None:
+            block_error = relative_error(middle_block_output(prepared.dit, block_reference[0], call), block_reference[1])
+    weights_gib = storage_bytes(prepared.dit) / GIB
+    row = {
+        "config": config.label,
+        "text": config.text,
+        "ms_per_forward": ms,
+        "prepare_s": sum(recorder.telemetry.prepare_steps.values()),
+        "first_call_s": first_call_s,
+        "weights_gib": weights_gib,
+        "activation_peak_gib": peak_gib,
+        "dit_alone_gib": weights_gib + peak_gib if peak_gib is not None else None,
+        "device_peak_gib": torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
+        "rel_error": relative_error(output, reference) if reference is not None else 0.0,
+        "block_rel_error": block_error,
+        "finite": bool(torch.isfinite(output).all()),
+        "attention_ran": ran.get("attention", "diffsynth"),
+        "report": dict(prepared.report),
+    }
+    return row, output, prepared
+
+
+def block_inputs(dit, call, index: int) -> dict:
+    """What transformer block `index` receives, captured from a real forward (`call`)."""
+    captured = {}
+
+    def grab(module, args, kwargs):
+        captured.update(kwargs)
+        raise _Captured
+    handle = dit.transformer_blocks[index].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        call()
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    return {name: captured[name] for name in ("image", "text", "temb", "image_rotary_emb")}
+
+
+class _Captured(Exception):
+    pass
+
+
+def run_blocks(dit, captured: dict, blocks: slice = slice(None)):
+    """The blocks alone on captured inputs (inside the configuration's run-time contexts)."""
+    image, text = captured["image"], captured["text"]
+    for block in dit.transformer_blocks[blocks]:
+        text, image = block(image=image, text=text, temb=captured["temb"],
+                            image_rotary_emb=captured["image_rotary_emb"])
+    return image
+
+
+def middle_block(dit) -> int:
+    return len(dit.transformer_blocks) // 2
+
+
+def middle_block_reference(dit, call) -> tuple[dict, torch.Tensor]:
+    """The middle block's input and output on the baseline: FP8's error is measured where it arises, before 60
+    random blocks amplify it (on random weights even a lossless reordering of bf16 sums moves the output)."""
+    captured = block_inputs(dit, call, middle_block(dit))
+    return captured, middle_block_output(dit, captured, call)
+
+
+def middle_block_output(dit, captured: dict, call) -> torch.Tensor:
+    index = middle_block(dit)
+    return run_blocks(dit, captured, slice(index, index + 1))
+
+
+def lossless_batching_experiments(prepared, config, inputs: dict, device: str, repeats: int) -> dict:
+    """The block loop (all of the DiT's cost but the tiny embedding and output layers) timed three ways."""
+    with running(prepared, config, inputs, device, RunRecorder(device)) as (call, _):
+        dit = prepared.dit
+        single = block_inputs(dit, call, 0)
+        doubled = {name: (torch.cat([value, value]) if name != "image_rotary_emb" else value)
+                   for name, value in single.items()}
+        two_forwards = median_ms(lambda: (run_blocks(dit, single), run_blocks(dit, single)), device, repeats, warmup=2)
+        batched = median_ms(lambda: run_blocks(dit, doubled), device, repeats, warmup=2)
+        result = {"config": config.label, "cfg_two_forwards_ms": two_forwards, "cfg_batched_ms": batched,
+                  "cfg_batching_gain": two_forwards / batched}
+        if device.startswith("cuda"):
+            result.update(_cuda_graph_experiment(dit, single, repeats))
+    return result
+
+
+def _cuda_graph_experiment(dit, captured, repeats) -> dict:
+    eager = median_ms(lambda: run_blocks(dit, captured), "cuda", repeats)
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run_blocks(dit, captured)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run_blocks(dit, captured)
+        replay = median_ms(graph.replay, "cuda", repeats)
+    except Exception as error:  # capture refused (a sync or a kernel that cannot be captured): report why
+        return {"cuda_graph_loop_ms": None, "cuda_graph_error": f"{type(error).__name__}: {error}"[:300]}
+    return {"block_loop_ms": eager, "cuda_graph_loop_ms": replay, "cuda_graph_gain": eager / replay}
+
+
+def run_dit_bench(engine, configs: list[OptimizationConfig], width: int, height: int, text_tokens: int, seed: int,
+                  repeats: int, experiments: bool, on_row=None) -> dict:
+    """Every configuration in turn (each one's pipeline freed before the next is prepared)."""
+    base = engine.load(configs[0])
+    inputs = dit_inputs(base.dit, width, height, text_tokens, engine.device, engine.torch_dtype, seed)
+    results = {"rows": [], "experiments": None, "size": [width, height], "text_tokens": text_tokens,
+               "image_tokens": sequence_length(inputs) - text_tokens, "repeats": repeats}
+    reference = block_reference = None
+    fastest = None
+    for config in configs:
+        engine.free()
+        row, output, prepared = bench_configuration(engine, config, inputs, repeats, reference, block_reference)
+        if reference is None:
+            reference = output.float()
+            with running(prepared, config, inputs, engine.device, RunRecorder(engine.device)) as (call, _):
+                block_reference = middle_block_reference(prepared.dit, call)
+        row["speedup"] = results["rows"][0]["ms_per_forward"] / row["ms_per_forward"] if results["rows"] else 1.0
+        results["rows"].append(row)
+        if fastest is None or row["ms_per_forward"] < fastest[0]:
+            fastest = (row["ms_per_forward"], config)
+        if on_row:
+            on_row(row, results)
+        del prepared, output
+    if experiments:
+        engine.free()
+        prepared, _ = engine.prepare(fastest[1])
+        results["experiments"] = lossless_batching_experiments(prepared, fastest[1], inputs, engine.device, repeats)
+    return results

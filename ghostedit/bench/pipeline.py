@@ -1,0 +1,92 @@
+"""The pipeline-level bench: whole edits through the engine, configurations one after another on the same inputs.
+
+Each configuration runs once cold (prepare, compile warm-up) and then `repeats` times warm; the table reports the
+warm medians (with `repeats` 0 the cold run's own figures: the engine times preparation and the compile warm-up as
+stages of their own), with preparation and compile warm-up apart, the speedup over the first (baseline)
+configuration and each output's difference from the baseline's output.
+"""
+from __future__ import annotations
+
+import statistics
+
+from pathlib import Path
+
+from ..config import OptimizationConfig
+from .output import markdown_table, write_bar_charts, write_results
+
+DEFAULT_IMAGE = Path(__file__).resolve().parents[2] / "assets" / "examples" / "house.png"
+COLUMNS = {
+    "config": "configuration",
+    "s_per_step": "denoise s/step",
+    "end_to_end_s": "end to end s",
+    "prepare_s": "prepare s",
+    "warmup_s": "compile warm-up s",
+    "peak_gib": "peak GiB",
+    "speedup_step": "speedup (step)",
+    "speedup_e2e": "speedup (e2e)",
+    "max_abs": "max abs diff",
+    "psnr_db": "PSNR dB",
+}
+
+
+# What a first run does once, before the edit itself
+ONE_TIME_STAGES = ("load", "prepare", "LoRA switch", "compile warm-up")
+
+
+def edit_seconds(summary: dict) -> float:
+    """A run's time without the one-time stages: a cold run's edit, comparable with a warm run's total."""
+    return summary["total_s"] - sum(summary["stages_s"].get(stage, 0.0) for stage in ONE_TIME_STAGES)
+
+
+def bench_configuration(engine, request, config: OptimizationConfig, repeats: int) -> dict:
+    cold = engine.run(request, config)
+    warm = [engine.run(request, config) for _ in range(repeats)] or [cold]
+    summaries = [run.telemetry.summary() for run in warm]
+    cold_stages = cold.telemetry.summary()["stages_s"]
+    return {
+        "config": config.label,
+        "text": config.text,
+        "s_per_step": statistics.median(s["denoise_s_per_step"] for s in summaries),
+        "end_to_end_s": statistics.median(edit_seconds(s) for s in summaries),
+        "prepare_s": cold_stages.get("prepare", 0.0),
+        "warmup_s": cold_stages.get("compile warm-up", 0.0),
+        "peak_gib": max(s["peak_allocated_gib"] for s in summaries),
+        "memory_kind": summaries[0]["memory_kind"],
+        "warm_cache_hits": all(s["cache_hit"] for s in summaries) if repeats else None,
+        "attention_ran": warm[-1].attention_backend,
+        "report": warm[-1].prepared_report,
+        "stages_s": summaries[-1]["stages_s"],
+        "notes": sorted({note for s in summaries for note in s["notes"]}),
+        "image": warm[-1].image,
+    }
+
+
+def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, one_at_a_time: bool = False,
+              on_row=None) -> list[dict]:
+    from .metrics import compare_images  # scikit-image: loaded when a bench runs, not with every CLI command
+    rows = []
+    for config in configs:
+        if one_at_a_time:
+            engine.free()
+        row = bench_configuration(engine, request, config, repeats)
+        baseline = rows[0] if rows else row
+        row["speedup_step"] = baseline["s_per_step"] / row["s_per_step"]
+        row["speedup_e2e"] = baseline["end_to_end_s"] / row["end_to_end_s"]
+        row.update(compare_images(row["image"], baseline["image"]))
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return rows
+
+
+def write_outputs(rows: list[dict], out_dir: Path, title: str, context: dict) -> None:
+    """results.json, table.md, chart.png and each configuration's output image."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for index, row in enumerate(rows):
+        row["image"].save(out_dir / f"output-{index}.png")
+    serializable = [{k: v for k, v in row.items() if k != "image"} for row in rows]
+    write_results(out_dir, {**context, "rows": serializable})
+    (out_dir / "table.md").write_text(markdown_table(rows, COLUMNS) + "\n")
+    write_bar_charts(out_dir / "chart.png", title, [row["config"] for row in rows], [row["s_per_step"] for row in rows],
+                     "denoise seconds per step (lower is better)", [row["peak_gib"] for row in rows],
+                     f"peak {rows[0]['memory_kind']} GiB")

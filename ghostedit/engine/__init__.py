@@ -1,0 +1,176 @@
+"""The engine: one model source, its prepared pipelines and its runs, behind one lock. The rooms:
+
+store.py      the base weights, loaded once and placed on the GPU or in host memory (placement.py decides)
+prepare.py    the recipe from the base DiT to a configuration's DiT (steps read from the toggle registry)
+cache.py      the prepared pipelines, least recently used evicted under a memory budget
+loras.py      fused LoRAs written into a prepared DiT in place (switching needs no new preparation)
+runner.py     one instrumented edit, and the DiT forward the bench times too
+recovery.py   out of memory: free the cache and try once more
+report.py     options, the cache, placement and preparation times, in words
+
+One job runs on the device at a time: every public method takes the lock. cached(), placement() and
+expected_prepare_seconds() read published state without it, so the page answers at once during a run.
+"""
+from __future__ import annotations
+
+import threading
+
+from ..config import EditRequest, OptimizationConfig
+from ..device import Availability, UnavailableOptionError, default_device
+from ..models import ModelSpec, availability as model_availability, resolve
+from ..models.dtypes import component_dtypes, dtype_name
+from ..optimize import registry
+from ..tensors import storage_bytes, storage_pointers
+from ..telemetry import ProgressCallback, RunRecorder
+from . import placement as placements, report
+from .cache import PreparedCache
+from .loras import LoraFiles, switch_fused_loras
+from .prepare import PreparedPipeline, prepare_dit
+from .recovery import OUT_OF_MEMORY_RETRY_NOTE, recovering_memory
+from .runner import EditResult, run_edit
+from .store import ModelStore
+
+__all__ = ["Engine", "EditResult", "PreparedPipeline"]
+
+
+class Engine:
+    def __init__(self, source: str = "tiny", device: str | None = None, cache_budget_gib: float | None = None,
+                 dtype: str | None = None, dit_only: bool = False):
+        """`dtype`: "bfloat16" or "float32" for every component; None: what is fast on the device (models/dtypes.py).
+        Where the weights live follows each configuration's `memory` setting (placement.py). `dit_only`: load the
+        DiT alone (the DiT-level bench)."""
+        self.spec: ModelSpec = resolve(source)
+        self.device = device or default_device()
+        self.dtypes = component_dtypes(self.device, dtype)
+        self.torch_dtype = self.dtypes["dit"]
+        self.store = ModelStore(self.spec, self.device, self.dtypes, dit_only)
+        self.cache = PreparedCache(self.device, cache_budget_gib)
+        self.loras = LoraFiles()
+        self.prepare_times = report.PrepareTimes(self.spec.source, self.device)
+        self._lock = threading.RLock()
+        self._base_pointers: set[int] = set()
+
+    # ---- what can run here ----
+
+    @property
+    def load_count(self) -> int:
+        return self.store.load_count
+
+    def options(self) -> dict[str, dict[str, Availability]]:
+        """Every setting's choices with whether each can run on this machine, and why not."""
+        return report.options(self.device)
+
+    def check(self, config: OptimizationConfig) -> None:
+        """Raises UnavailableOptionError with the reason if `config` cannot run here; never falls back."""
+        checks = [("model", model_availability(self.spec, self.device))]
+        checks += [(f"{toggle.group or toggle.name} {toggle.name if toggle.group else value}",
+                    registry.availability(toggle, value, self.device))
+                   for toggle in registry.toggles() if (value := config.value(toggle.name)) != toggle.default
+                   or toggle.group is None]
+        checks.append(("memory", placements.fits(self.placement(config), self.store.sizes(), config)))
+        for what, available in checks:
+            if not available.ok:
+                raise UnavailableOptionError(f"{what} is unavailable: {available.reason}")
+
+    def placement(self, config: OptimizationConfig = OptimizationConfig()) -> placements.Placement:
+        """Where each component lives (or would, for this configuration's memory mode), and why."""
+        return self.store.plan(config.value("memory"))
+
+    # ---- base weights and prepared pipelines ----
+
+    def load(self, config: OptimizationConfig = OptimizationConfig(), recorder: RunRecorder | None = None):
+        with self._lock:
+            if self.store.placement is not None and self.store.plan(config.value("memory")) != self.store.placement:
+                self.cache.free()  # their DiTs were built for the old placement
+                self.store.replace(config.value("memory"))
+            base = self.store.load(config.value("memory"), recorder or RunRecorder(self.device))
+            self._base_pointers = storage_pointers(base.dit)
+            return base
+
+    def prepare(self, config: OptimizationConfig, recorder: RunRecorder | None = None) -> tuple[PreparedPipeline, bool]:
+        """The prepared pipeline for `config` (its fused LoRAs written in) and whether it came from the cache. Out
+        of GPU memory, it frees every prepared pipeline and tries once more, as run does."""
+        with self._lock:
+            return recovering_memory(lambda: self._prepare(config, recorder or RunRecorder(self.device)),
+                                     f"preparing {config.label}", self.free, self.device)[0]
+
+    def _prepare(self, config: OptimizationConfig, recorder: RunRecorder) -> tuple[PreparedPipeline, bool]:
+        self.check(config)
+        base = self.load(config, recorder)
+        for lora in config.fused_loras:  # read and matched first: a LoRA that cannot apply leaves the cache as it was
+            self.loras.matched(lora, base.dit)
+        prepared = self.cache.get(config.cache_key)
+        hit = prepared is not None
+        if not hit:
+            self.cache.make_room(self._expected_bytes(config))
+            prepared = self._build(config, recorder, base)
+            self.cache.put(prepared)
+        switch_fused_loras(prepared, config.fused_loras, base.dit, self.loras, recorder, self.device)
+        prepared.owned_bytes = storage_bytes(prepared.dit, exclude=self._base_pointers)
+        return prepared, hit
+
+    def _build(self, config: OptimizationConfig, recorder: RunRecorder, base) -> PreparedPipeline:
+        dit, words = prepare_dit(base.dit, config, recorder, self.device)
+        return PreparedPipeline(config.cache_key, config, _pipeline_with_dit(base, dit),
+                                storage_bytes(dit, exclude=self._base_pointers), words,
+                                dict(recorder.telemetry.prepare_steps))
+
+    def _expected_bytes(self, config: OptimizationConfig) -> int:
+        if self.store.placement.base_on_gpu and config.value("fp8") == "off":
+            return 0
+        return self.store.sizes().prepared_dit(config)
+
+    def free(self) -> int:
+        """Drops every prepared pipeline (the base stays) and returns the bytes they held."""
+        with self._lock:
+            return self.cache.free()
+
+    def cached(self) -> list[dict]:
+        """The prepared pipelines, most recently used first; answers at once, even during a run."""
+        return report.cached(self.cache.view())
+
+    def expected_prepare_seconds(self, config: OptimizationConfig) -> float | None:
+        """Preparation plus compile warm-up as last measured here for this configuration; None if never measured,
+        0 if it is prepared and warm now. Answers at once, even during a run."""
+        prepared = next((p for p in self.cache.view() if p.key == config.cache_key), None)
+        if prepared is not None and (config.value("compile") == "off" or prepared.warmed_shapes):
+            return 0.0
+        return self.prepare_times.expected(config)
+
+    # ---- runs ----
+
+    def run(self, request: EditRequest, config: OptimizationConfig = OptimizationConfig(),
+            on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None) -> EditResult:
+        """One edit. `on_progress` gets a ProgressEvent at every stage and step; setting `cancel` stops the run at
+        the next stage or step boundary with RunCancelled. Out of GPU memory while preparing or running, every
+        prepared pipeline is freed and the edit run once more (its telemetry notes say so); a second failure raises
+        GpuOutOfMemoryError. After a failure or a cancel, the run's memory is free when the error reaches the
+        caller, and the engine serves the next request as usual."""
+        size = f"{request.width}x{request.height}" if request.width else "default-size"
+        with self._lock:
+            result, retried = recovering_memory(
+                lambda: self._run(request, config, RunRecorder(self.device, on_progress, cancel)),
+                f"running a {size} edit with {config.label}", self.free, self.device)
+        if retried:
+            result.telemetry.notes.append(OUT_OF_MEMORY_RETRY_NOTE)
+        return result
+
+    def _run(self, request: EditRequest, config: OptimizationConfig, recorder: RunRecorder) -> EditResult:
+        prepared, hit = self._prepare(config, recorder)
+        telemetry = recorder.telemetry
+        telemetry.cache_hit = hit
+        telemetry.dtypes = {name: dtype_name(dtype) for name, dtype in self.dtypes.items()}
+        telemetry.placement = {name: where["where"] for name, where in self.store.placement.describe().items()}
+        result = run_edit(prepared, request, config, recorder, self.spec, self.device)
+        if not hit:
+            self.prepare_times.remember(config, result.telemetry)
+        return result
+
+
+def _pipeline_with_dit(base, dit):
+    """A pipeline of the base's kind over the base's encoders, VAE and processors, with its own DiT."""
+    pipe = type(base)(device=base.device, torch_dtype=base.torch_dtype)
+    for name in ("text_encoder", "vae", "tokenizer", "processor", "blockwise_controlnet"):
+        setattr(pipe, name, getattr(base, name))
+    pipe.dit = dit
+    return pipe

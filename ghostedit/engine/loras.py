@@ -1,0 +1,87 @@
+"""Fused LoRAs on a prepared pipeline, written into its weights in place. Switching LoRAs recomputes only the layers
+that the old and the new LoRAs touch (base weight + the sum of each LoRA's scaled delta, on the device, layer by
+layer from the base's weights wherever they live), re-quantizes FP8 layers, and writes the result into the tensors
+the prepared (and compiled) DiT already holds: nothing is prepared again and nothing recompiles.
+
+A layer whose weight is still the base's own tensor (a bf16 DiT built on the base's weights) gets a tensor of its own
+when a LoRA first touches it and the base's tensor back when no LoRA does any more, so the base never changes.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from ..optimize import lora as lora_layers
+from ..telemetry import RunRecorder
+
+CACHED_FILES = 8
+
+
+@dataclass(frozen=True)
+class FusedLoras:
+    applied: tuple[tuple[str, float], ...] = ()   # (sha256, scale), in stack order
+    layers: frozenset = frozenset()              # the layers that carry a delta now
+
+
+class LoraFiles:
+    """LoRA files read and matched against the base DiT, kept by content hash (the most recent few)."""
+
+    def __init__(self):
+        self._matched: OrderedDict[str, lora_layers.MatchedLora] = OrderedDict()
+
+    def matched(self, lora, base_dit) -> lora_layers.MatchedLora:
+        if lora.sha256 not in self._matched:
+            self._matched[lora.sha256] = lora_layers.match_lora(base_dit, lora_layers.read_lora_file(lora.path))
+            while len(self._matched) > CACHED_FILES:
+                self._matched.popitem(last=False)
+        self._matched.move_to_end(lora.sha256)
+        return self._matched[lora.sha256]
+
+
+def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: RunRecorder, device: str) -> None:
+    """Makes `loras` (LoraChoices in stack order, fused mode) the ones written into the prepared DiT."""
+    wanted = tuple((lora.sha256, lora.scale) for lora in loras)
+    current = prepared.loras or FusedLoras()
+    if current.applied == wanted:
+        return
+    matched = [(lora, files.matched(lora, base_dit)) for lora in loras]
+    layers = frozenset(name for _, found in matched for name in found.layers)
+    touched = sorted(current.layers | layers)
+    with recorder.stage("LoRA switch", f"fusing {len(loras)} LoRA(s): {len(touched)} layers rewritten"):
+        with torch.no_grad():
+            for name in touched:
+                deltas = [(found.layers[name], lora.scale) for lora, found in matched if name in found.layers]
+                _write_layer(prepared.dit, name, base_dit.get_submodule(name).weight, deltas, device)
+    prepared.loras = FusedLoras(wanted, layers)
+    for key in [key for key in prepared.report if key.startswith("LoRA ") and key.endswith("(fused)")]:
+        del prepared.report[key]
+    for lora, found in matched:
+        prepared.report[f"LoRA {lora.name} (fused)"] = f"{found.report}, fused at scale {lora.scale:g}"
+
+
+def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str) -> None:
+    linear = _linear(dit, name)
+    if not deltas and linear.weight.dtype == base_weight.dtype and base_weight.device == torch.device(device):
+        linear.weight = torch.nn.Parameter(base_weight, requires_grad=False)  # the base's own tensor again
+        return
+    weight = base_weight.to(device, torch.float32, non_blocking=True)
+    for layer, scale in deltas:
+        weight += layer.delta(scale, device)
+    if _shares_storage(linear.weight, base_weight):
+        linear.weight = torch.nn.Parameter(weight.to(base_weight.dtype), requires_grad=False)
+    else:
+        lora_layers.write_weight_in_place(linear, weight)
+
+
+def _linear(dit, name: str) -> torch.nn.Module:
+    """The layer that holds `name`'s weight in the prepared DiT: a runtime LoRA's PEFT wrapper holds it in its
+    base layer."""
+    module = dit.get_submodule(name)
+    return getattr(module, "base_layer", module)
+
+
+def _shares_storage(weight: torch.Tensor, base: torch.Tensor) -> bool:
+    return type(weight) is torch.nn.Parameter and weight.device == base.device and \
+        weight.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()

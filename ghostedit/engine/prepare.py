@@ -1,0 +1,91 @@
+"""The preparation recipe: from the base DiT to the DiT a configuration runs, as a short sequence of named steps
+read from the toggle registry: runtime LoRA layers and the lossless rewrites first, then the lossy FP8 step, then
+the move to the device, then compile (which compiles what the steps before produced).
+
+Works on a copy that shares the base's tensors and only ever replaces them, so the base is never modified and a
+failure anywhere leaves it (and whatever else holds it) as it was. Fused LoRAs are not a step: they are written
+into a prepared DiT's weights in place (see loras.py), so that switching them needs no new preparation.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from ..optimize import lora as lora_layers, registry
+from ..telemetry import RunRecorder
+
+# Where the DiT moves to the device: after the steps that change weights (FP8 moves each layer as it quantizes it),
+# before compile
+TO_DEVICE_ORDER = 80
+
+
+@dataclass
+class PreparedPipeline:
+    key: tuple                        # OptimizationConfig.cache_key
+    config: object                    # the configuration it was prepared for (its fused LoRAs may since differ)
+    pipe: object                      # a DiffSynth pipeline sharing the base's encoders and VAE
+    owned_bytes: int                  # memory this configuration adds to the base weights
+    report: dict[str, str]            # what each toggle did, in words
+    prepare_seconds: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+    warmed_shapes: set = field(default_factory=set)
+    loras: object = None              # the fused LoRAs written into its weights now (loras.FusedLoras)
+
+    @property
+    def dit(self):
+        return self.pipe.dit
+
+    @property
+    def label(self) -> str:
+        return self.config.prepared_label
+
+
+def clone_sharing_weights(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the module tree whose parameters are new Parameter objects over the same storage: replacing a
+    weight in the copy (quantizing, fusing) leaves the original untouched, and unchanged weights cost nothing."""
+    memo = {id(p): torch.nn.Parameter(p.data, requires_grad=False) for p in module.parameters()}
+    memo.update({id(b): b for b in module.buffers()})
+    return copy.deepcopy(module, memo)
+
+
+def prepare_dit(base_dit: torch.nn.Module, config, recorder: RunRecorder, device: str):
+    """The prepared DiT on `device` and a report of what each step did, in words. A base kept in host memory is
+    brought over as the steps go: FP8 layers one at a time, so the device never holds the bf16 DiT."""
+    report: dict[str, str] = {}
+
+    def stage(name, words):
+        return recorder.stage(name, words, into_prepare=True)
+
+    with stage("copy", "copying the DiT (weights shared)"):
+        dit = clone_sharing_weights(base_dit)
+    context = registry.PrepareContext(dit, config, device, stage, report)
+    if config.runtime_loras:
+        _attach_runtime_loras(context)
+    moved = False
+    for toggle in registry.toggles():
+        if toggle.order >= TO_DEVICE_ORDER and not moved:
+            _to_device(context)
+            moved = True
+        if toggle.prepare is not None and toggle.changes == registry.PREPARED:
+            toggle.prepare(context, config.value(toggle.name))
+    if not moved:
+        _to_device(context)
+    return dit, report
+
+
+def _attach_runtime_loras(context: registry.PrepareContext) -> None:
+    """Lossless: PEFT layers beside the linears, one adapter per LoRA, at scale 0 until a run sets its scales."""
+    loras = context.config.runtime_loras
+    with context.stage("attach LoRA", "attaching runtime LoRA layers"):
+        matched = [(lora.sha256, lora_layers.match_lora(context.dit, lora_layers.read_lora_file(lora.path)))
+                   for lora in loras]
+        lora_layers.attach_runtime_loras(context.dit, matched)
+    for lora, (_, found) in zip(loras, matched):
+        context.report[f"LoRA {lora.name}"] = f"{found.report}, runtime"
+
+
+def _to_device(context: registry.PrepareContext) -> None:
+    with context.stage("to device", f"moving the DiT to {context.device}"):
+        context.dit.to(context.device)

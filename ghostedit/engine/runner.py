@@ -1,0 +1,146 @@
+"""One edit on a prepared pipeline, instrumented: the toggles' run-time contexts around DiffSynth's pipeline call,
+DiffSynth's text and image encoding timed as stages, every DiT forward through `forward` (the same function the
+DiT-level bench times), and the first forward of a compiled DiT at a new shape counted as the compile warm-up.
+
+The warm-up is the first real forward, not an extra one: its time goes to the "compile warm-up" stage and is left
+out of its step's time, and that step is left out of the median step time when there are others. A compile failure
+reverts the DiT to eager with a warning in the result, never silently.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from .. import images as image_utils
+from ..config import SIZE_RANGE, EditRequest
+from ..errors import error_summary
+from ..optimize import compile as compile_blocks, lora as lora_layers, registry
+from ..telemetry import RunRecorder, RunTelemetry
+from .prepare import PreparedPipeline
+
+# DiffSynth pipeline units whose time is a stage of its own
+UNIT_STAGES = {"QwenImageUnit_PromptEmbedder": "text encoding", "QwenImageUnit_EditImageEmbedder": "image encoding"}
+# Text tokens assumed for the sequence length of a DiT forward before the prompt is encoded ("auto" attention)
+TEXT_TOKENS_ESTIMATE = 256
+
+
+@dataclass
+class EditResult:
+    image: Image.Image
+    inputs: list[Image.Image]         # the input images as the model saw them
+    request: EditRequest
+    config: object                    # OptimizationConfig
+    width: int
+    height: int
+    attention_backend: str            # the backend that ran ("auto" resolved)
+    prepared_report: dict[str, str]
+    telemetry: RunTelemetry
+
+
+def forward(model_fn, inputs: dict) -> torch.Tensor:
+    """One DiT forward as DiffSynth's pipeline makes it: its model_fn with the prepared DiT among the inputs. The
+    engine's runs and the DiT-level bench both come through here, inside `dit_contexts`."""
+    return model_fn(**inputs)
+
+
+def dit_contexts(prepared: PreparedPipeline, config, device: str, sequence_length: int, recorder: RunRecorder):
+    """The run-time contexts of every toggle (attention backend, FP8 autocast, compile settings...) and what they
+    resolved, for a run or a bench at this sequence length."""
+    context = registry.RunContext(prepared, device, sequence_length, recorder)
+    if lora_layers.has_runtime_lora(prepared.dit):
+        lora_layers.set_runtime_scales(prepared.dit, {lora.sha256: lora.scale for lora in config.runtime_loras})
+    return registry.run_contexts(config, context), context.ran
+
+
+def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder: RunRecorder, spec,
+             device: str) -> EditResult:
+    width, height, inputs = fit_inputs(request, spec.default_area)
+    recorder.telemetry.notes.extend(prepared.warnings)
+    recorder.telemetry.notes.extend(f"input image {index}: {note}" for index, image in enumerate(request.images, 1)
+                                    for note in image_utils.image_notes(image))
+    sequence_length = sum(w * h // 256 for w, h in [(width, height)] + [image.size for image in inputs])
+    contexts, ran = dit_contexts(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder)
+    with contexts, _Instrumented(prepared, recorder):
+        image = prepared.pipe(prompt=request.prompt, negative_prompt=request.negative_prompt,
+                              cfg_scale=request.cfg_scale, edit_image=inputs, edit_image_auto_resize=False,
+                              height=height, width=width, seed=request.seed, num_inference_steps=request.steps,
+                              progress_bar_cmd=recorder.timed_steps)
+        recorder.decoding_done()
+    return EditResult(image, inputs, request, config, width, height, ran.get("attention", "diffsynth"),
+                      {**prepared.report, **ran.get("words", {})}, recorder.finish())
+
+
+def fit_inputs(request: EditRequest, default_area: int):
+    """The output size (the request's, else the first image's aspect ratio at the model's default area) and the
+    inputs (RGB, checked by EditRequest) resized to about that area, each keeping its aspect ratio."""
+    max_side = SIZE_RANGE[1]
+    if request.width:
+        width, height = request.width, request.height
+    else:
+        width, height = image_utils.size_for_area(*request.images[0].size, default_area, max_side)
+    inputs = [image_utils.fit(image, image_utils.size_for_area(*image.size, width * height, max_side))
+              for image in request.images]
+    return width, height, inputs
+
+
+class _Instrumented:
+    """Times DiffSynth's pipeline units (text and image encoding) and routes every DiT call through `forward`,
+    the first call of a compiled DiT at each new shape timed as the compile warm-up."""
+
+    def __init__(self, prepared: PreparedPipeline, recorder: RunRecorder):
+        self.prepared, self.recorder = prepared, recorder
+
+    def __enter__(self):
+        pipe = self.prepared.pipe
+        self.unit_runner, self.model_fn = pipe.unit_runner, pipe.model_fn
+        pipe.unit_runner, pipe.model_fn = self._timed_unit_runner, self._model_fn
+        return self
+
+    def __exit__(self, *exc):
+        self.prepared.pipe.unit_runner, self.prepared.pipe.model_fn = self.unit_runner, self.model_fn
+
+    def _timed_unit_runner(self, unit, *args):
+        stage = UNIT_STAGES.get(type(unit).__name__)
+        if stage is None:
+            return self.unit_runner(unit, *args)
+        with self.recorder.stage(stage):
+            return self.unit_runner(unit, *args)
+
+    def _model_fn(self, **inputs):
+        shape = _shape_signature(inputs)
+        if not compile_blocks.is_compiled(self.prepared.dit) or shape in self.prepared.warmed_shapes:
+            return forward(self.model_fn, inputs)
+        start = time.perf_counter()
+        with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"):
+            output = self._first_compiled_forward(inputs)
+        self.prepared.warmed_shapes.add(shape)
+        self.recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
+        return output
+
+    def _first_compiled_forward(self, inputs):
+        try:
+            return forward(self.model_fn, inputs)
+        except Exception as error:
+            if not compile_blocks.is_compile_error(error):
+                raise
+            failure = error
+        compile_blocks.revert_to_eager(self.prepared.dit)
+        warning = (f"torch.compile failed ({type(failure).__name__}: {error_summary(failure)}); "
+                   "this configuration runs in eager mode")
+        self.prepared.warnings.append(warning)
+        self.prepared.report["compile"] = "failed: eager"
+        self.recorder.telemetry.notes.append(warning)
+        return forward(self.model_fn, inputs)
+
+
+def _shape_signature(inputs: dict) -> tuple:
+    def shapes(value):
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape)
+        if isinstance(value, (list, tuple)):
+            return tuple(shapes(v) for v in value)
+        return None
+    return tuple((name, shapes(value)) for name, value in sorted(inputs.items()) if shapes(value) is not None)

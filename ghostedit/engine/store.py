@@ -1,0 +1,96 @@
+"""The model store: the base weights of one model source, loaded once and placed where the memory mode says
+(placement.py): on the GPU, in pinned host memory, or in pinned host memory streamed to the GPU while the component
+runs. A change of mode moves the components; the engine drops the prepared pipelines first."""
+from __future__ import annotations
+
+import torch
+
+from ..device import empty_cache
+from ..models import ModelSpec, load_base_pipeline
+from ..tensors import storage_bytes
+from . import placement as placements
+
+
+class ModelStore:
+    def __init__(self, spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype], dit_only: bool = False):
+        """`dit_only`: the DiT alone (the DiT-level bench)."""
+        self.spec, self.device, self.dtypes, self.dit_only = spec, device, dtypes, dit_only
+        self.pipe = None
+        self.placement: placements.Placement | None = None
+        self.load_count = 0
+        self._streamed_state = None   # the text encoder's pinned weights while it is streamed
+
+    def sizes(self) -> placements.Sizes:
+        """Bytes of each component: measured once loaded, the model's nominal sizes before."""
+        if self.pipe is None:
+            sizes = self.spec.nominal_sizes(self.dtypes)
+            return placements.Sizes(sizes.dit, 0, 0) if self.dit_only else sizes
+        return placements.Sizes(*(storage_bytes(module) if (module := getattr(self.pipe, name)) is not None else 0
+                                  for name in ("dit", "text_encoder", "vae")))
+
+    def plan(self, mode: str) -> placements.Placement:
+        """Where the components would live in `mode` (placed already if it is the current one)."""
+        if self.placement is not None and self.placement.mode == mode:
+            return self.placement
+        return placements.decide(mode, self.device, self.sizes())
+
+    def load(self, mode: str, recorder) -> object:
+        """The base pipeline, loaded on first use straight into its placement."""
+        if self.pipe is None:
+            wanted = self.plan(mode)
+            with recorder.stage("load", f"loading {self.spec.description}"):
+                self.pipe = load_base_pipeline(self.spec, self.device, self.dtypes, base_dit_on_gpu=wanted.base_on_gpu,
+                                               dit_only=self.dit_only)
+                self.placement = placements.decide(mode, self.device, self.sizes())
+                self._apply(self.placement, previous=None)
+            self.load_count += 1
+        return self.pipe
+
+    def replace(self, mode: str) -> bool:
+        """Moves the loaded components to the placement of `mode`; returns whether anything moved."""
+        wanted = self.plan(mode)
+        if self.pipe is None or wanted == self.placement:
+            return False
+        previous, self.placement = self.placement, wanted
+        self._apply(wanted, previous)
+        return True
+
+    def _apply(self, wanted: placements.Placement, previous: placements.Placement | None) -> None:
+        if wanted.chosen == "cpu":
+            return
+        was = previous.where if previous else {"dit": placements.GPU if wanted.base_on_gpu else placements.HOST,
+                                               "text_encoder": placements.GPU}
+        if wanted.where["dit"] != was["dit"]:
+            _move(self.pipe.dit, self.device if wanted.base_on_gpu else "pinned")
+        if wanted.where["text_encoder"] != was["text_encoder"] and self.pipe.text_encoder is not None:
+            if wanted.where["text_encoder"] == placements.STREAMED:
+                self._stream_text_encoder()
+            else:
+                self._unstream_text_encoder()
+        empty_cache(self.device)
+
+    def _stream_text_encoder(self) -> None:
+        """accelerate's cpu_offload: the weights stay in pinned host memory and each submodule's are brought to the
+        GPU for its own forward."""
+        from accelerate import cpu_offload
+        encoder = self.pipe.text_encoder
+        self._streamed_state = {name: tensor.detach().to("cpu").pin_memory()
+                                for name, tensor in encoder.state_dict().items()}
+        cpu_offload(encoder, execution_device=torch.device(self.device), state_dict=self._streamed_state)
+
+    def _unstream_text_encoder(self) -> None:
+        from accelerate.hooks import remove_hook_from_module
+        from accelerate.utils import set_module_tensor_to_device
+        encoder = self.pipe.text_encoder
+        remove_hook_from_module(encoder, recurse=True)
+        for name, tensor in self._streamed_state.items():
+            set_module_tensor_to_device(encoder, name, self.device, value=tensor)
+        self._streamed_state = None
+
+
+def _move(module: torch.nn.Module, where: str) -> None:
+    """Every parameter and buffer of `module` to a device, or to pinned host memory (fast copies to the GPU), one
+    tensor at a time so that only one extra copy exists at any moment."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            tensor.data = tensor.data.to("cpu").pin_memory() if where == "pinned" else tensor.data.to(where)

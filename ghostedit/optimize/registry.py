@@ -1,0 +1,225 @@
+"""The toggle registry: every speed toggle is declared once, in its own file under ghostedit/optimize/toggles/, and
+everything else (the configuration and its cache key, the preparation recipe, the run-time contexts, the CLI flags,
+the UI controls, "Run variants", the API options and the bench) reads the declaration from here.
+
+A toggle has choices; a choice says what it needs (another toggle's setting), what it implies, whether it is lossy,
+and its words. The toggle says what it changes: the prepared pipeline (and so the cache key: only what its
+`prepared_key` keeps of the value), or only how a run goes. It may bring a preparation step (run in `order`, lossless
+steps before lossy ones), a run-time context, Inductor options for compiled code, and an availability check that
+gives the reason when a choice cannot run on this machine.
+
+A flag is a toggle with the choices "off" and "on" that belongs to a group (the lossless rewrites): the command line,
+the API and the page show a group as one multi-choice setting, e.g. `rewrites=real-rope+joint-layout`.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager
+
+from ..device import Availability
+
+PREPARED = "prepared"   # the toggle changes the prepared pipeline: part of the cache key
+RUN = "run"             # the toggle changes only how a run goes: switching it prepares nothing
+PLACEMENT = "placement"  # the toggle changes where the model's weights live (the model store applies it)
+OFF, ON = "off", "on"
+
+
+@dataclass(frozen=True)
+class Requires:
+    """A choice needs another toggle set to one of `values` (or, with `not_values`, to anything else)."""
+    toggle: str
+    not_values: tuple[str, ...] = ()
+    values: tuple[str, ...] = ()
+    why: str = ""
+
+    def accepts(self, value: str) -> bool:
+        return value in self.values if self.values else value not in self.not_values
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: str
+    label: str
+    help: str = ""
+    lossy: bool = False
+    requires: tuple[Requires, ...] = ()
+    implies: tuple[tuple[str, str], ...] = ()   # (toggle, value) set by this choice
+    needs_fused_loras: str = ""                 # why, when runtime LoRAs cannot run with this choice
+
+
+@dataclass
+class PrepareContext:
+    """What a preparation step works on: the DiT being prepared (a copy sharing the base's weights, so a step must
+    replace a tensor rather than change it), the configuration, the device, a stage timer and the report."""
+    dit: Any
+    config: Any
+    device: str
+    stage: Callable[[str, str], ContextManager]
+    report: dict[str, str]
+    shared: dict = field(default_factory=dict)  # handed from one step to a later one (e.g. joint attention layers)
+
+
+@dataclass
+class RunContext:
+    """What a run-time context sees: the prepared pipeline, the device, the number of tokens a DiT forward attends
+    over at this run's shape, and the recorder (to time what it does as a stage of its own)."""
+    prepared: Any
+    device: str
+    sequence_length: int
+    recorder: Any
+    ran: dict = field(default_factory=dict)   # what a context resolved, for the result (e.g. "auto" -> a backend)
+
+
+@dataclass(frozen=True)
+class Toggle:
+    name: str                # the configuration key, CLI flag (--name) and API parameter
+    label: str
+    help: str
+    choices: tuple[Choice, ...]
+    default: str = OFF
+    changes: str = PREPARED
+    group: str | None = None                       # flags (off/on) shown together under this name
+    order: int = 50                                # position among preparation steps
+    prepare: Callable[[PrepareContext, str], None] | None = None
+    prepared_key: Callable[[str], Any] = staticmethod(lambda value: value)
+    run_context: Callable[[RunContext, str], ContextManager] | None = None
+    compile_options: dict = field(default_factory=dict)   # Inductor options this toggle adds when not off
+    availability: Callable[[str, str], Availability] = staticmethod(lambda value, device: Availability.yes())
+    tag: Callable[[str], str] | None = None        # its part of a configuration's label (default: name-value)
+
+    def label_part(self, value: str) -> str | None:
+        if value == self.default:
+            return None
+        if self.group is not None:
+            return self.name
+        return self.tag(value) if self.tag else f"{self.name}-{value}"
+
+    def __post_init__(self):
+        values = [choice.value for choice in self.choices]
+        if self.default not in values:
+            raise ValueError(f"toggle {self.name}: default {self.default!r} is not one of its choices {values}")
+        if self.group is not None and set(values) != {OFF, ON}:
+            raise ValueError(f"toggle {self.name}: a flag of group {self.group!r} takes the choices off and on")
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return tuple(choice.value for choice in self.choices)
+
+    def choice(self, value: str) -> Choice:
+        for choice in self.choices:
+            if choice.value == value:
+                return choice
+        raise KeyError(value)
+
+    def is_lossy(self, value: str) -> bool:
+        return self.choice(value).lossy
+
+
+_TOGGLES: dict[str, Toggle] = {}
+_discovered = False
+
+
+def register(toggle: Toggle) -> Toggle:
+    """Adds a toggle (a toggle file calls this at import; a test may add its own). Names are unique."""
+    if toggle.name in _TOGGLES and _TOGGLES[toggle.name] is not toggle:
+        raise ValueError(f"a toggle named {toggle.name!r} is already registered")
+    if toggle.group is not None and toggle.group in _TOGGLES:
+        raise ValueError(f"group {toggle.group!r} has the name of a toggle")
+    _TOGGLES[toggle.name] = toggle
+    return toggle
+
+
+def unregister(name: str) -> None:
+    _TOGGLES.pop(name, None)
+
+
+def _discover() -> None:
+    """Imports every module of ghostedit.optimize.toggles once: each registers its toggle. Toggle files import only
+    what declaring needs; their steps import the heavy code (torchao, DiffSynth's modules) when they run."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    from . import toggles
+    for module in pkgutil.iter_modules(toggles.__path__):
+        importlib.import_module(f"{toggles.__name__}.{module.name}")
+
+
+def toggles() -> list[Toggle]:
+    """Every toggle, in preparation order (then by name)."""
+    _discover()
+    return sorted(_TOGGLES.values(), key=lambda toggle: (toggle.order, toggle.name))
+
+
+def get(name: str) -> Toggle:
+    _discover()
+    return _TOGGLES[name]
+
+
+def singles() -> list[Toggle]:
+    """The toggles shown as a setting of their own (not a flag of a group)."""
+    return [toggle for toggle in toggles() if toggle.group is None]
+
+
+def groups() -> dict[str, list[Toggle]]:
+    """{group name: its flags}, in preparation order."""
+    grouped: dict[str, list[Toggle]] = {}
+    for toggle in toggles():
+        if toggle.group is not None:
+            grouped.setdefault(toggle.group, []).append(toggle)
+    return grouped
+
+
+def settings() -> list[str]:
+    """The names a configuration is set by: every single toggle and every group, in preparation order."""
+    names = []
+    for toggle in toggles():
+        name = toggle.group or toggle.name
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def availability(toggle: Toggle, value: str, device: str) -> Availability:
+    return toggle.availability(value, device)
+
+
+def options(device: str) -> dict[str, dict[str, Availability]]:
+    """{setting: {choice: availability}}; a group lists its flags as its choices."""
+    result: dict[str, dict[str, Availability]] = {}
+    for toggle in toggles():
+        if toggle.group is None:
+            result[toggle.name] = {value: toggle.availability(value, device) for value in toggle.values}
+        else:
+            result.setdefault(toggle.group, {})[toggle.name] = toggle.availability(ON, device)
+    return result
+
+
+def words(setting: str, value: str) -> str:
+    """The UI words for a setting's choice (a group's choice is one of its flags)."""
+    _discover()
+    if setting in groups():
+        return get(value).label
+    return get(setting).choice(value).label
+
+
+def run_contexts(config, context: RunContext) -> ContextManager:
+    """Every toggle's run-time context for this configuration, entered in preparation order."""
+    stack = contextlib.ExitStack()
+    for toggle in toggles():
+        if toggle.run_context is not None:
+            stack.enter_context(toggle.run_context(context, config.value(toggle.name)))
+    return stack
+
+
+def compile_options(config) -> tuple[dict, list[str]]:
+    """The Inductor options the configuration's toggles add, and the words for each toggle that adds some."""
+    options, said = {}, []
+    for toggle in toggles():
+        if toggle.compile_options and config.value(toggle.name) != OFF:
+            options.update(toggle.compile_options)
+            said.append(toggle.label)
+    return options, said

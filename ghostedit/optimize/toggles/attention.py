@@ -1,0 +1,44 @@
+"""Toggle `attention`: the attention backend of the DiT (implemented in ghostedit/optimize/attention.py).
+
+Switching between exact backends prepares nothing (the backend is chosen around each run); only the cuDNN FP8
+attention changes the prepared DiT (FP8 scales of q and k, through the joint layout it implies)."""
+import contextlib
+
+from .. import attention
+from ..registry import ON, Choice, RunContext, Toggle, register
+
+
+@contextlib.contextmanager
+def _active(context: RunContext, backend: str):
+    words = backend
+    if backend == "auto":
+        with context.recorder.stage("attention auto", "timing attention backends at this shape", into_prepare=True):
+            backend, words = attention.resolve(backend, context.prepared.dit, context.sequence_length, context.device)
+    elif backend == "diffsynth":
+        words = f"DiffSynth default ({attention.diffsynth_default()})"
+    context.ran["attention"] = backend
+    context.ran["words"] = {"attention": words}
+    with attention.active(backend):
+        yield
+
+
+register(Toggle(
+    name="attention", label="Attention backend",
+    help="which kernel computes the DiT's joint attention; the lossy ones only when named",
+    choices=(
+        Choice("diffsynth", "DiffSynth default", help="FA3 if installed, else PyTorch SDPA's own dispatch"),
+        Choice("auto", "auto (fastest exact backend measured here)"),
+        Choice("sdpa-cudnn", "PyTorch SDPA: cuDNN"),
+        Choice("sdpa-flash", "PyTorch SDPA: flash"),
+        Choice("sdpa-efficient", "PyTorch SDPA: memory-efficient"),
+        Choice("sdpa-math", "PyTorch SDPA: math"),
+        Choice("fa4", "FlashAttention-4"),
+        Choice("fa3", "FlashAttention-3"),
+        Choice("fa2", "FlashAttention-2"),
+        Choice("sage", "SageAttention (INT8, lossy)", lossy=True),
+        Choice("cudnn-fp8", "cuDNN FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),)),
+    ),
+    default="diffsynth", order=15,
+    prepared_key=lambda backend: backend if backend == "cudnn-fp8" else None,
+    run_context=_active, availability=attention.availability, tag=lambda backend: backend,
+))

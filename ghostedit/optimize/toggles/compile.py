@@ -1,0 +1,34 @@
+"""Toggle `compile`: torch.compile of each transformer block (implemented in ghostedit/optimize/compile.py), with
+the Inductor options that other toggles add (ghostedit.optimize.registry.compile_options)."""
+import contextlib
+
+from .. import compile as compile_blocks
+from ..registry import Choice, PrepareContext, RunContext, Toggle, compile_options, register
+
+
+def _prepare(context: PrepareContext, mode: str) -> None:
+    if mode == "off":
+        return
+    options, words = compile_options(context.config)
+    with context.stage("compile", "setting up torch.compile"):
+        blocks = compile_blocks.compile_regions(context.dit, mode, options)
+    context.report["compile"] = ", ".join([f"{mode}: {blocks} transformer blocks (compiled on first call)", *words])
+
+
+@contextlib.contextmanager
+def _dynamo_settings(context: RunContext, mode: str):
+    if mode != "off":
+        compile_blocks.configure_dynamo()  # in the run's thread: Dynamo's settings hold per thread
+    yield
+
+
+register(Toggle(
+    name="compile", label="torch.compile",
+    help="regional compilation: the repeated transformer block is compiled once and shared by all blocks",
+    choices=(
+        Choice("off", "off (eager)"),
+        Choice("regional", "regional (each transformer block)"),
+        Choice("max-autotune", "max-autotune (each block, tuned kernels)"),
+    ),
+    order=90, prepare=_prepare, run_context=_dynamo_settings, availability=compile_blocks.availability,
+))

@@ -1,0 +1,72 @@
+"""The public signatures of the edit endpoints: one parameter per request value, per LoRA slot and per toggle
+setting of the registry, each with its description (Gradio shows it in the API page and as MCP tool help), built
+around the handlers, which take the values as one dict."""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import gradio as gr
+
+from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
+from ..optimize import registry
+from .settings import LORA_SLOTS, lora_parameter, setting_parameter, variants
+
+REQUEST_PARAMETERS = {
+    "image": "the image to edit (a file)",
+    "image_2": f"an optional second input image, edited together with the first (up to {MAX_INPUT_IMAGES})",
+    "image_3": "an optional third input image",
+    "prompt": "the edit instruction, e.g. 'make it a haunted house at night'",
+    "negative_prompt": "what the edit should avoid (used when cfg_scale > 1)",
+    "steps": f"denoising steps, {STEPS_RANGE[0]} to {STEPS_RANGE[1]} (default: the model's)",
+    "cfg_scale": f"true classifier-free guidance, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; 1 halves the DiT work",
+    "seed": f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]}",
+    "width": f"output width, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
+    "height": f"output height, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
+}
+
+
+def parameter_descriptions() -> dict[str, str]:
+    """{API parameter: what it means and which values it takes} for /edit, from the registry."""
+    described = dict(REQUEST_PARAMETERS)
+    for slot in range(1, LORA_SLOTS + 1):
+        which = "a LoRA" if slot == 1 else f"LoRA number {slot}, stacked on the ones before"
+        described[lora_parameter(slot)] = f"{which}: a name from /options 'loras', or 'none'"
+        described[lora_parameter(slot, "mode")] = "fused (into the weights) or runtime (PEFT layers)"
+        described[lora_parameter(slot, "scale")] = "the LoRA's strength, e.g. 1.0"
+    for setting in registry.settings():
+        if setting in registry.groups():
+            flags = registry.groups()[setting]
+            described[setting_parameter(setting)] = ("a list of any of: " + "; ".join(
+                f"{flag.name} ({flag.label})" for flag in flags))
+        else:
+            toggle = registry.get(setting)
+            described[setting_parameter(setting)] = (f"{toggle.help}. One of: " + "; ".join(
+                f"{choice.value} ({choice.label})" for choice in toggle.choices) + f". Default {toggle.default}")
+    return described
+
+
+def endpoint(method: Callable, summary: str, names: list[str], extra: dict[str, str] | None = None) -> Callable:
+    """A generator function with one positional parameter per name (then a session `history`, the request and
+    progress), which calls `method(values, history, request, progress)`: Gradio reads the signature for the API
+    and passes values positionally."""
+    described = {**parameter_descriptions(), **(extra or {})}
+
+    def call(*arguments):
+        *values, history, request, progress = arguments
+        yield from method(dict(zip(names, values)), history, request, progress)
+
+    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for name in names]
+    parameters += [inspect.Parameter("history", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+                   inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                     annotation=gr.Request),
+                   inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress())]
+    call.__signature__ = inspect.Signature(parameters)
+    call.__annotations__ = {"request": gr.Request}  # Gradio finds the request by type hint
+    call.__name__ = method.__name__
+    call.__doc__ = summary + "\n\nArgs:\n" + "\n".join(f"    {name}: {described[name]}" for name in names)
+    return call
+
+
+def variants_description() -> str:
+    return "a list of variants to run: " + "; ".join(f"{name} ({words})" for name, words in variants().items())

@@ -1,0 +1,140 @@
+"""The toggle registry: one declaration per toggle, read by the configuration, the cache key, the recipe, the CLI,
+the options API and the page; and the defects of hand-kept copies, each fixed."""
+import argparse
+import contextlib
+
+import pytest
+import torch
+
+from ghostedit import EditRequest, OptimizationConfig
+from ghostedit.cli import build_parser, options_text
+from ghostedit.device import Availability
+from ghostedit.engine import Engine
+from ghostedit.optimize import registry
+from ghostedit.optimize.registry import OFF, ON, Choice, Toggle
+from ghostedit.ui.settings import variant_configs
+
+SMALL = dict(width=64, height=64, steps=2)
+
+
+@pytest.fixture
+def test_toggle():
+    """A toggle that exists only in this test: it scales the DiT's output projection when on (a prepare step),
+    records every run it wraps (a run-time context), and says it cannot run at "fast" here."""
+    seen = []
+
+    def prepare(context, value):
+        if value != OFF:
+            with context.stage("test step", "scaling the output projection"):
+                context.dit.proj_out.weight = torch.nn.Parameter(context.dit.proj_out.weight * 0.5,
+                                                                 requires_grad=False)
+            context.report["test-toggle"] = f"halved the output projection ({value})"
+
+    @contextlib.contextmanager
+    def around_run(context, value):
+        seen.append(value)
+        yield
+
+    toggle = Toggle(name="test-toggle", label="Test toggle", help="a toggle defined in a test",
+                    choices=(Choice(OFF, "off"), Choice("half", "half the output projection"),
+                             Choice("fast", "a choice this machine cannot run")),
+                    order=40, prepare=prepare, run_context=around_run,
+                    availability=lambda value, device: Availability.no("it is only a test") if value == "fast"
+                    else Availability.yes())
+    registry.register(toggle)
+    yield seen
+    registry.unregister("test-toggle")
+
+
+def test_a_toggle_defined_in_a_test_is_in_the_cli_the_options_api_and_the_page(test_toggle, house):
+    parser = build_parser()
+    help_text = parser._subparsers._group_actions[0].choices["edit"].format_help()
+    assert "--test-toggle {off,half,fast}" in help_text and "a toggle defined in a test" in help_text
+    args = parser.parse_args(["edit", "--image", "x.png", "--prompt", "p", "--out", "y.png", "--test-toggle", "half"])
+    from ghostedit.arguments import config_from_args
+    config = config_from_args(args)
+    assert config.value("test-toggle") == "half" and "test-toggle-half" in config.label
+
+    engine = Engine("tiny", device="cpu")
+    options = engine.options()["test-toggle"]
+    assert options["half"].ok and options["fast"].reason == "it is only a test"
+    assert "test-toggle" in options_text(engine) and "unavailable: it is only a test" in options_text(engine)
+
+    from ghostedit.ui.layout import build_app
+    from ghostedit.ui.handlers import Handlers
+    handlers = Handlers(engine, lora_dir=__import__("tempfile").mkdtemp())
+    assert handlers.api_options()["options"]["test-toggle"]["fast"] == {"available": False,
+                                                                        "reason": "it is only a test"}
+    assert "test-toggle" in handlers.api_options()["variants"]
+    demo = build_app(engine, __import__("pathlib").Path(__import__("tempfile").mkdtemp()))
+    dropdowns = [block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "test_toggle"]
+    assert len(dropdowns) == 1 and [value for _, value in dropdowns[0].choices] == ["off", "half", "fast"]
+    assert "unavailable: it is only a test" in dict((v, k) for k, v in dropdowns[0].choices)["fast"]
+    api_info = demo.get_api_info()["named_endpoints"]["/edit"]["parameters"]
+    assert "test_toggle" in [parameter["parameter_name"] for parameter in api_info]
+
+    plain = engine.run(EditRequest(images=[house], prompt="make it night", **SMALL))
+    halved = engine.run(EditRequest(images=[house], prompt="make it night", **SMALL), config)
+    assert halved.telemetry.cache_hit is False and "test step" in halved.telemetry.prepare_steps
+    assert halved.prepared_report["test-toggle"] == "halved the output projection (half)"
+    assert test_toggle == ["off", "half"]
+    assert plain.image.tobytes() != halved.image.tobytes()
+
+
+def test_switching_an_exact_attention_backend_prepares_nothing():
+    """Before: the cache key held the attention backend, so each switch prepared (and compiled) again."""
+    exact = [OptimizationConfig(attention=name).cache_key for name in ("diffsynth", "sdpa-math", "auto", "fa4")]
+    assert len(set(exact)) == 1
+    assert OptimizationConfig(attention="cudnn-fp8").cache_key not in exact  # it changes the prepared DiT
+
+
+def test_transformer_engine_leaves_the_fused_text_projection_in_bf16():
+    """Before: with fused-qkv, the text stream's fused projection (add_qkv) went to TE and failed (its token count
+    is the prompt's length, not a multiple of 16)."""
+    from ghostedit.optimize.te import image_stream_targets
+    names = ["transformer_blocks.0.attn.to_qkv", "transformer_blocks.0.attn.add_qkv",
+             "transformer_blocks.0.attn.to_out.0", "transformer_blocks.0.txt_mlp.net.2"]
+    chosen = [name for name, _ in image_stream_targets({name: None for name in names})]
+    assert chosen == ["transformer_blocks.0.attn.to_qkv", "transformer_blocks.0.attn.to_out.0"]
+
+
+def test_a_rewrites_variant_brings_the_compile_its_inductor_setting_needs():
+    """Before: "+ rewrites" with inductor-multi-kernel failed ("needs compile on"): the page built variants by its
+    own rules."""
+    panel = OptimizationConfig(compile="regional", rewrites=("real-rope", "inductor-multi-kernel"))
+    runs = dict(variant_configs(["baseline", "rewrites", "compile"], panel)[0])
+    assert runs["rewrites"] == OptimizationConfig(compile="regional", rewrites=("real-rope", "inductor-multi-kernel"))
+    assert runs["compile"] == OptimizationConfig(compile="regional")
+
+
+def test_a_compiled_first_step_costs_no_extra_forward_and_auto_attention_is_timed_in_a_stage(house, monkeypatch):
+    """Before: the warm-up ran one more DiT forward per new shape (two with CFG), and the "auto" attention timing
+    was in no stage."""
+    from ghostedit.engine import runner
+    calls = []
+    forward = runner.forward
+    monkeypatch.setattr(runner, "forward", lambda model_fn, inputs: calls.append(1) or forward(model_fn, inputs))
+    engine = Engine("tiny", device="cpu")
+    result = engine.run(EditRequest(images=[house], prompt="make it night", cfg_scale=4.0, **SMALL),
+                        OptimizationConfig(compile="regional", attention="auto"))
+    assert len(calls) == 2 * SMALL["steps"]  # two forwards (CFG) per step, not one more
+    assert result.telemetry.stages["compile warm-up"] > 0 and result.telemetry.warm_up_steps == [0]
+    assert "attention auto" in result.telemetry.prepare_steps
+    assert sum(result.telemetry.stages.values()) == pytest.approx(result.telemetry.total_seconds, rel=0.05)
+
+
+def test_settings_the_registry_does_not_know_are_refused():
+    with pytest.raises(ValueError, match="unknown setting 'turbo'"):
+        OptimizationConfig(turbo="on")
+    with pytest.raises(ValueError, match="fp8 must be one of|FP8 must be one of"):
+        OptimizationConfig(fp8="fp4")
+    with pytest.raises(ValueError, match="needs compile set to anything but off"):
+        OptimizationConfig(rewrites=("inductor-multi-kernel",))
+    assert OptimizationConfig(attention="cudnn-fp8").flags("rewrites") == ("joint-layout",)  # implied
+
+
+def test_presets_name_the_best_configuration_once():
+    from ghostedit.optimize.presets import BEST, EXACT
+    assert OptimizationConfig.parse("best") == OptimizationConfig.parse(BEST)
+    assert OptimizationConfig.parse("best").replace(attention="diffsynth") == OptimizationConfig.parse(EXACT)
+    assert OptimizationConfig.parse(OptimizationConfig.parse("best").text) == OptimizationConfig.parse("best")
