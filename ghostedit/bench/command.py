@@ -2,6 +2,7 @@
 not set them itself) and its run, at the pipeline or the DiT level."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -27,8 +28,10 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--repeats", type=int, default=2,
                        help="pipeline: warm runs per configuration after the cold one (0: report the cold run); "
                             "dit: timed forwards")
-    bench.add_argument("--level", choices=("pipeline", "dit"), default="pipeline",
-                       help="pipeline: whole edits; dit: one DiT forward at the edit's shape (CUDA events)")
+    bench.add_argument("--level", choices=("pipeline", "dit", "lora-switch"), default="pipeline",
+                       help="pipeline: whole edits; dit: one DiT forward at the edit's shape (CUDA events); "
+                            "lora-switch: fused LoRA switches on the first configuration, and a runtime LoRA's scale")
+    bench.add_argument("--lora-rank", type=int, default=32, help="lora-switch level: rank of the random LoRAs")
     bench.add_argument("--text-tokens", type=int, default=256, help="dit level: prompt tokens")
     bench.add_argument("--experiments", action="store_true",
                        help="dit level: also time CFG batching and a CUDA graph of the fastest configuration")
@@ -84,6 +87,8 @@ def cmd_bench(args) -> int:
                "configs": [config.text for config in configs], "environment": environment()}
     if args.level == "dit":
         return _dit(args, engine, configs, out_dir, context)
+    if args.level == "lora-switch":
+        return _lora_switch(args, engine, configs[0], out_dir, context)
     return _pipeline(args, engine, configs, out_dir, context)
 
 
@@ -110,10 +115,39 @@ def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
     return 0
 
 
+def _lora_switch(args, engine, config, out_dir: Path, context: dict) -> int:
+    from .lora_switch import run_lora_switch_bench
+    args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
+    request = request_from_args(args, 1)
+    results = run_lora_switch_bench(engine, request, config, args.lora_rank, out_dir / "loras")
+    write_results(out_dir, {**context, **results})
+    (out_dir / "table.md").write_text(markdown_table(results["rows"], {
+        "switch": "switch", "switch_s": "LoRA switch s", "compile_warmup_s": "compile warm-up s",
+        "new_compiled_frames": "recompiled frames", "edit_s": "edit s"}) + "\n")
+    print(json.dumps({key: value for key, value in results.items() if key != "rows"}, indent=1))
+    return 0
+
+
+@contextlib.contextmanager
+def peak_memory(device: str):
+    """The GPU memory peak (torch's allocated and reserved) of what runs inside, in GiB; empty on a CPU."""
+    import torch
+    found: dict = {}
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    yield found
+    if device.startswith("cuda"):
+        found.update(allocated_gib=torch.cuda.max_memory_allocated() / 1024**3,
+                     reserved_gib=torch.cuda.max_memory_reserved() / 1024**3)
+
+
 def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
     args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
     request = request_from_args(args, engine.spec.default_steps)
-    engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or in memory
+    with peak_memory(engine.device) as load_peak:
+        engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or memory
+    context.update(load_peak_gib=load_peak.get("allocated_gib"), load_peak_reserved_gib=load_peak.get("reserved_gib"),
+                   placement=engine.placement(configs[0]).describe())
     rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
                               on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
                                                        f"{row['end_to_end_s']:.2f} s end to end", flush=True))

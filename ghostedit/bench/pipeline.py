@@ -42,7 +42,8 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
     cold = engine.run(request, config)
     warm = [engine.run(request, config) for _ in range(repeats)] or [cold]
     summaries = [run.telemetry.summary() for run in warm]
-    cold_stages = cold.telemetry.summary()["stages_s"]
+    cold_summary = cold.telemetry.summary()
+    cold_stages = cold_summary["stages_s"]
     return {
         "config": config.label,
         "text": config.text,
@@ -50,7 +51,10 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "end_to_end_s": statistics.median(edit_seconds(s) for s in summaries),
         "prepare_s": cold_stages.get("prepare", 0.0),
         "warmup_s": cold_stages.get("compile warm-up", 0.0),
-        "peak_gib": max(s["peak_allocated_gib"] for s in summaries),
+        # the cold run's too: preparing a configuration is part of what must fit
+        "peak_gib": max(s["peak_allocated_gib"] for s in [cold_summary, *summaries]),
+        "peak_reserved_gib": max((s["peak_reserved_gib"] or 0) for s in [cold_summary, *summaries]) or None,
+        "placement": cold_summary["placement"],
         "memory_kind": summaries[0]["memory_kind"],
         "warm_cache_hits": all(s["cache_hit"] for s in summaries) if repeats else None,
         "attention_ran": warm[-1].attention_backend,
@@ -63,7 +67,7 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
 
 def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, one_at_a_time: bool = False,
               on_row=None) -> list[dict]:
-    from .metrics import compare_images  # scikit-image: loaded when a bench runs, not with every CLI command
+    from ..metrics import compare_images  # scikit-image: loaded when a bench runs, not with every CLI command
     rows = []
     for config in configs:
         if one_at_a_time:

@@ -66,7 +66,7 @@ def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str)
     if not deltas and linear.weight.dtype == base_weight.dtype and base_weight.device == torch.device(device):
         linear.weight = torch.nn.Parameter(base_weight, requires_grad=False)  # the base's own tensor again
         return
-    weight = base_weight.to(device, torch.float32, non_blocking=True)
+    weight = base_weight.to(device, torch.float32, non_blocking=True, copy=True)  # never the base itself
     for layer, scale in deltas:
         weight += layer.delta(scale, device)
     if _shares_storage(linear.weight, base_weight):

@@ -22,7 +22,12 @@ MODES = ("auto", "gpu", "balanced", "low")
 GPU, HOST, STREAMED, CPU = "gpu", "host", "streamed", "cpu"
 WHERE_WORDS = {GPU: "GPU", HOST: "pinned host memory", STREAMED: "pinned host memory, streamed to the GPU "
                "layer by layer while it runs", CPU: "host memory (no GPU)"}
-ACTIVATIONS_GIB = 4.0  # a 1024x1024 edit's activations with the FP8 DiT peaked at 1.9 GiB (docs/benchmarks.md)
+# Room beside the weights: a 1024x1024 edit's activations with the FP8 DiT peaked at 1.9 GiB in the H100 run of
+# stop 10, plus the CUDA context and the libraries' workspaces, which torch's allocator does not count
+RESERVE_GIB = 2.5 + 1.5
+# auto puts the base DiT on the card only with this much more room: on an 80 GB H100 the base, an FP8 copy and the
+# text encoder (73 GiB of weights) ran out of memory at first use
+GPU_MODE_MARGIN_GIB = 8.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,11 @@ def decide(mode: str, device: str, sizes: Sizes) -> Placement:
     if not device.startswith("cuda"):
         return Placement(mode, "cpu", dict.fromkeys(("dit", "text_encoder", "vae"), CPU),
                          "there is no GPU: everything is in host memory", 0)
-    capacity = gpu_capacity_bytes(device)
+    return plan(mode, gpu_capacity_bytes(device), sizes)
+
+
+def plan(mode: str, capacity: int, sizes: Sizes) -> Placement:
+    """The placement on a card of `capacity` bytes."""
     chosen = mode if mode != "auto" else _auto(sizes, capacity)
     where = {"gpu": {"dit": GPU, "text_encoder": GPU, "vae": GPU},
              "balanced": {"dit": HOST, "text_encoder": GPU, "vae": GPU},
@@ -57,10 +66,10 @@ def decide(mode: str, device: str, sizes: Sizes) -> Placement:
 def _needs(chosen: str, sizes: Sizes) -> int:
     """GPU bytes the mode needs for the configurations auto must run (the FP8 DiT; with the base on the GPU also a
     bf16 one, which shares the base's weights, and a LoRA fused into it)."""
-    activations = int(ACTIVATIONS_GIB * GIB)
+    activations = int(RESERVE_GIB * GIB)
     fp8_dit = sizes.dit // 2
     if chosen == "gpu":
-        return 2 * sizes.dit + sizes.text_encoder + sizes.vae + activations
+        return 2 * sizes.dit + sizes.text_encoder + sizes.vae + int(GPU_MODE_MARGIN_GIB * GIB)
     if chosen == "balanced":
         return fp8_dit + sizes.text_encoder + sizes.vae + activations
     return fp8_dit + sizes.vae + activations
@@ -90,7 +99,7 @@ def fits(placement: Placement, sizes: Sizes, config) -> Availability:
     """Whether a configuration fits this placement on the card, and if not what it needs."""
     if placement.chosen == "cpu":
         return Availability.yes()
-    on_gpu = sizes.vae + int(ACTIVATIONS_GIB * GIB)
+    on_gpu = sizes.vae + int(RESERVE_GIB * GIB)
     on_gpu += sizes.text_encoder if placement.where["text_encoder"] == GPU else 0
     if placement.base_on_gpu:
         on_gpu += sizes.dit + (sizes.prepared_dit(config) if config.value("fp8") != "off" else 0)
