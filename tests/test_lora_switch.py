@@ -47,3 +47,35 @@ def test_fused_and_runtime_loras_stack(house):
     fused = engine.run(request, OptimizationConfig(loras=(a, b_fused)))
     assert np.abs(pixels(mixed) - pixels(fused)).max() <= 1
     assert "LoRA tiny_lora_peft (fused)" in mixed.prepared_report and "LoRA tiny_lora_kohya" in mixed.prepared_report
+
+
+def test_a_lora_switched_into_fp8_weights_is_quantized_as_a_fresh_fp8_layer():
+    """The LoRA is fused in float32 into the base weight, then quantized exactly as preparation quantizes, and
+    written into the FP8 tensors the prepared DiT holds; back to none restores the quantized base bit for bit."""
+    import torch
+    from torchao.quantization import quantize_
+
+    from ghostedit.models.tiny import tiny_lora_deltas
+    from ghostedit.telemetry import RunRecorder
+    engine = Engine("tiny", device="cpu")
+    base = engine.load().dit
+    config = OptimizationConfig(fp8="storage")
+    prepared, _ = engine.prepare(config)
+    name = "transformer_blocks.1.img_mlp.net.0.proj"
+    layer = prepared.dit.get_submodule(name)
+    held = [tensor.data_ptr() for tensor in (layer.weight.qdata, layer.weight.scale)]
+    quantized_base = layer.weight.qdata.clone()
+
+    a = LoraChoice.from_file(ensure_tiny_lora("peft"), 0.8)
+    engine.prepare(config.replace(loras=(a,)), RunRecorder("cpu"))
+    down, up = tiny_lora_deltas()[name]
+    expected = torch.nn.Linear(down.shape[1], up.shape[0], bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected.weight.copy_(base.get_submodule(name).weight.float()
+                              + 0.8 * up.bfloat16().float() @ down.bfloat16().float())
+    quantize_(expected, layer.ghostedit_fp8_config)
+    assert torch.equal(layer.weight.qdata.view(torch.uint8), expected.weight.qdata.view(torch.uint8))
+    assert torch.equal(layer.weight.scale, expected.weight.scale)
+    assert [tensor.data_ptr() for tensor in (layer.weight.qdata, layer.weight.scale)] == held  # the same tensors
+    engine.prepare(config)
+    assert torch.equal(layer.weight.qdata.view(torch.uint8), quantized_base.view(torch.uint8))

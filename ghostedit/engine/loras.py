@@ -63,7 +63,8 @@ def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: Ru
 
 def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str) -> None:
     linear = _linear(dit, name)
-    if not deltas and linear.weight.dtype == base_weight.dtype and base_weight.device == torch.device(device):
+    plain = type(linear.weight) is torch.nn.Parameter and linear.weight.dtype == base_weight.dtype
+    if not deltas and plain and base_weight.device == torch.device(device):
         linear.weight = torch.nn.Parameter(base_weight, requires_grad=False)  # the base's own tensor again
         return
     weight = base_weight.to(device, torch.float32, non_blocking=True, copy=True)  # never the base itself

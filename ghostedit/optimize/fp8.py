@@ -83,7 +83,19 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
     for linear in targets:  # one layer at a time: the device holds one bf16 layer at most, beside the FP8 ones
         linear.to(device)
         quantize_(linear, config)
+        linear.ghostedit_fp8_config = config  # how to quantize new values written in place (a fused LoRA)
     return report
+
+
+def quantized_like(linear: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` quantized as the torchao layer's own weight was (same config, same device)."""
+    from torchao.quantization import quantize_
+    fresh = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
+                            dtype=linear.weight.dtype)
+    with torch.no_grad():
+        fresh.weight.copy_(weight)
+    quantize_(fresh, linear.ghostedit_fp8_config)
+    return fresh.weight
 
 
 def forward_context(model: torch.nn.Module, mode: str):

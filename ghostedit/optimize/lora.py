@@ -230,9 +230,15 @@ def set_runtime_scales(model: torch.nn.Module, scales: dict[str, float]) -> None
 def write_weight_in_place(linear: torch.nn.Module, weight: torch.Tensor) -> None:
     """Writes new values into the weight tensor a layer already holds (compiled code keeps reading that tensor)."""
     target = linear.weight
-    if type(target) not in (torch.Tensor, torch.nn.Parameter):
-        raise LoraError(f"fused LoRA switching into {type(target).__name__} weights is not supported yet")
-    target.data.copy_(weight.to(target.dtype))
+    if hasattr(linear, "ghostedit_fp8_config"):  # torchao FP8: quantized as the layer was, into its own tensors
+        from .fp8 import quantized_like
+        from ..tensors import plain_tensors
+        for held, new in zip(plain_tensors(target), plain_tensors(quantized_like(linear, weight))):
+            held.copy_(new)
+    elif type(target) in (torch.Tensor, torch.nn.Parameter):
+        target.data.copy_(weight.to(target.dtype))
+    else:  # Transformer Engine's FP8 weight quantizes what it is copied (as te.convert does)
+        target.copy_(weight)
 
 
 def has_runtime_lora(model: torch.nn.Module) -> bool:
