@@ -98,7 +98,7 @@ class Engine:
         self.check(config)
         base = self.load(config, recorder)
         for lora in config.fused_loras:  # read and matched first: a LoRA that cannot apply leaves the cache as it was
-            self.loras.matched(lora, base.dit)
+            self.loras.matched(lora, base.dit, self.device)
         prepared = self.cache.get(config.cache_key)
         hit = prepared is not None
         if not hit:

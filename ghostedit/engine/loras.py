@@ -31,9 +31,14 @@ class LoraFiles:
     def __init__(self):
         self._matched: OrderedDict[str, lora_layers.MatchedLora] = OrderedDict()
 
-    def matched(self, lora, base_dit) -> lora_layers.MatchedLora:
+    def matched(self, lora, base_dit, device: str = "cpu") -> lora_layers.MatchedLora:
+        """The LoRA's layers; for a GPU in pinned memory, so that fusing copies them without waiting."""
         if lora.sha256 not in self._matched:
-            self._matched[lora.sha256] = lora_layers.match_lora(base_dit, lora_layers.read_lora_file(lora.path))
+            found = lora_layers.match_lora(base_dit, lora_layers.read_lora_file(lora.path))
+            if device.startswith("cuda"):
+                for layer in found.layers.values():
+                    layer.down, layer.up = layer.down.pin_memory(), layer.up.pin_memory()
+            self._matched[lora.sha256] = found
             while len(self._matched) > CACHED_FILES:
                 self._matched.popitem(last=False)
         self._matched.move_to_end(lora.sha256)
@@ -46,7 +51,7 @@ def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: Ru
     current = prepared.loras or FusedLoras()
     if current.applied == wanted:
         return
-    matched = [(lora, files.matched(lora, base_dit)) for lora in loras]
+    matched = [(lora, files.matched(lora, base_dit, device)) for lora in loras]
     layers = frozenset(name for _, found in matched for name in found.layers)
     touched = sorted(current.layers | layers)
     with recorder.stage("LoRA switch", f"fusing {len(loras)} LoRA(s): {len(touched)} layers rewritten"):
@@ -67,9 +72,11 @@ def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str)
     if not deltas and plain and base_weight.device == torch.device(device):
         linear.weight = torch.nn.Parameter(base_weight, requires_grad=False)  # the base's own tensor again
         return
-    weight = base_weight.to(device, torch.float32, non_blocking=True, copy=True)  # never the base itself
+    # copies without waiting (pinned sources): the host queues layer after layer while the GPU works
+    weight = base_weight.to(device, non_blocking=True, copy=True).float()  # never the base itself
     for layer, scale in deltas:
-        weight += layer.delta(scale, device)
+        up, down = (factor.to(device, non_blocking=True).float() for factor in (layer.up, layer.down))
+        weight.addmm_(up, down, alpha=scale * layer.factor)
     if _shares_storage(linear.weight, base_weight):
         linear.weight = torch.nn.Parameter(weight.to(base_weight.dtype), requires_grad=False)
     else:

@@ -90,10 +90,8 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
 def quantized_like(linear: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
     """`weight` quantized as the torchao layer's own weight was (same config, same device)."""
     from torchao.quantization import quantize_
-    fresh = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
-                            dtype=linear.weight.dtype)
-    with torch.no_grad():
-        fresh.weight.copy_(weight)
+    fresh = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")  # no initialisation
+    fresh.weight = torch.nn.Parameter(weight.to(linear.weight.dtype), requires_grad=False)
     quantize_(fresh, linear.ghostedit_fp8_config)
     return fresh.weight
 

@@ -221,10 +221,12 @@ def _pad_rank(layer: LoraLayer, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 def set_runtime_scales(model: torch.nn.Module, scales: dict[str, float]) -> None:
     """Sets each runtime LoRA's strength ({name given to attach_runtime_loras: scale}) by rewriting its small B
     matrices: no reload, and no recompile of a compiled model (a weight's values change, not the traced program)."""
+    by_adapter = {_adapter_name(name): scale for name, scale in scales.items()}
     with torch.no_grad():
-        for (adapter, layer_name), unit in model.ghostedit_runtime_lora.items():
-            scale = next(scale for name, scale in scales.items() if _adapter_name(name) == adapter)
-            model.get_submodule(layer_name).lora_B[adapter].weight.copy_(unit * scale)
+        for adapter, scale in by_adapter.items():
+            units = [(unit, model.get_submodule(layer).lora_B[adapter].weight)
+                     for (unit_adapter, layer), unit in model.ghostedit_runtime_lora.items() if unit_adapter == adapter]
+            torch._foreach_copy_([b for _, b in units], torch._foreach_mul([unit for unit, _ in units], scale))
 
 
 def write_weight_in_place(linear: torch.nn.Module, weight: torch.Tensor) -> None:
