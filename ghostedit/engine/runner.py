@@ -116,6 +116,8 @@ class _Instrumented:
         start = time.perf_counter()
         with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"):
             output = self._first_compiled_forward(inputs)
+        if not self.prepared.warmed_shapes and compile_blocks.is_compiled(self.prepared.dit):
+            compile_blocks.save_artifacts(self.prepared.label, self.recorder.device)
         self.prepared.warmed_shapes.add(shape)
         self.recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
         return output

@@ -12,7 +12,9 @@ def _prepare(context: PrepareContext, mode: str) -> None:
     options, words = compile_options(context.config)
     with context.stage("compile", "setting up torch.compile"):
         blocks = compile_blocks.compile_regions(context.dit, mode, options)
-    context.report["compile"] = ", ".join([f"{mode}: {blocks} transformer blocks (compiled on first call)", *words])
+        packaged = compile_blocks.load_artifacts(context.config.prepared_label, context.device)
+    first_call = "its code loaded from a compiled package" if packaged else "compiled on first call"
+    context.report["compile"] = ", ".join([f"{mode}: {blocks} transformer blocks ({first_call})", *words])
 
 
 @contextlib.contextmanager
