@@ -33,6 +33,9 @@ def add_bench_command(commands) -> None:
                             "lora-switch: fused LoRA switches on the first configuration, and a runtime LoRA's scale")
     bench.add_argument("--lora-rank", type=int, default=32, help="lora-switch level: rank of the random LoRAs")
     bench.add_argument("--text-tokens", type=int, default=256, help="dit level: prompt tokens")
+    bench.add_argument("--shapes", nargs="+", default=None, metavar="SIDE[:IMAGES]",
+                       help="dit level: square output sides, each with a number of input images (default 1), e.g. "
+                            "512 1024 1024:3 (default: --width, or 1024)")
     bench.add_argument("--experiments", action="store_true",
                        help="dit level: also time CFG batching and a CUDA graph of the fastest configuration")
     bench.add_argument("--one-at-a-time", action="store_true",
@@ -56,6 +59,11 @@ def configurations(args) -> list[OptimizationConfig]:
                     if value != OptimizationConfig().settings()[name]}
         configs.append(OptimizationConfig(loras=config.loras or loras, **{**given, **explicit}))
     return configs
+
+
+def _shape(text: str) -> tuple[int, int]:
+    side, _, images = text.partition(":")
+    return int(side), int(images or 1)
 
 
 def cap_gpu_memory(gib: float | None, device: str) -> None:
@@ -93,14 +101,15 @@ def cmd_bench(args) -> int:
 
 
 def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
-    width, height = args.width or 1024, args.height or 1024
+    shapes = [_shape(text) for text in args.shapes] if args.shapes else [(args.width or 1024, 1)]
+    width = height = shapes[0][0]
 
     def on_row(row, results):
         write_results(out_dir, {**context, **results})  # kept even if a later configuration fails
-        print(f"{row['config']}: {row['ms_per_forward']:.1f} ms/forward, first call {row['first_call_s']:.1f} s, "
+        print(f"{row['config']} at {row['shape']}: {row['ms_per_forward']:.1f} ms/forward, first call {row['first_call_s']:.1f} s, "
               f"rel. error {row['rel_error']:.4f}, block {row['block_rel_error']:.4f}", flush=True)
-    results = dit.run_dit_bench(engine, configs, width, height, args.text_tokens, args.seed, args.repeats,
-                                args.experiments, on_row)
+    results = dit.run_dit_bench(engine, configs, shapes, args.text_tokens, args.seed, args.repeats, args.experiments,
+                                on_row)
     if results["experiments"]:
         print(json.dumps(results["experiments"], indent=2), flush=True)
     write_results(out_dir, {**context, **results})
@@ -108,7 +117,7 @@ def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
     (out_dir / "table.md").write_text(markdown_table(rows, dit.COLUMNS) + "\n")
     write_bar_charts(out_dir / "chart.png",
                      args.title or f"GhostEdit DiT forward, {width}x{height} edit: {engine.spec.source} on {engine.device}",
-                     [row["config"] for row in rows], [row["ms_per_forward"] for row in rows],
+                     [f"{row['config']} ({row['shape']})" for row in rows], [row["ms_per_forward"] for row in rows],
                      "ms per DiT forward (lower is better)", [row["dit_alone_gib"] or 0 for row in rows],
                      "DiT alone: weights + activation peak, GiB")
     print(markdown_table(rows, dit.COLUMNS))

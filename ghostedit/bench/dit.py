@@ -18,12 +18,13 @@ import torch
 
 from ..config import OptimizationConfig
 from ..device import synchronize
-from ..engine.runner import dit_contexts, forward
+from ..engine.runner import dit_contexts, forward, package_compiled_code
 from ..tensors import storage_bytes
 from ..telemetry import GIB, RunRecorder, median_ms
 
 COLUMNS = {
     "config": "configuration",
+    "shape": "shape",
     "ms_per_forward": "ms / forward",
     "speedup": "speedup",
     "first_call_s": "first call s",
@@ -37,14 +38,16 @@ COLUMNS = {
 }
 
 
-def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtype, seed: int = 0) -> dict:
-    """The inputs DiffSynth's model_fn gets for a one-image edit: noisy latents, the edit image's latents (as many
-    tokens again) and the encoded prompt."""
+def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtype, seed: int = 0,
+               edit_images: int = 1) -> dict:
+    """The inputs DiffSynth's model_fn gets for an edit of `edit_images` images at the output's size: noisy
+    latents, each edit image's latents (as many tokens again each) and the encoded prompt."""
     generator = torch.Generator(device).manual_seed(seed)
     latent = (1, 16, height // 8, width // 8)
+    edit = [torch.randn(latent, generator=generator, device=device, dtype=dtype) for _ in range(edit_images)]
     return {
         "latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
-        "edit_latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
+        "edit_latents": edit[0] if edit_images == 1 else edit,
         "prompt_emb": torch.randn((1, text_tokens, dit.txt_in.in_features), generator=generator, device=device,
                                   dtype=dtype),
         "prompt_emb_mask": torch.ones((1, text_tokens), dtype=torch.long, device=device),
@@ -54,7 +57,13 @@ def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtyp
 
 
 def sequence_length(inputs: dict) -> int:
-    return 2 * (inputs["height"] // 16) * (inputs["width"] // 16) + inputs["prompt_emb"].shape[1]
+    edits = inputs["edit_latents"]
+    images = 1 + (len(edits) if isinstance(edits, list) else 1)
+    return images * (inputs["height"] // 16) * (inputs["width"] // 16) + inputs["prompt_emb"].shape[1]
+
+
+def shape_label(side: int, edit_images: int) -> str:
+    return f"{side}x{side}" + (f", {edit_images} images" if edit_images > 1 else "")
 
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
@@ -71,10 +80,11 @@ def running(prepared, config: OptimizationConfig, inputs: dict, device: str, rec
 
 
 def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeats: int, reference, block_reference):
-    """Returns (row, output). Without references (the baseline) the errors are 0 by definition."""
+    """Returns (row, output, prepared). Without references (the baseline) the errors are 0 by definition. The
+    configuration is prepared on its first shape; later shapes find it prepared (dynamic shapes: no recompile)."""
     device = engine.device
     recorder = RunRecorder(device)
-    prepared, _ = engine.prepare(config, recorder)
+    prepared, hit = engine.prepare(config, recorder)
     on_gpu = device.startswith("cuda")
     with running(prepared, config, inputs, device, recorder) as (call, ran):
         allocated_before = torch.cuda.memory_allocated() if on_gpu else 0
@@ -85,6 +95,8 @@ def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeat
         output = call()
         synchronize(device)
         first_call_s = time.perf_counter() - start
+        package_compiled_code(prepared, device)
+        prepared.warmed_shapes.add(("dit bench", sequence_length(inputs)))
         ms = median_ms(call, device, repeats, warmup=2)
         peak_gib = (torch.cuda.max_memory_allocated() - allocated_before) / GIB if on_gpu else None
         block_error = 0.0
@@ -95,7 +107,7 @@ def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeat
         "config": config.label,
         "text": config.text,
         "ms_per_forward": ms,
-        "prepare_s": sum(recorder.telemetry.prepare_steps.values()),
+        "prepare_s": 0.0 if hit else sum(recorder.telemetry.prepare_steps.values()),
         "first_call_s": first_call_s,
         "weights_gib": weights_gib,
         "activation_peak_gib": peak_gib,
@@ -190,31 +202,40 @@ def _cuda_graph_experiment(dit, captured, repeats) -> dict:
     return {"block_loop_ms": eager, "cuda_graph_loop_ms": replay, "cuda_graph_gain": eager / replay}
 
 
-def run_dit_bench(engine, configs: list[OptimizationConfig], width: int, height: int, text_tokens: int, seed: int,
-                  repeats: int, experiments: bool, on_row=None) -> dict:
-    """Every configuration in turn (each one's pipeline freed before the next is prepared)."""
+def run_dit_bench(engine, configs: list[OptimizationConfig], shapes: list[tuple[int, int]], text_tokens: int,
+                  seed: int, repeats: int, experiments: bool, on_row=None) -> dict:
+    """Every configuration in turn (each one's pipeline freed before the next is prepared), at every shape (side,
+    edit images); errors and speedups against the first configuration at the same shape."""
     base = engine.load(configs[0])
-    inputs = dit_inputs(base.dit, width, height, text_tokens, engine.device, engine.torch_dtype, seed)
-    results = {"rows": [], "experiments": None, "size": [width, height], "text_tokens": text_tokens,
-               "image_tokens": sequence_length(inputs) - text_tokens, "repeats": repeats}
-    reference = block_reference = None
+    inputs = {shape: dit_inputs(base.dit, shape[0], shape[0], text_tokens, engine.device, engine.torch_dtype, seed,
+                                shape[1]) for shape in shapes}
+    results = {"rows": [], "experiments": None, "size": [shapes[0][0]] * 2, "shapes": [list(s) for s in shapes],
+               "text_tokens": text_tokens, "repeats": repeats,
+               "image_tokens": sequence_length(inputs[shapes[0]]) - text_tokens}
+    references: dict = {}
     fastest = None
     for config in configs:
         engine.free()
-        row, output, prepared = bench_configuration(engine, config, inputs, repeats, reference, block_reference)
-        if reference is None:
-            reference = output.float()
-            with running(prepared, config, inputs, engine.device, RunRecorder(engine.device)) as (call, _):
-                block_reference = middle_block_reference(prepared.dit, call)
-        row["speedup"] = results["rows"][0]["ms_per_forward"] / row["ms_per_forward"] if results["rows"] else 1.0
-        results["rows"].append(row)
-        if fastest is None or row["ms_per_forward"] < fastest[0]:
-            fastest = (row["ms_per_forward"], config)
-        if on_row:
-            on_row(row, results)
-        del prepared, output
+        for shape in shapes:
+            reference, block_reference = references.get(shape, (None, None))
+            row, output, prepared = bench_configuration(engine, config, inputs[shape], repeats, reference,
+                                                        block_reference)
+            if reference is None:
+                with running(prepared, config, inputs[shape], engine.device, RunRecorder(engine.device)) as (call, _):
+                    references[shape] = (output.float(), middle_block_reference(prepared.dit, call))
+            row.update(shape=shape_label(*shape), sequence=sequence_length(inputs[shape]))
+            baseline = next(r for r in results["rows"] + [row] if r["shape"] == row["shape"])
+            row["speedup"] = baseline["ms_per_forward"] / row["ms_per_forward"]
+            results["rows"].append(row)
+            if shape == shapes[0] and (fastest is None or row["ms_per_forward"] < fastest[0]):
+                fastest = (row["ms_per_forward"], config)
+            if on_row:
+                on_row(row, results)
+            del output
+        del prepared
     if experiments:
         engine.free()
         prepared, _ = engine.prepare(fastest[1])
-        results["experiments"] = lossless_batching_experiments(prepared, fastest[1], inputs, engine.device, repeats)
+        results["experiments"] = lossless_batching_experiments(prepared, fastest[1], inputs[shapes[0]],
+                                                               engine.device, repeats)
     return results

@@ -86,6 +86,12 @@ def fit_inputs(request: EditRequest, default_area: int):
     return width, height, inputs
 
 
+def package_compiled_code(prepared: PreparedPipeline, device: str) -> None:
+    """After a compiled DiT's first call at a shape: its compiled code kept as the configuration's package."""
+    if compile_blocks.is_compiled(prepared.dit):
+        compile_blocks.save_artifacts(prepared.label, device)
+
+
 class _Instrumented:
     """Times DiffSynth's pipeline units (text and image encoding) and routes every DiT call through `forward`,
     the first call of a compiled DiT at each new shape timed as the compile warm-up."""
@@ -116,8 +122,7 @@ class _Instrumented:
         start = time.perf_counter()
         with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"):
             output = self._first_compiled_forward(inputs)
-        if not self.prepared.warmed_shapes and compile_blocks.is_compiled(self.prepared.dit):
-            compile_blocks.save_artifacts(self.prepared.label, self.recorder.device)
+        package_compiled_code(self.prepared, self.recorder.device)
         self.prepared.warmed_shapes.add(shape)
         self.recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
         return output

@@ -100,12 +100,11 @@ def load_artifacts(label: str, device: str) -> bool:
 
 
 def save_artifacts(label: str, device: str) -> None:
-    """Writes everything this process compiled (Dynamo, AOTAutograd, Inductor and its kernels, autotuning) as the
-    configuration's package, once."""
+    """Writes everything this process compiled so far (AOTAutograd, Inductor and its kernels, autotuning) as the
+    configuration's package, replacing an older one: called after each first call at a new shape, so that the
+    package holds every shape's code."""
     from ..paths import write_atomically
     path = artifacts_path(label, device)
-    if path.exists():
-        return
     saved = torch.compiler.save_cache_artifacts()
     if saved is not None:
         write_atomically(path, lambda temporary: open(temporary, "wb").write(saved[0]))

@@ -1,31 +1,30 @@
 #!/usr/bin/env bash
-# The GPU measurements behind docs/benchmarks.md, in one run of under 10 minutes on the GPU machine
-# (it sources scripts/gpu/setup.sh; the wheels: ../shared/tools/device-wheels --preset engine, --preset fa4, and
-# --dest .whl-cudnn nvidia-cudnn-frontend==1.32.0 for the cuDNN FP8 attention):
-#   scripts/gpu/bench.sh        all four phases, in this order, with one compile cache, empty at the start:
-#     dit        one DiT forward at a 1024x1024 edit: stock, the best combination, each toggle alone, and the
-#                lossless experiments (CFG batching, CUDA graph) on the fastest. The best configuration comes
-#                right after stock: the first compile of a fresh process with an empty cache, a cold start.
-#     restart    the best configuration in a new process that finds the compile cache the dit phase wrote
-#     e2e        40-step edits end to end, stock against best
-#     memory     the whole pipeline in FP8, the base DiT and the text encoder in host memory
-#   scripts/gpu/bench.sh PHASE  one phase; `te` measures Transformer Engine (installed by
-#                               scripts/gpu/install_te.sh) against torchao FP8; `attention` times every
-#                               attention backend alone at the DiT's shape; `first-call` profiles the best
-#                               configuration's first call on an empty compile cache, then in a restarted process
+# The GPU measurements behind docs/benchmarks.md: two runs of under 10 minutes each on the GPU machine, every
+# figure written by `ghostedit bench` (scripts/gpu/README.md says how to carry the wheels there).
+#   scripts/gpu/bench.sh speed     issue 17's table, with an empty compile cache at the start:
+#     dit     one DiT forward: stock and the best configuration at 512, 768, 1024 and 1328 px and a 3-image edit,
+#             plus EXACT, with CFG batching and a CUDA graph measured on the fastest
+#     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
+#             compiled package), one with its compiled package only (what a new machine gets from a shipped
+#             package), and a restart (the compile cache on disk)
+#     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + Lightning schedule and a fused LoRA) and
+#             40 steps CFG 4 (stock, best, best + step cache)
+#   scripts/gpu/bench.sh memory    issue 16's table:
+#     cards   the best configuration on 24 and 48 GB cards emulated (--gpu-memory), then every configuration the
+#             page offers one after another on the whole card
+#     lora    fused LoRA switches on the best configuration (rank 32, 840 layers), and a runtime LoRA's scale
 # Results go to $OUT/<phase>/ (results.json, table.md, chart.png, <phase>.log) or ./bench-results/<phase>/.
-# BEST and EXACT override those configurations; DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU (with a BEST and
-# an EXACT that the CPU can run).
+# DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU with configurations a CPU can run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ -n "${DRY_RUN:-}" ] || QUIET_SETUP=1 source scripts/gpu/setup.sh
 OUT=${OUT:-bench-results}
-# the fastest with exact attention, and the best: the same with FP8 attention
-EXACT=${EXACT:-exact}  # ghostedit/optimize/presets.py
-BEST=${BEST:-best}
 MODEL=${MODEL:-synthetic}
-SIZE=(--width "${SIDE:-1024}" --height "${SIDE:-1024}")
+SIDE=${SIDE:-1024}
 PYTHON=${PYTHON:-python3}
+BEST=${BEST:-best}    # ghostedit/optimize/presets.py
+EXACT=${EXACT:-exact}
+STEP_CACHE=${STEP_CACHE:-step-cache=fbcache}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
 START=$(date +%s)
 
@@ -34,51 +33,46 @@ bench() {  # bench PHASE ARGS...: one process; its log kept beside its results
   mkdir -p "$OUT/$phase"
   local begin=$(date +%s)
   "$PYTHON" -m ghostedit bench --model "$MODEL" --out-dir "$OUT/$phase" "$@" 2>&1 |
-    { grep -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└" || true; } |
+    { grep -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└\|Configuration class" || true; } |
     tee "$OUT/$phase/$phase.log"
   echo "== $phase: process wall $(( $(date +%s) - begin )) s, run so far $(( $(date +%s) - START )) s" |
     tee -a "$OUT/$phase/$phase.log"
 }
 
-phase() {
-  case $1 in
-    dit)
-      rm -rf "$TORCHINDUCTOR_CACHE_DIR"
-      # the lossless rewrites one at a time on FP8 + compile, up to EXACT; then BEST without multi-kernel and
-      # BEST with fused-qkv
-      bench dit --level dit "${SIZE[@]}" --text-tokens 256 --repeats 6 --experiments --configs baseline "$BEST" \
-        attention=auto attention=fa4 attention=sdpa-flash attention=cudnn-fp8 fp8=storage fp8=torchao \
-        compile=regional fp8=torchao,compile=regional fp8=torchao,compile=regional,rewrites=real-rope \
-        fp8=torchao,compile=regional,rewrites=real-rope+joint-layout "$EXACT" \
-        fp8=torchao,compile=regional,rewrites=real-rope,attention=cudnn-fp8 \
-        fp8=torchao,compile=regional,rewrites=real-rope+inductor-multi-kernel+fused-qkv,attention=cudnn-fp8 ;;
-    restart)
-      bench restart --level dit "${SIZE[@]}" --text-tokens 256 --repeats 3 --configs "$BEST" ;;
-    e2e)
-      bench e2e "${SIZE[@]}" --steps 40 --repeats 0 --one-at-a-time --configs baseline "$BEST" ;;
-    memory)
-      bench memory "${SIZE[@]}" --steps 4 --repeats 0 --memory low --configs "$BEST" ;;
-    attention)
-      "$PYTHON" scripts/gpu/attention_probe.py --out "$OUT/attention" ;;
-    first-call)
-      local cache=/tmp/ghostedit-first-call-cache
-      rm -rf "$cache"
-      for label in cold restart; do
-        TORCHINDUCTOR_CACHE_DIR=$cache "$PYTHON" scripts/gpu/profile_first_call.py "$label" "$BEST" --out "$OUT/first-call" \
-          $([ "$label" = restart ] && echo --cprofile) 2>&1 | grep -v "^Loading\|^Loaded\|SyntaxWarning\|^  \"\"\"" || true
-      done ;;
-    te)
-      for probe in "" "with-te raw" "with-te"; do
-        { "$PYTHON" scripts/gpu/te_probe.py $probe 2>&1 || true; } | { grep -v "arn\|Jax" || true; }
-      done
-      bench te --level dit "${SIZE[@]}" --text-tokens 256 --repeats 8 \
-        --configs baseline fp8=torchao fp8=torchao,compile=regional fp8=te fp8=te-delayed fp8=te,compile=regional ;;
-    *) echo "unknown phase $1" >&2; exit 2 ;;
-  esac
+speed() {
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled"
+  local shapes=(512 768 "$SIDE" 1328 "$SIDE:3")
+  [ -z "${DRY_RUN:-}" ] || shapes=(64 "$SIDE" "$SIDE:3")
+  bench dit --level dit --shapes "${shapes[@]}" --text-tokens 256 --repeats 6 --experiments \
+    --configs baseline "$BEST" "$EXACT"
+  for label in never-compiled package-only; do  # the best configuration's first use in a new process
+    rm -rf "$TORCHINDUCTOR_CACHE_DIR"
+    [ $label = package-only ] || rm -rf "$GHOSTEDIT_HOME/compiled"
+    bench "ready-$label" --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
+  done
+  bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
+  local lora=$OUT/lora/loras/lora-a-r32.safetensors
+  bench e2e-4 --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 2 --one-at-a-time \
+    --configs baseline "$BEST" "$BEST,scheduler=lightning$([ -f "$lora" ] && echo ",lora=$lora")"
+  bench e2e-40 --width "$SIDE" --height "$SIDE" --steps 40 --cfg 4 --repeats 0 --one-at-a-time \
+    --configs baseline "$BEST" "$BEST,$STEP_CACHE"
 }
 
-if [ $# -eq 0 ]; then
-  for name in dit restart e2e memory; do phase $name; done
-else
-  phase "$1"
-fi
+memory() {
+  local all=(baseline attention=auto fp8=storage fp8=torchao compile=regional "fp8=torchao,compile=regional"
+             "$EXACT" "$BEST")
+  local cards=(24 48)
+  [ -z "${DRY_RUN:-}" ] || { all=(baseline fp8=storage compile=regional); cards=(); }  # no card to cap on a CPU
+  for card in "${cards[@]}"; do
+    bench "card-$card" --gpu-memory "$card" --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 0 \
+      --configs "$BEST"
+  done
+  bench card-full --width "$SIDE" --height "$SIDE" --steps 2 --cfg 4 --repeats 0 --configs "${all[@]}"
+  bench lora --level lora-switch --width "$SIDE" --height "$SIDE" --cfg 1 --lora-rank 32 --configs "$BEST"
+}
+
+case ${1:-} in
+  speed) speed ;;
+  memory) memory ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|memory" >&2; exit 2 ;;
+esac

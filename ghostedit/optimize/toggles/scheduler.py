@@ -1,0 +1,30 @@
+"""Toggle `scheduler`: the sampling schedule of a run. `model`: the model's own (flow matching with a shift that
+grows with the image size and a terminal shift). `lightning`: the schedule the Lightning LoRAs were distilled for
+(flow matching, base and max shift log(3), exponential time shift, no terminal shift: DiffSynth's
+"Qwen-Image-Lightning"), for 4 or 8 steps at CFG 1 with such a LoRA (ghostedit/optimize/presets.py)."""
+import contextlib
+
+from ..registry import RUN, Choice, RunContext, Toggle, register
+
+TEMPLATES = {"model": "Qwen-Image", "lightning": "Qwen-Image-Lightning"}
+
+
+@contextlib.contextmanager
+def _schedule(context: RunContext, choice: str):
+    from diffsynth.diffusion import FlowMatchScheduler
+    pipe = context.prepared.pipe
+    previous = pipe.scheduler
+    pipe.scheduler = FlowMatchScheduler(TEMPLATES[choice])
+    try:
+        yield
+    finally:
+        pipe.scheduler = previous
+
+
+register(Toggle(
+    name="scheduler", label="Sampling schedule",
+    help="the model's own, or the one Lightning LoRAs were distilled for (with such a LoRA, 4 or 8 steps, CFG 1)",
+    choices=(Choice("model", "the model's own"),
+             Choice("lightning", "Lightning (for Lightning LoRAs: log(3) shift, no terminal shift)")),
+    default="model", changes=RUN, order=95, run_context=_schedule,
+))
