@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 
 from ..config import EditRequest, OptimizationConfig
+from ..diffsynth_patches import check_version
 from ..device import Availability, UnavailableOptionError, default_device
 from ..models import ModelSpec, availability as model_availability, resolve
 from ..models.dtypes import component_dtypes, dtype_name
@@ -39,6 +40,7 @@ class Engine:
         """`dtype`: "bfloat16" or "float32" for every component; None: what is fast on the device (models/dtypes.py).
         Where the weights live follows each configuration's `memory` setting (placement.py). `dit_only`: load the
         DiT alone (the DiT-level bench)."""
+        check_version()  # at start: GhostEdit's changes inside DiffSynth hold for one version
         self.spec: ModelSpec = resolve(source)
         self.device = device or default_device()
         self.dtypes = component_dtypes(self.device, dtype)

@@ -20,6 +20,7 @@ from diffsynth.models.qwen_image_vae import QwenImageVAE
 from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 
+from ..diffsynth_patches import check_version
 from ..paths import ghostedit_home, write_atomically  # ghostedit_home re-exported: $GHOSTEDIT_HOME or ~/.cache/ghostedit
 from .processor import special_token_ids, write_processor
 
@@ -193,8 +194,10 @@ def register_tiny_models(folder: Path) -> None:
     VRAM-management maps are shared with the real classes (same dict objects), so offload/FP8 wraps the
     tiny models layer by layer exactly as it wraps the real ones, including DiffSynth 2.1.12's stale
     text-encoder map (``Qwen2_5_VisionRotaryEmbedding`` no longer exists in transformers 5), and a fix
-    applied to the real map applies here too. Idempotent: an entry with the same hash is replaced.
+    applied to the real map applies here too. Idempotent: an entry with the same hash is replaced. (The
+    "tiny model table" patch of ghostedit/diffsynth_patches.py.)
     """
+    check_version()
     folder = Path(folder)
     entries = {
         "dit": ("qwen_image_dit", TinyQwenImageDiT, QwenImageDiT, {}),

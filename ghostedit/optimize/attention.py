@@ -137,10 +137,8 @@ def joint_attention(streams, num_heads: int, attention_mask=None, enable_fp8_att
 def install() -> None:
     """Route DiffSynth's Qwen DiT attention through the dispatcher (idempotent)."""
     global _diffsynth_attention
-    from diffsynth.models import qwen_image_dit
-    if _diffsynth_attention is None:
-        _diffsynth_attention = qwen_image_dit.qwen_image_flash_attention
-        qwen_image_dit.qwen_image_flash_attention = _dispatching_attention
+    from ..diffsynth_patches import replace
+    _diffsynth_attention = replace("attention dispatcher", _dispatching_attention)
 
 
 @contextlib.contextmanager

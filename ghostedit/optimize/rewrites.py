@@ -21,7 +21,10 @@ from __future__ import annotations
 import torch
 from diffsynth.models import qwen_image_dit
 
+from ..diffsynth_patches import check_version, replace
 from . import attention, fp8_attention
+
+check_version()  # JointAttention below builds on DiffSynth's attention class ("joint attention layers")
 
 _diffsynth_rotary = None
 
@@ -29,9 +32,7 @@ _diffsynth_rotary = None
 def install() -> None:
     """Let DiffSynth's rotary function also take (cos, sin) pairs (idempotent); complex input keeps its path."""
     global _diffsynth_rotary
-    if _diffsynth_rotary is None:
-        _diffsynth_rotary = qwen_image_dit.apply_rotary_emb_qwen
-        qwen_image_dit.apply_rotary_emb_qwen = _rotary
+    _diffsynth_rotary = replace("real-valued rotary embedding", _rotary)
 
 
 def _rotary(x: torch.Tensor, freqs):

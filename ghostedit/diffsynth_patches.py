@@ -1,0 +1,71 @@
+"""Every change GhostEdit makes inside DiffSynth, listed here once: what it replaces and why. Each replacement is made
+once, through `replace`, and only on the DiffSynth version it was written for; any other version stops with an error
+that names the patches to check, rather than running code written against another DiffSynth.
+
+Module-level functions are replaced here. What changes a loaded model or pipeline object instead (GhostEdit's own
+attention layers and pipeline instrumentation) is listed too, as it relies on DiffSynth's attribute names."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .device import package_version
+from .errors import GhostEditError
+
+WRITTEN_FOR = "2.1.12"
+
+
+@dataclass(frozen=True)
+class Patch:
+    module: str          # the DiffSynth module changed
+    attribute: str       # what in it
+    why: str
+
+
+PATCHES = {
+    "attention dispatcher": Patch(
+        "diffsynth.models.qwen_image_dit", "qwen_image_flash_attention",
+        "the DiT's blocks call this module-level function for joint attention: GhostEdit's dispatcher runs the "
+        "attention backend the configuration chose (optimize/attention.py)"),
+    "real-valued rotary embedding": Patch(
+        "diffsynth.models.qwen_image_dit", "apply_rotary_emb_qwen",
+        "takes (cos, sin) pairs as well as complex frequencies, for the real-rope rewrite (optimize/rewrites.py)"),
+    "tiny model table": Patch(
+        "diffsynth.configs", "MODEL_CONFIGS",
+        "the embedded tiny model's classes are added to DiffSynth's table of checkpoints by file hash, so that "
+        "DiffSynth's own loader loads them (models/tiny.py)"),
+    "joint attention layers": Patch(
+        "diffsynth.models.qwen_image_dit", "QwenDoubleStreamAttention",
+        "the joint-layout rewrite turns its instances into GhostEdit's JointAttention, which reads its projection "
+        "and norm attributes (optimize/rewrites.py)"),
+    "pipeline instrumentation": Patch(
+        "diffsynth.pipelines.qwen_image", "QwenImagePipeline.unit_runner, QwenImagePipeline.model_fn",
+        "swapped on a pipeline object for the length of a run, to time its units and route DiT calls through "
+        "the engine (engine/runner.py)"),
+}
+
+_originals: dict[str, object] = {}
+
+
+class DiffSynthVersionError(GhostEditError, RuntimeError):
+    """The installed DiffSynth is not the version GhostEdit's patches were written for."""
+
+
+def check_version() -> None:
+    installed = package_version("diffsynth")
+    if installed != WRITTEN_FOR:
+        raise DiffSynthVersionError(
+            f"GhostEdit changes DiffSynth {WRITTEN_FOR} in {len(PATCHES)} places ({', '.join(PATCHES)}); "
+            f"DiffSynth {installed} is installed. Install diffsynth=={WRITTEN_FOR} (requirements.txt), or check "
+            "each patch in ghostedit/diffsynth_patches.py against the new version first")
+
+
+def replace(name: str, replacement):
+    """Puts `replacement` in place of the patch's module-level attribute, once; returns DiffSynth's original."""
+    if name not in _originals:
+        check_version()
+        patch = PATCHES[name]
+        module = importlib.import_module(patch.module)
+        _originals[name] = getattr(module, patch.attribute)
+        setattr(module, patch.attribute, replacement)
+    return _originals[name]
