@@ -72,8 +72,9 @@ def cap_gpu_memory(gib: float | None, device: str) -> None:
     import torch
     if not device.startswith("cuda"):
         raise SystemExit("--gpu-memory emulates a smaller GPU: it needs a CUDA device")
-    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 1024**3 / total), torch.device(device))
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 1024**3 / total), index)
 
 
 def cmd_bench(args) -> int:
