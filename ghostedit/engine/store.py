@@ -39,8 +39,9 @@ class ModelStore:
         if self.pipe is None:
             wanted = self.plan(mode)
             with recorder.stage("load", f"loading {self.spec.description}"):
-                self.pipe = load_base_pipeline(self.spec, self.device, self.dtypes, base_dit_on_gpu=wanted.base_on_gpu,
-                                               dit_only=self.dit_only)
+                self.pipe = load_base_pipeline(
+                    self.spec, self.device, self.dtypes, base_dit_on_gpu=wanted.base_on_gpu, dit_only=self.dit_only,
+                    text_encoder_on_gpu=wanted.where["text_encoder"] in (placements.GPU, placements.CPU))
                 self.placement = placements.decide(mode, self.device, self.sizes())
                 self._apply(self.placement, previous=None)
             self.load_count += 1
@@ -56,17 +57,16 @@ class ModelStore:
         return True
 
     def _apply(self, wanted: placements.Placement, previous: placements.Placement | None) -> None:
+        """Moves what `previous` placed elsewhere; right after loading (no `previous`) everything is where `wanted`
+        says, and only the text encoder's streaming is left to set up."""
         if wanted.chosen == "cpu":
             return
-        was = previous.where if previous else {"dit": placements.GPU if wanted.base_on_gpu else placements.HOST,
-                                               "text_encoder": placements.GPU}
-        if wanted.where["dit"] != was["dit"]:
+        streams = wanted.where["text_encoder"] == placements.STREAMED
+        streamed = previous is not None and previous.where["text_encoder"] == placements.STREAMED
+        if previous is not None and wanted.where["dit"] != previous.where["dit"]:
             _move(self.pipe.dit, self.device if wanted.base_on_gpu else "pinned")
-        if wanted.where["text_encoder"] != was["text_encoder"] and self.pipe.text_encoder is not None:
-            if wanted.where["text_encoder"] == placements.STREAMED:
-                self._stream_text_encoder()
-            else:
-                self._unstream_text_encoder()
+        if self.pipe.text_encoder is not None and streams != streamed:
+            self._stream_text_encoder() if streams else self._unstream_text_encoder()
         empty_cache(self.device)
 
     def _stream_text_encoder(self) -> None:

@@ -73,7 +73,7 @@ def availability(spec: ModelSpec, device: str) -> Availability:
 
 
 def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype], base_dit_on_gpu: bool = True,
-                       dit_only: bool = False):
+                       dit_only: bool = False, text_encoder_on_gpu: bool = True):
     """The unmodified pipeline every prepared configuration derives from, each component in its dtype (see
     dtypes.py; the pipeline's own dtype is the DiT's), the DiT in pinned host memory unless `base_dit_on_gpu`.
     `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else."""
@@ -90,7 +90,8 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
         pipe = load_tiny_pipeline(device, torch_dtype)
     elif spec.kind == "synthetic":
         from .synthetic import build_synthetic_pipeline
-        pipe = build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu)
+        pipe = build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu,
+                                        text_encoder_in_host_memory=not text_encoder_on_gpu)
     else:
         from .hub import load_pretrained_pipeline
         pipe = load_pretrained_pipeline(spec, device, torch_dtype)

@@ -52,15 +52,21 @@ def processor_folder():
     return folder
 
 
-def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype, dit_in_host_memory: bool = False):
+def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype, dit_in_host_memory: bool = False,
+                             text_encoder_in_host_memory: bool = False):
+    """The whole pipeline. A text encoder kept in host memory is made there (slower: its initialisation runs on the
+    CPU), so that a small card never holds it: DiffSynth's class builds all of it at once, its vision tower in
+    float32."""
     from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
     from diffsynth.models.qwen_image_vae import QwenImageVAE
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
     folder = processor_folder()
     dit = build_synthetic_dit(device, torch_dtype, in_host_memory=dit_in_host_memory)
+    with _created_on("cpu" if text_encoder_in_host_memory else device, torch_dtype):
+        text_encoder = QwenImageTextEncoder().eval().to(torch_dtype)
     with _created_on(device, torch_dtype):
-        text_encoder, vae = QwenImageTextEncoder().eval(), QwenImageVAE().eval()
+        vae = QwenImageVAE().eval()
     _use_token_ids(text_encoder, special_token_ids(folder))
     pipe = QwenImagePipeline(device=device, torch_dtype=torch_dtype)
     pipe.dit, pipe.text_encoder, pipe.vae = dit, text_encoder, vae
