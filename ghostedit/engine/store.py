@@ -65,8 +65,10 @@ class ModelStore:
         streamed = previous is not None and previous.where["text_encoder"] == placements.STREAMED
         if previous is not None and wanted.where["dit"] != previous.where["dit"]:
             _move(self.pipe.dit, self.device if wanted.base_on_gpu else "pinned")
-        if self.pipe.text_encoder is not None and streams != streamed:
-            self._stream_text_encoder() if streams else self._unstream_text_encoder()
+        if self.pipe.text_encoder is not None and streams and not streamed:
+            self._stream_text_encoder()
+        elif self.pipe.text_encoder is not None and streamed and not streams:
+            self._unstream_text_encoder()
         empty_cache(self.device)
 
     def _stream_text_encoder(self) -> None:
