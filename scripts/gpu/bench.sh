@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# The GPU measurements behind docs/benchmarks.md: two runs of under 10 minutes each on the GPU machine, every
-# figure written by `ghostedit bench` (scripts/gpu/README.md says how to carry the wheels there).
+# The GPU measurements behind docs/benchmarks.md: three runs of under 10 minutes each (one device call each) on the
+# GPU machine, every figure written by `ghostedit bench` (scripts/gpu/README.md says how to carry the wheels there).
 #   scripts/gpu/bench.sh speed     issue 17's table, with an empty compile cache at the start:
 #     dit     one DiT forward: stock and the best configuration at 512, 768, 1024 and 1328 px and a 3-image edit,
 #             plus EXACT, with CFG batching and a CUDA graph measured on the fastest
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
 #             compiled package), one with its compiled package only (what a new machine gets from a shipped
 #             package), and a restart (the compile cache on disk)
-#     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + Lightning schedule and a fused LoRA) and
-#             40 steps CFG 4 (stock, best, best + step cache)
-#   scripts/gpu/bench.sh memory    issue 16's table:
-#     cards   the best configuration on 24 and 48 GB cards emulated (--gpu-memory), then every configuration the
-#             page offers one after another on the whole card
-#     lora    fused LoRA switches on the best configuration (rank 32, 840 layers), and a runtime LoRA's scale
-# Results go to $OUT/<phase>/ (results.json, table.md, chart.png, <phase>.log) or ./bench-results/<phase>/.
+#     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + the Lightning schedule; a fused LoRA
+#             costs no time per step) and 40 steps CFG 4 (stock, best, best + $STEP_CACHE when given)
+#   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
+#   scripts/gpu/bench.sh all       issue 16: every configuration the page offers, one after another in one process
+#             on the whole card; then fused LoRA switches on the best configuration (rank 32, 840 layers) and a
+#             runtime LoRA's scale
+# Results go to $RESULTS/<phase>/ (results.json, table.md, chart.png, <phase>.log; default ./bench-results), and with
+# $OUT set (the device tool's folder, which takes few files) into one $OUT/<run>.tar.gz.
 # DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU with configurations a CPU can run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -n "${DRY_RUN:-}" ] || QUIET_SETUP=1 source scripts/gpu/setup.sh
-OUT=${OUT:-bench-results}
+RESULTS=${RESULTS:-bench-results}
 MODEL=${MODEL:-synthetic}
 SIDE=${SIDE:-1024}
 PYTHON=${PYTHON:-python3}
@@ -30,13 +31,13 @@ START=$(date +%s)
 
 bench() {  # bench PHASE ARGS...: one process; its log kept beside its results
   local phase=$1; shift
-  mkdir -p "$OUT/$phase"
+  mkdir -p "$RESULTS/$phase"
   local begin=$(date +%s)
-  "$PYTHON" -m ghostedit bench --model "$MODEL" --out-dir "$OUT/$phase" "$@" 2>&1 |
+  "$PYTHON" -m ghostedit bench --model "$MODEL" --out-dir "$RESULTS/$phase" "$@" 2>&1 |
     { grep -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└\|Configuration class" || true; } |
-    tee "$OUT/$phase/$phase.log"
+    tee "$RESULTS/$phase/$phase.log"
   echo "== $phase: process wall $(( $(date +%s) - begin )) s, run so far $(( $(date +%s) - START )) s" |
-    tee -a "$OUT/$phase/$phase.log"
+    tee -a "$RESULTS/$phase/$phase.log"
 }
 
 speed() {
@@ -51,28 +52,32 @@ speed() {
     bench "ready-$label" --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
   done
   bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
-  local lora=$OUT/lora/loras/lora-a-r32.safetensors
   bench e2e-4 --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 2 --one-at-a-time \
-    --configs baseline "$BEST" "$BEST,scheduler=lightning$([ -f "$lora" ] && echo ",lora=$lora")"
+    --configs baseline "$BEST" "$BEST,scheduler=lightning"
   bench e2e-40 --width "$SIDE" --height "$SIDE" --steps 40 --cfg 4 --repeats 0 --one-at-a-time \
     --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
 }
 
-memory() {
-  local all=(baseline attention=auto fp8=storage fp8=torchao compile=regional "fp8=torchao,compile=regional"
-             "$EXACT" "$BEST")
-  local cards=(24 48)
-  [ -z "${DRY_RUN:-}" ] || { all=(baseline fp8=storage compile=regional); cards=(); }  # no card to cap on a CPU
-  for card in "${cards[@]}"; do
+cards() {
+  for card in 24 48; do
     bench "card-$card" --gpu-memory "$card" --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 0 \
       --configs "$BEST"
   done
+}
+
+all() {
+  local all=(baseline attention=auto fp8=storage fp8=torchao compile=regional "fp8=torchao,compile=regional"
+             "$EXACT" "$BEST")
+  [ -z "${DRY_RUN:-}" ] || all=(baseline fp8=storage compile=regional)
   bench card-full --width "$SIDE" --height "$SIDE" --steps 2 --cfg 4 --repeats 0 --configs "${all[@]}"
   bench lora --level lora-switch --width "$SIDE" --height "$SIDE" --cfg 1 --lora-rank 32 --configs "$BEST"
+  rm -rf "$RESULTS/lora/loras"  # 1.2 GB of random LoRAs
 }
 
 case ${1:-} in
-  speed) speed ;;
-  memory) memory ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|memory" >&2; exit 2 ;;
+  speed|cards|all) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|cards|all" >&2; exit 2 ;;
 esac
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/$1.tar.gz" -C "$RESULTS" .
+fi
