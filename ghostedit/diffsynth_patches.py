@@ -38,6 +38,22 @@ PATCHES = {
         "diffsynth.models.qwen_image_dit", "QwenDoubleStreamAttention",
         "the joint-layout rewrite turns its instances into GhostEdit's JointAttention, which reads its projection "
         "and norm attributes (optimize/rewrites.py)"),
+    "DiT MLP activation": Patch(
+        "diffsynth.models.qwen_image_dit", "ApproximateGELU",
+        "DiffSynth computes x * sigmoid(1.702 x); Qwen-Image's MLP is GELU with the tanh approximation (diffusers' "
+        "reference): the class is replaced before any DiT is built (models/exact.py)"),
+    "VAE RMS norm": Patch(
+        "diffsynth.models.qwen_image_vae", "QwenImageRMS_norm",
+        "DiffSynth normalizes in the input's dtype; the reference normalizes bf16 input in float32 (models/exact.py)"),
+    "model table": Patch(
+        "diffsynth.configs", "MODEL_CONFIGS",
+        "a Qwen-Image-Edit folder's DiT, text encoder and VAE are entered by DiffSynth's file hash with classes "
+        "built from the folder's own configs, so that DiffSynth's loader loads any size (models/checkpoint.py)"),
+    "exact edit pipeline": Patch(
+        "diffsynth.pipelines.qwen_image", "QwenImagePipeline (subclassed: units, cfg_guided_model_fn, "
+        "vae_output_to_image)",
+        "a loaded pipeline becomes models/exact.py's ExactPipeline: the family's image resizing and prompt template "
+        "with mm_token_type_ids, true CFG rescaled to the conditional norm, rounded 8-bit output"),
     "pipeline instrumentation": Patch(
         "diffsynth.pipelines.qwen_image", "QwenImagePipeline.unit_runner, QwenImagePipeline.model_fn",
         "swapped on a pipeline object for the length of a run, to time its units and route DiT calls through "

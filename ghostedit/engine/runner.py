@@ -15,14 +15,15 @@ import torch
 from PIL import Image
 
 from .. import images as image_utils
-from ..config import SIZE_RANGE, EditRequest
+from ..config import SIZE_RANGE, EditRequest, InvalidRequestError
 from ..errors import error_summary
+from ..models import exact
 from ..optimize import compile as compile_blocks, lora as lora_layers, registry
 from ..telemetry import RunRecorder, RunTelemetry
 from .prepare import PreparedPipeline
 
 # DiffSynth pipeline units whose time is a stage of its own
-UNIT_STAGES = {"QwenImageUnit_PromptEmbedder": "text encoding", "QwenImageUnit_EditImageEmbedder": "image encoding"}
+UNIT_STAGES = {"PromptEmbedder": "text encoding", "EditImageEmbedder": "image encoding"}
 # Text tokens assumed for the sequence length of a DiT forward before the prompt is encoded ("auto" attention)
 TEXT_TOKENS_ESTIMATE = 256
 
@@ -57,7 +58,8 @@ def dit_contexts(prepared: PreparedPipeline, config, device: str, sequence_lengt
 
 def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder: RunRecorder, spec,
              device: str) -> EditResult:
-    width, height, inputs = fit_inputs(request, spec.default_area)
+    family = prepared.pipe.family
+    width, height, inputs = fit_inputs(request, family)
     recorder.telemetry.notes.extend(prepared.warnings)
     recorder.telemetry.notes.extend(f"input image {index}: {note}" for index, image in enumerate(request.images, 1)
                                     for note in image_utils.image_notes(image))
@@ -65,7 +67,8 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
     contexts, ran = dit_contexts(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder)
     with contexts, _Instrumented(prepared, recorder):
         image = prepared.pipe(prompt=request.prompt, negative_prompt=request.negative_prompt,
-                              cfg_scale=request.cfg_scale, edit_image=inputs, edit_image_auto_resize=False,
+                              cfg_scale=request.cfg_scale, edit_image=list(request.images),
+                              edit_image_auto_resize=False, zero_cond_t=family.zero_cond_t,
                               height=height, width=width, seed=request.seed, num_inference_steps=request.steps,
                               progress_bar_cmd=recorder.timed_steps)
         recorder.decoding_done()
@@ -73,17 +76,19 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
                       {**prepared.report, **ran.get("words", {})}, recorder.finish())
 
 
-def fit_inputs(request: EditRequest, default_area: int):
-    """The output size (the request's, else the first image's aspect ratio at the model's default area) and the
-    inputs (RGB, checked by EditRequest) resized to about that area, each keeping its aspect ratio."""
-    max_side = SIZE_RANGE[1]
+def fit_inputs(request: EditRequest, family):
+    """The output size (the request's, else the family's default: its area at the aspect ratio of the input image
+    the reference takes it from, at most SIZE_RANGE's side) and the condition images the VAE encodes (each input
+    resized once from its original by the family's rule, as the reference does)."""
+    if len(request.images) > family.max_images:
+        raise InvalidRequestError(f"{family.name} edits {family.max_images} image(s) at a time; got {len(request.images)}")
     if request.width:
         width, height = request.width, request.height
     else:
-        width, height = image_utils.size_for_area(*request.images[0].size, default_area, max_side)
-    inputs = [image_utils.fit(image, image_utils.size_for_area(*image.size, width * height, max_side))
-              for image in request.images]
-    return width, height, inputs
+        width, height = family.default_size([image.size for image in request.images])
+        if max(width, height) > SIZE_RANGE[1]:
+            width, height = image_utils.size_for_area(width, height, width * height, SIZE_RANGE[1])
+    return width, height, exact.condition_images(family, request.images)
 
 
 def package_compiled_code(prepared: PreparedPipeline, device: str) -> None:

@@ -7,11 +7,13 @@ from pathlib import Path
 import torch
 
 from ..device import Availability
+from .family import SYNTHETIC, TINY, Family, detect
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 # Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
 # model; Qwen2.5-VL-7B with its vision tower; the VAE): what placement plans with before the weights are loaded
 FULL_SIZE_PARAMETERS = {"dit": 20_430_000_000, "text_encoder": 8_290_000_000, "vae": 127_000_000}
+HUB_DEFAULT_STEPS = 40  # what a repo id shows before its files are read (2509 and 2511's; the original Edit's 50)
 TINY_PARAMETERS = {"dit": 340_480, "text_encoder": 226_272, "vae": 668_043}
 
 
@@ -32,8 +34,15 @@ class Sizes:
 class ModelSpec:
     source: str           # what the user gave: "tiny", "synthetic", a repo id or a folder
     kind: str             # "tiny", "synthetic", "hub" or "local"
-    default_area: int     # output pixels when the request gives no size
-    default_steps: int
+    family: Family | None  # None for a repo id until its files are there (detected from them at load)
+
+    @property
+    def default_steps(self) -> int:
+        return self.family.default_steps if self.family else HUB_DEFAULT_STEPS
+
+    @property
+    def default_area(self) -> int:
+        return self.family.default_area if self.family else 1024 * 1024
 
     def nominal_sizes(self, dtypes: dict[str, torch.dtype]):
         """Bytes of each component in its dtype, from the model's parameter counts (before anything is loaded)."""
@@ -56,13 +65,16 @@ def default_source(device: str) -> str:
 
 
 def resolve(source: str) -> ModelSpec:
+    """What `source` names; a folder is recognised from its own configs (family.py) and refused here if GhostEdit
+    cannot run it exactly."""
     if source == "tiny":
-        return ModelSpec(source, "tiny", 256 * 256, 4)
+        return ModelSpec(source, "tiny", TINY)
     if source == "synthetic":
-        return ModelSpec(source, "synthetic", 1024 * 1024, 40)
+        return ModelSpec(source, "synthetic", SYNTHETIC)
     if Path(source).expanduser().is_dir():
-        return ModelSpec(str(Path(source).expanduser().resolve()), "local", 1024 * 1024, 40)
-    return ModelSpec(source, "hub", 1024 * 1024, 40)
+        folder = Path(source).expanduser().resolve()
+        return ModelSpec(str(folder), "local", detect(folder))
+    return ModelSpec(source, "hub", None)
 
 
 def availability(spec: ModelSpec, device: str) -> Availability:
@@ -78,20 +90,22 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
     dtypes.py; the pipeline's own dtype is the DiT's), the DiT in pinned host memory unless `base_dit_on_gpu`.
     `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else."""
     from .dtypes import apply_component_dtypes
+    from .exact import ExactPipeline, install_module_patches, make_exact
+    install_module_patches()
     torch_dtype = dtypes["dit"]
     if spec.kind == "synthetic" and dit_only:
-        from diffsynth.pipelines.qwen_image import QwenImagePipeline
         from .synthetic import build_synthetic_dit
-        pipe = QwenImagePipeline(device=device, torch_dtype=torch_dtype)
+        pipe = ExactPipeline(device=device, torch_dtype=torch_dtype)
+        pipe.use_family(spec.family)
         pipe.dit = build_synthetic_dit(device, torch_dtype, in_host_memory=not base_dit_on_gpu)
         return pipe
     if spec.kind == "tiny":
         from .tiny import load_tiny_pipeline
-        pipe = load_tiny_pipeline(device, torch_dtype)
+        pipe = make_exact(load_tiny_pipeline(device, torch_dtype), spec.family)
     elif spec.kind == "synthetic":
         from .synthetic import build_synthetic_pipeline
-        pipe = build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu,
-                                        text_encoder_in_host_memory=not text_encoder_on_gpu)
+        pipe = make_exact(build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu,
+                                                   text_encoder_in_host_memory=not text_encoder_on_gpu), spec.family)
     else:
         from .hub import load_pretrained_pipeline
         pipe = load_pretrained_pipeline(spec, device, torch_dtype)

@@ -1,0 +1,130 @@
+"""The models GhostEdit runs exactly as their reference does (diffusers' pipeline named in the repo's model_index.json),
+one entry each, and how a folder is recognised as one of them from its own configs, never from its name.
+
+An entry says everything that differs between the models of the family: which DiffSynth pipeline computes it, the
+prompt template, how the input images reach the text encoder and the VAE (ConditionRule), whether the DiT runs with
+`zero_cond_t`, and the defaults of a request. A new model of a DiT family that DiffSynth runs (Qwen-Image-2.1, its
+QwenImage21Pipeline) is one more entry, with its own template and rule. What GhostEdit cannot run exactly is refused
+by `detect`, naming what is missing or different.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import GhostEditError
+
+VAE_SCALE = 8          # the VAE's spatial downsampling; DiT patches are 2x2 latents
+SIZE_MULTIPLE = 2 * VAE_SCALE
+
+
+class UnsupportedModel(GhostEditError, ValueError):
+    """A folder GhostEdit cannot run as its reference runs it."""
+
+
+@dataclass(frozen=True)
+class ConditionRule:
+    """How each input image is resized for the two encoders, from the original each time (diffusers'
+    `calculate_dimensions`: the image's aspect ratio at `area`, sides rounded to multiples of 32).
+    `vl_area`: the image the text encoder sees; None: the VAE's image itself.
+    `vae_area`: the image the VAE encodes as the DiT's condition.
+    `size_from`: which input image sets the default output size ("first" or "last")."""
+    vae_area: int
+    vl_area: int | None
+    size_from: str
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    pipeline_class: str         # model_index.json "_class_name" of the reference pipeline
+    engine: str                 # the DiffSynth pipeline that computes it
+    template: str               # "edit": one image in the system template; "edit-plus": "Picture N:" per image
+    max_images: int
+    condition: ConditionRule
+    zero_cond_t: bool           # the DiT's timestep for condition tokens is 0 (transformer config)
+    default_steps: int
+    default_area: int           # output pixels when the request gives no size
+
+    def default_size(self, image_sizes: list[tuple[int, int]]) -> tuple[int, int]:
+        width, height = image_sizes[0 if self.condition.size_from == "first" else -1]
+        width, height = dimensions(self.default_area, width / height)
+        return width // SIZE_MULTIPLE * SIZE_MULTIPLE, height // SIZE_MULTIPLE * SIZE_MULTIPLE
+
+
+def dimensions(area: int, ratio: float) -> tuple[int, int]:
+    """diffusers' `calculate_dimensions`: width/height = ratio at about `area` pixels, multiples of 32."""
+    width = (area * ratio) ** 0.5
+    height = width / ratio
+    return round(width / 32) * 32, round(height / 32) * 32
+
+
+EDIT_TEMPLATE = "edit"
+EDIT_PLUS_TEMPLATE = "edit-plus"
+
+QWEN_IMAGE_EDIT = Family(
+    name="Qwen-Image-Edit", pipeline_class="QwenImageEditPipeline", engine="QwenImagePipeline",
+    template=EDIT_TEMPLATE, max_images=1,
+    condition=ConditionRule(vae_area=1024 * 1024, vl_area=None, size_from="first"),
+    zero_cond_t=False, default_steps=50, default_area=1024 * 1024)
+QWEN_IMAGE_EDIT_2509 = Family(
+    name="Qwen-Image-Edit-2509", pipeline_class="QwenImageEditPlusPipeline", engine="QwenImagePipeline",
+    template=EDIT_PLUS_TEMPLATE, max_images=3,
+    condition=ConditionRule(vae_area=1024 * 1024, vl_area=384 * 384, size_from="last"),
+    zero_cond_t=False, default_steps=40, default_area=1024 * 1024)
+QWEN_IMAGE_EDIT_2511 = replace(QWEN_IMAGE_EDIT_2509, name="Qwen-Image-Edit-2511", zero_cond_t=True)
+
+FAMILIES = (QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511)
+
+# The embedded tiny model and the synthetic one compute as 2509 does; the tiny one at a quarter of the sides
+TINY = replace(QWEN_IMAGE_EDIT_2509, name="tiny", default_steps=4, default_area=256 * 256,
+               condition=replace(QWEN_IMAGE_EDIT_2509.condition, vae_area=256 * 256, vl_area=96 * 96))
+SYNTHETIC = replace(QWEN_IMAGE_EDIT_2509, name="synthetic")
+
+# What DiffSynth's QwenImagePipeline computes: its "Qwen-Image" schedule and its QwenImageDiT
+SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_len": 256, "max_image_seq_len": 8192,
+             "base_shift": 0.5, "max_shift": 0.9, "shift_terminal": 0.02, "use_dynamic_shifting": True,
+             "time_shift_type": "exponential", "num_train_timesteps": 1000, "invert_sigmas": False,
+             "stochastic_sampling": False, "use_karras_sigmas": False, "use_exponential_sigmas": False,
+             "use_beta_sigmas": False}
+TRANSFORMER_CLASS = "QwenImageTransformer2DModel"
+UNSUPPORTED_TRANSFORMER_OPTIONS = ("guidance_embeds", "use_additional_t_cond", "use_layer3d_rope")
+COMPONENTS = {"transformer": "config.json", "text_encoder": "config.json", "vae": "config.json",
+              "scheduler": "scheduler_config.json", "processor": "preprocessor_config.json"}
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UnsupportedModel(f"{path.parent.parent} is not a Qwen-Image-Edit model folder: it has no "
+                               f"{path.relative_to(path.parent.parent)}") from None
+
+
+def detect(folder: Path) -> Family:
+    """The family entry of the model in `folder` (the released layout: model_index.json, transformer/, ...)."""
+    folder = Path(folder)
+    index = read_json(folder / "model_index.json")
+    configs = {name: read_json(folder / name / file) for name, file in COMPONENTS.items()}
+    transformer = configs["transformer"]
+    if transformer.get("_class_name") != TRANSFORMER_CLASS:
+        raise UnsupportedModel(f"{folder}: transformer/config.json is a {transformer.get('_class_name')!r}; "
+                               f"GhostEdit runs {TRANSFORMER_CLASS} only")
+    options = [name for name in UNSUPPORTED_TRANSFORMER_OPTIONS if transformer.get(name)]
+    if options:
+        raise UnsupportedModel(f"{folder}: the transformer sets {', '.join(options)}, which GhostEdit's engine "
+                               "(DiffSynth's QwenImagePipeline for edits) does not run")
+    schedule = {key: configs["scheduler"].get(key) for key in SCHEDULER}
+    different = {key: value for key, value in schedule.items() if value != SCHEDULER[key]}
+    if different:
+        raise UnsupportedModel(f"{folder}: scheduler/scheduler_config.json differs from the schedule GhostEdit "
+                               f"computes in {different} (expected {({k: SCHEDULER[k] for k in different})})")
+    pipeline_class = index.get("_class_name")
+    zero_cond_t = bool(transformer.get("zero_cond_t", False))
+    for family in FAMILIES:
+        if family.pipeline_class == pipeline_class and family.zero_cond_t == zero_cond_t:
+            return family
+    supported = ", ".join(f"{f.name} ({f.pipeline_class}, zero_cond_t={f.zero_cond_t})" for f in FAMILIES)
+    raise UnsupportedModel(f"{folder}: model_index.json names {pipeline_class!r} with zero_cond_t={zero_cond_t}; "
+                           f"GhostEdit runs exactly: {supported}")

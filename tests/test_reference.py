@@ -1,0 +1,184 @@
+"""GhostEdit against the model's reference: each tiny checkpoint in a released repo's layout (reference_checkpoints.py)
+edited through GhostEdit's real-model path (`Engine(folder)`, float32, CPU) and through diffusers' pipeline named in
+its model_index.json (float32, CPU), with the same images, prompt, seed, size, steps and CFG. Every stage is compared
+(prompt embeddings, condition latents, each step's guided prediction, the decoded image), so a failure says where.
+
+The reference is the model as released, on transformers 4.x: there the prompt's image tokens get 3-D rotary
+positions, which transformers 5 gives only when `mm_token_type_ids` is passed, so the reference's text encoder call
+gets it added. Both sides resize by the same areas (1024x1024 for the VAE, 384x384 for the text encoder in 2509 and
+2511): the test records the areas each side asks for and checks they agree, and computes at 1/16 of each area (a
+quarter of each side) to keep the test fast.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from einops import rearrange
+from PIL import Image
+
+from reference_checkpoints import MODELS, build
+
+AREA_DIVISOR = 16
+STEPS = 2
+PROMPT = "Make the sky blue and add a red hat to the cat"
+MAX_LEVELS, MEAN_LEVELS = 2, 1.0
+
+# (model, input images, CFG scale, output size or None for the model's default)
+CASES = [
+    ("Qwen-Image-Edit", 1, 4.0, (128, 128)),
+    ("Qwen-Image-Edit", 1, 1.0, (160, 96)),
+    ("Qwen-Image-Edit-2509", 3, 4.0, (160, 96)),
+    ("Qwen-Image-Edit-2509", 1, 1.0, None),
+    ("Qwen-Image-Edit-2511", 3, 1.0, (128, 128)),
+    ("Qwen-Image-Edit-2511", 1, 4.0, (96, 160)),
+]
+
+
+@pytest.fixture(scope="session")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reference-checkpoints")
+    return {repo: build(root, repo) for repo in MODELS}
+
+
+def _images(count: int) -> list[Image.Image]:
+    """Smooth, different inputs of different aspect ratios (the last one sets the 2509/2511 default size)."""
+    sizes = [(200, 150), (120, 180), (160, 160)]
+    images = []
+    for index in range(count):
+        width, height = sizes[index]
+        y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+        channels = [np.sin(x / (9 + 4 * index) + c) * np.cos(y / (13 - 3 * index) - c) for c in (0.0, 1.3, 2.6)]
+        images.append(Image.fromarray(((np.stack(channels, -1) * 0.5 + 0.5) * 255).astype(np.uint8)))
+    return images
+
+
+def _packed(latents: torch.Tensor) -> torch.Tensor:
+    return rearrange(latents, "B C (H P) (W Q) -> B (H W) (C P Q)", P=2, Q=2)
+
+
+class AreaRecorder:
+    """Replaces a module's `calculate_dimensions`-like function: records the areas asked for and computes at a
+    1/AREA_DIVISOR of each."""
+
+    def __init__(self, monkeypatch, module, name: str):
+        self.asked: set[int] = set()
+        original = getattr(module, name)
+
+        def scaled(area, ratio):
+            self.asked.add(area)
+            return original(area // AREA_DIVISOR, ratio)
+        monkeypatch.setattr(module, name, scaled)
+
+
+def _ghostedit(folder, images, cfg, size, monkeypatch) -> tuple[dict, set]:
+    from ghostedit.config import EditRequest
+    from ghostedit.engine import Engine
+    from ghostedit.models import exact, family
+
+    areas = AreaRecorder(monkeypatch, exact, "dimensions")
+    default_areas = AreaRecorder(monkeypatch, family, "dimensions")
+    stages = {"prompt": [], "condition": None, "predictions": []}
+
+    def recorded(cls, name, keep):
+        original = getattr(cls, name)
+
+        def wrapper(self, *args, **kwargs):
+            output = original(self, *args, **kwargs)
+            keep(output)
+            return output
+        monkeypatch.setattr(cls, name, wrapper)
+
+    recorded(exact.PromptEmbedder, "process", lambda out: stages["prompt"].append(out["prompt_emb"]))
+    recorded(exact.EditImageEmbedder, "process", lambda out: stages.__setitem__(
+        "condition", torch.cat([_packed(latents) for latents in out["edit_latents"]], dim=1)))
+    recorded(exact.ExactPipeline, "cfg_guided_model_fn", lambda out: stages["predictions"].append(_packed(out)))
+    engine = Engine(str(folder), device="cpu", dtype="float32")
+    width, height = size or (None, None)
+    result = engine.run(EditRequest(images=images, prompt=PROMPT, steps=STEPS, cfg_scale=cfg, seed=7, width=width,
+                                    height=height))
+    stages["image"] = np.asarray(result.image)
+    return stages, areas.asked | default_areas.asked, engine.spec.family
+
+
+def _reference(folder, images, cfg, size, monkeypatch) -> tuple[dict, set]:
+    import diffusers
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
+
+    index = (folder / "model_index.json").read_text()
+    pipeline_class = next(name for name, _ in MODELS.values() if f'"{name}"' in index)
+    module = pipeline_qwenimage_edit if pipeline_class == "QwenImageEditPipeline" else pipeline_qwenimage_edit_plus
+    areas = AreaRecorder(monkeypatch, module, "calculate_dimensions")
+    if module is pipeline_qwenimage_edit:  # its calculate_dimensions returns a third value
+        original = module.calculate_dimensions
+        monkeypatch.setattr(module, "calculate_dimensions", lambda area, ratio: original(area, ratio))
+    pipe = getattr(diffusers, pipeline_class).from_pretrained(str(folder), torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    _with_mm_token_type_ids(pipe.text_encoder)
+    stages = {"prompt": [], "condition": None, "predictions": []}
+    encode_prompt, prepare_latents, step = pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step
+
+    def recorded_encode(*args, **kwargs):
+        output = encode_prompt(*args, **kwargs)
+        stages["prompt"].append(output[0])
+        return output
+
+    def recorded_latents(*args, **kwargs):
+        output = prepare_latents(*args, **kwargs)
+        stages["condition"] = output[1]
+        return output
+
+    def recorded_step(model_output, *args, **kwargs):
+        stages["predictions"].append(model_output)
+        return step(model_output, *args, **kwargs)
+    pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step = recorded_encode, recorded_latents, recorded_step
+    width, height = size or (None, None)
+    image = pipe(image=images if len(images) > 1 or module is pipeline_qwenimage_edit_plus else images[0],
+                 prompt=PROMPT, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg, width=width,
+                 height=height, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(7)).images[0]
+    stages["image"] = np.asarray(image)
+    return stages, areas.asked
+
+
+def _with_mm_token_type_ids(text_encoder) -> None:
+    """The text encoder as released (transformers 4.x): image tokens marked so they get 3-D rotary positions."""
+    forward, image_token = text_encoder.forward, text_encoder.config.image_token_id
+
+    def marked(*args, input_ids=None, **kwargs):
+        kwargs.setdefault("mm_token_type_ids", (input_ids == image_token).int())
+        return forward(*args, input_ids=input_ids, **kwargs)
+    text_encoder.forward = marked
+
+
+def _difference(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    """Largest difference relative to the reference's largest value."""
+    assert ours.shape == theirs.shape, f"shapes {tuple(ours.shape)} and {tuple(theirs.shape)}"
+    return ((ours.float() - theirs.float()).abs().max() / theirs.float().abs().max().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("repo, count, cfg, size", CASES,
+                         ids=[f"{r}-{n}img-cfg{c:g}-{s[0]}x{s[1]}" if s else f"{r}-{n}img-cfg{c:g}-default"
+                              for r, n, c, s in CASES])
+def test_edit_matches_reference(folders, repo, count, cfg, size, monkeypatch):
+    images = _images(count)
+    ours, our_areas, family = _ghostedit(folders[repo], images, cfg, size, monkeypatch)
+    theirs, their_areas = _reference(folders[repo], images, cfg, size, monkeypatch)
+    assert family.name == repo
+    assert our_areas == their_areas, "the two sides resize to different areas"
+
+    report = {}
+    assert len(ours["prompt"]) == len(theirs["prompt"]) == (2 if cfg > 1 else 1)
+    for which, (a, b) in enumerate(zip(ours["prompt"], theirs["prompt"])):
+        report[f"prompt embedding {which}"] = _difference(a, b)
+    report["condition latents"] = _difference(ours["condition"], theirs["condition"])
+    assert len(ours["predictions"]) == len(theirs["predictions"]) == STEPS
+    for step, (a, b) in enumerate(zip(ours["predictions"], theirs["predictions"])):
+        report[f"step {step} prediction"] = _difference(a, b)
+    assert ours["image"].shape == theirs["image"].shape, "output sizes differ"
+    levels = np.abs(ours["image"].astype(np.int16) - theirs["image"].astype(np.int16))
+    words = ", ".join(f"{stage} {value:.1e}" for stage, value in report.items())
+    print(f"\n{repo} {count} image(s) cfg {cfg:g} {size}: {words}; image max {levels.max()} mean {levels.mean():.4f}")
+    for stage, value in report.items():  # the first stage that differs beyond float32 rounding is the cause
+        assert value < 1e-3, f"{stage} differs from the reference by {value:.1e} (relative); all stages: {words}"
+    assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS, \
+        f"image differs by {levels.max()} levels at most, {levels.mean():.3f} on average; stages: {words}"
