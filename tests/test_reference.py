@@ -41,6 +41,27 @@ def folders(tmp_path_factory):
     return {repo: build(root, repo) for repo in MODELS}
 
 
+@pytest.fixture(scope="session")
+def engines(folders):
+    """GhostEdit's engine on each folder, loaded as `--model FOLDER --dtype float32` would load it."""
+    from ghostedit.engine import Engine
+    return {repo: Engine(str(folder), device="cpu", dtype="float32") for repo, folder in folders.items()}
+
+
+@pytest.fixture(scope="session")
+def references(folders):
+    """diffusers' pipeline named in each folder's model_index.json, float32, its text encoder as released."""
+    import diffusers
+
+    pipes = {}
+    for repo, folder in folders.items():
+        pipe = getattr(diffusers, MODELS[repo][0]).from_pretrained(str(folder), torch_dtype=torch.float32)
+        pipe.set_progress_bar_config(disable=True)
+        _with_mm_token_type_ids(pipe.text_encoder)
+        pipes[repo] = pipe
+    return pipes
+
+
 def _images(count: int) -> list[Image.Image]:
     """Smooth, different inputs of different aspect ratios (the last one sets the 2509/2511 default size)."""
     sizes = [(200, 150), (120, 180), (160, 160)]
@@ -71,9 +92,8 @@ class AreaRecorder:
         monkeypatch.setattr(module, name, scaled)
 
 
-def _ghostedit(folder, images, cfg, size, monkeypatch) -> tuple[dict, set]:
+def _ghostedit(engine, images, cfg, size, monkeypatch) -> tuple[dict, set]:
     from ghostedit.config import EditRequest
-    from ghostedit.engine import Engine
     from ghostedit.models import exact, family
 
     areas = AreaRecorder(monkeypatch, exact, "dimensions")
@@ -93,7 +113,6 @@ def _ghostedit(folder, images, cfg, size, monkeypatch) -> tuple[dict, set]:
     recorded(exact.EditImageEmbedder, "process", lambda out: stages.__setitem__(
         "condition", torch.cat([_packed(latents) for latents in out["edit_latents"]], dim=1)))
     recorded(exact.ExactPipeline, "cfg_guided_model_fn", lambda out: stages["predictions"].append(_packed(out)))
-    engine = Engine(str(folder), device="cpu", dtype="float32")
     width, height = size or (None, None)
     result = engine.run(EditRequest(images=images, prompt=PROMPT, steps=STEPS, cfg_scale=cfg, seed=7, width=width,
                                     height=height))
@@ -101,20 +120,11 @@ def _ghostedit(folder, images, cfg, size, monkeypatch) -> tuple[dict, set]:
     return stages, areas.asked | default_areas.asked, engine.spec.family
 
 
-def _reference(folder, images, cfg, size, monkeypatch) -> tuple[dict, set]:
-    import diffusers
+def _reference(pipe, images, cfg, size, monkeypatch) -> tuple[dict, set]:
     from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
 
-    index = (folder / "model_index.json").read_text()
-    pipeline_class = next(name for name, _ in MODELS.values() if f'"{name}"' in index)
-    module = pipeline_qwenimage_edit if pipeline_class == "QwenImageEditPipeline" else pipeline_qwenimage_edit_plus
+    module = pipeline_qwenimage_edit_plus if "Plus" in type(pipe).__name__ else pipeline_qwenimage_edit
     areas = AreaRecorder(monkeypatch, module, "calculate_dimensions")
-    if module is pipeline_qwenimage_edit:  # its calculate_dimensions returns a third value
-        original = module.calculate_dimensions
-        monkeypatch.setattr(module, "calculate_dimensions", lambda area, ratio: original(area, ratio))
-    pipe = getattr(diffusers, pipeline_class).from_pretrained(str(folder), torch_dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    _with_mm_token_type_ids(pipe.text_encoder)
     stages = {"prompt": [], "condition": None, "predictions": []}
     encode_prompt, prepare_latents, step = pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step
 
@@ -131,7 +141,9 @@ def _reference(folder, images, cfg, size, monkeypatch) -> tuple[dict, set]:
     def recorded_step(model_output, *args, **kwargs):
         stages["predictions"].append(model_output)
         return step(model_output, *args, **kwargs)
-    pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step = recorded_encode, recorded_latents, recorded_step
+    monkeypatch.setattr(pipe, "encode_prompt", recorded_encode)
+    monkeypatch.setattr(pipe, "prepare_latents", recorded_latents)
+    monkeypatch.setattr(pipe.scheduler, "step", recorded_step)
     width, height = size or (None, None)
     image = pipe(image=images if len(images) > 1 or module is pipeline_qwenimage_edit_plus else images[0],
                  prompt=PROMPT, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg, width=width,
@@ -159,10 +171,10 @@ def _difference(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 @pytest.mark.parametrize("repo, count, cfg, size", CASES,
                          ids=[f"{r}-{n}img-cfg{c:g}-{s[0]}x{s[1]}" if s else f"{r}-{n}img-cfg{c:g}-default"
                               for r, n, c, s in CASES])
-def test_edit_matches_reference(folders, repo, count, cfg, size, monkeypatch):
+def test_edit_matches_reference(engines, references, repo, count, cfg, size, monkeypatch):
     images = _images(count)
-    ours, our_areas, family = _ghostedit(folders[repo], images, cfg, size, monkeypatch)
-    theirs, their_areas = _reference(folders[repo], images, cfg, size, monkeypatch)
+    ours, our_areas, family = _ghostedit(engines[repo], images, cfg, size, monkeypatch)
+    theirs, their_areas = _reference(references[repo], images, cfg, size, monkeypatch)
     assert family.name == repo
     assert our_areas == their_areas, "the two sides resize to different areas"
 
@@ -182,3 +194,41 @@ def test_edit_matches_reference(folders, repo, count, cfg, size, monkeypatch):
         assert value < 1e-3, f"{stage} differs from the reference by {value:.1e} (relative); all stages: {words}"
     assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS, \
         f"image differs by {levels.max()} levels at most, {levels.mean():.3f} on average; stages: {words}"
+
+
+# ---- recognising a model from its own files ----
+
+def _copy(folder, destination):
+    import shutil
+    shutil.copytree(folder, destination)
+    return destination
+
+
+def test_model_is_recognised_from_its_configs_not_its_name(folders, tmp_path):
+    from ghostedit.models import resolve
+
+    misleading = _copy(folders["Qwen-Image-Edit-2511"], tmp_path / "Qwen-Image-Edit-2509")
+    spec = resolve(str(misleading))
+    assert spec.kind == "local" and spec.family.name == "Qwen-Image-Edit-2511" and spec.family.zero_cond_t
+    assert resolve(str(folders["Qwen-Image-Edit"])).family.max_images == 1
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda f: (f / "model_index.json").unlink(), "model_index.json"),
+    (lambda f: _edit_json(f / "transformer" / "config.json", use_layer3d_rope=True), "use_layer3d_rope"),
+    (lambda f: _edit_json(f / "scheduler" / "scheduler_config.json", max_shift=1.15), "max_shift"),
+    (lambda f: _edit_json(f / "model_index.json", _class_name="QwenImageLayeredPipeline"), "QwenImageLayeredPipeline"),
+], ids=["no-model-index", "layer3d-rope", "other-schedule", "other-pipeline"])
+def test_a_model_that_cannot_run_exactly_is_refused_by_name(folders, tmp_path, change, named):
+    from ghostedit.models import resolve
+    from ghostedit.models.family import UnsupportedModel
+
+    folder = _copy(folders["Qwen-Image-Edit-2509"], tmp_path / "model")
+    change(folder)
+    with pytest.raises(UnsupportedModel, match=named):
+        resolve(str(folder))
+
+
+def _edit_json(path, **changes):
+    import json
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))

@@ -79,6 +79,9 @@ def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: b
     """The full-size DiT, with the same random weights every time. `in_host_memory`: each of its 60 blocks is made
     on the device and moved to pinned host memory at once, so the device never holds more than one block."""
     from diffsynth.models.qwen_image_dit import QwenImageDiT, QwenImageTransformerBlock
+
+    from .exact import install_module_patches
+    install_module_patches()  # the MLP's activation as the released model's
     with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
         torch.manual_seed(0)
         with _created_on(device, torch_dtype):

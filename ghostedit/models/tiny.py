@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 
 from ..diffsynth_patches import check_version
+from .exact import install_module_patches
 from ..paths import ghostedit_home, write_atomically  # ghostedit_home re-exported: $GHOSTEDIT_HOME or ~/.cache/ghostedit
 from .processor import special_token_ids, write_processor
 
@@ -72,10 +73,12 @@ LORA_TARGETS = (
 
 
 class TinyQwenImageDiT(QwenImageDiT):
-    """QwenImageDiT with the same attribute names and real QwenImageTransformerBlocks, at width 64."""
+    """QwenImageDiT with the same attribute names and real QwenImageTransformerBlocks, at width 64, computing as the
+    released model does (the MLP's activation: models/exact.py)."""
 
     def __init__(self):
         torch.nn.Module.__init__(self)  # QwenImageDiT.__init__ would build the 20B model
+        install_module_patches()
         self.pos_embed = QwenEmbedRope(theta=10000, axes_dim=DIT_ROPE_AXES, scale_rope=True)
         self.time_text_embed = TimestepEmbeddings(
             256, DIT_DIM, diffusers_compatible_format=True, scale=1000, align_dtype_to_timestep=False
