@@ -115,10 +115,10 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], ModelConfig,
     family = detect(folder)
     entries = {
         "transformer": (ConfiguredQwenImageDiT, QwenImageDiT,
-                        _dit_kwargs(read_json(folder / "transformer" / "config.json"), folder), None),
+                        _dit_kwargs(read_json(folder, "transformer/config.json"), folder), None),
         "text_encoder": (ConfiguredTextEncoder, QwenImageTextEncoder,
-                         {"config": read_json(folder / "text_encoder" / "config.json")}, TEXT_ENCODER_CONVERTER),
-        "vae": (QwenImageVAE, QwenImageVAE, _vae_kwargs(read_json(folder / "vae" / "config.json"), folder), None),
+                         {"config": read_json(folder, "text_encoder/config.json")}, TEXT_ENCODER_CONVERTER),
+        "vae": (QwenImageVAE, QwenImageVAE, _vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
     }
     configs = []
     for component, model_name, pattern in COMPONENTS:

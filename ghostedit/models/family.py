@@ -94,19 +94,19 @@ COMPONENTS = {"transformer": "config.json", "text_encoder": "config.json", "vae"
               "scheduler": "scheduler_config.json", "processor": "preprocessor_config.json"}
 
 
-def read_json(path: Path) -> dict:
+def read_json(folder: Path, relative: str) -> dict:
+    """A config of the model folder; its absence is a refusal that names it."""
     try:
-        return json.loads(path.read_text())
+        return json.loads((Path(folder) / relative).read_text())
     except FileNotFoundError:
-        raise UnsupportedModel(f"{path.parent.parent} is not a Qwen-Image-Edit model folder: it has no "
-                               f"{path.relative_to(path.parent.parent)}") from None
+        raise UnsupportedModel(f"{folder} is not a Qwen-Image-Edit model folder: it has no {relative}") from None
 
 
 def detect(folder: Path) -> Family:
     """The family entry of the model in `folder` (the released layout: model_index.json, transformer/, ...)."""
     folder = Path(folder)
-    index = read_json(folder / "model_index.json")
-    configs = {name: read_json(folder / name / file) for name, file in COMPONENTS.items()}
+    index = read_json(folder, "model_index.json")
+    configs = {name: read_json(folder, f"{name}/{file}") for name, file in COMPONENTS.items()}
     transformer = configs["transformer"]
     if transformer.get("_class_name") != TRANSFORMER_CLASS:
         raise UnsupportedModel(f"{folder}: transformer/config.json is a {transformer.get('_class_name')!r}; "
