@@ -22,7 +22,12 @@ from reference_checkpoints import MODELS, build
 AREA_DIVISOR = 16
 STEPS = 2
 PROMPT = "Make the sky blue and add a red hat to the cat"
-MAX_LEVELS, MEAN_LEVELS = 2, 1.0
+MAX_LEVELS, MEAN_LEVELS = 2, 1.0  # the target: what a person cannot see
+# What the rounding of float32 leaves, with a wide margin (measured: 0, 7e-8, <8e-5 relative; image mean <0.001
+# levels): each difference found between DiffSynth and the reference exceeds these (a 1-D-position prompt 2e-3,
+# the sigmoid activation 8e-3 at the first prediction, the unscaled CFG 0.1, truncated output 0.5 levels on average)
+STAGE_TOLERANCE = {"prompt embedding": 1e-5, "condition latents": 1e-5, "prediction": 1e-3}
+ROUNDING_MEAN_LEVELS = 0.05
 
 # (model, input images, CFG scale, output size or None for the model's default)
 CASES = [
@@ -162,9 +167,9 @@ def _with_mm_token_type_ids(text_encoder) -> None:
     text_encoder.forward = marked
 
 
-def _difference(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+def _difference(stage: str, ours: torch.Tensor, theirs: torch.Tensor) -> float:
     """Largest difference relative to the reference's largest value."""
-    assert ours.shape == theirs.shape, f"shapes {tuple(ours.shape)} and {tuple(theirs.shape)}"
+    assert ours.shape == theirs.shape, f"{stage}: shape {tuple(ours.shape)}, the reference's {tuple(theirs.shape)}"
     return ((ours.float() - theirs.float()).abs().max() / theirs.float().abs().max().clamp_min(1e-12)).item()
 
 
@@ -180,20 +185,23 @@ def test_edit_matches_reference(engines, references, repo, count, cfg, size, mon
 
     report = {}
     assert len(ours["prompt"]) == len(theirs["prompt"]) == (2 if cfg > 1 else 1)
-    for which, (a, b) in enumerate(zip(ours["prompt"], theirs["prompt"])):
-        report[f"prompt embedding {which}"] = _difference(a, b)
-    report["condition latents"] = _difference(ours["condition"], theirs["condition"])
+    for which, (a, b) in zip(("positive", "negative"), zip(ours["prompt"], theirs["prompt"])):
+        report[f"{which} prompt embedding"] = _difference(f"{which} prompt embedding", a, b)
+    report["condition latents"] = _difference("condition latents", ours["condition"], theirs["condition"])
     assert len(ours["predictions"]) == len(theirs["predictions"]) == STEPS
     for step, (a, b) in enumerate(zip(ours["predictions"], theirs["predictions"])):
-        report[f"step {step} prediction"] = _difference(a, b)
+        report[f"step {step} prediction"] = _difference(f"step {step} prediction", a, b)
     assert ours["image"].shape == theirs["image"].shape, "output sizes differ"
     levels = np.abs(ours["image"].astype(np.int16) - theirs["image"].astype(np.int16))
     words = ", ".join(f"{stage} {value:.1e}" for stage, value in report.items())
     print(f"\n{repo} {count} image(s) cfg {cfg:g} {size}: {words}; image max {levels.max()} mean {levels.mean():.4f}")
     for stage, value in report.items():  # the first stage that differs beyond float32 rounding is the cause
-        assert value < 1e-3, f"{stage} differs from the reference by {value:.1e} (relative); all stages: {words}"
+        tolerance = next(t for kind, t in STAGE_TOLERANCE.items() if stage.endswith(kind))
+        assert value < tolerance, f"{stage} differs from the reference by {value:.1e} (relative); stages: {words}"
     assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS, \
         f"image differs by {levels.max()} levels at most, {levels.mean():.3f} on average; stages: {words}"
+    assert levels.mean() <= ROUNDING_MEAN_LEVELS, f"image differs by {levels.mean():.3f} levels on average: more "\
+        f"than float32 rounding leaves (8-bit rounding?); stages: {words}"
 
 
 # ---- recognising a model from its own files ----
