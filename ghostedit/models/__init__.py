@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..device import Availability
-from .family import SYNTHETIC, TINY, Family, detect
+from .family import SYNTHETIC, TINY, Family, detect, exact_pipeline
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 # Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
@@ -90,7 +90,7 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
     dtypes.py; the pipeline's own dtype is the DiT's), the DiT in pinned host memory unless `base_dit_on_gpu`.
     `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else."""
     from .dtypes import apply_component_dtypes
-    from .exact import ExactPipeline, install_module_patches, make_exact
+    from .exact import ExactPipeline, install_module_patches
     install_module_patches()
     torch_dtype = dtypes["dit"]
     if spec.kind == "synthetic" and dit_only:
@@ -101,10 +101,10 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
         return pipe
     if spec.kind == "tiny":
         from .tiny import load_tiny_pipeline
-        pipe = make_exact(load_tiny_pipeline(device, torch_dtype), spec.family)
+        pipe = exact_pipeline(load_tiny_pipeline(device, torch_dtype), spec.family)
     elif spec.kind == "synthetic":
         from .synthetic import build_synthetic_pipeline
-        pipe = make_exact(build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu,
+        pipe = exact_pipeline(build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu,
                                                    text_encoder_in_host_memory=not text_encoder_on_gpu), spec.family)
     else:
         from .hub import load_pretrained_pipeline

@@ -163,10 +163,3 @@ class ExactPipeline(QwenImagePipeline):
         image = (vae_output[0].float() * 0.5 + 0.5).clamp(0, 1)  # as diffusers' postprocessing, for [-1, 1]
         array = (image.permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array)
-
-
-def make_exact(pipe: QwenImagePipeline, family: Family) -> ExactPipeline:
-    """The loaded pipeline, as an ExactPipeline running `family`."""
-    pipe.__class__ = ExactPipeline
-    pipe.use_family(family)
-    return pipe

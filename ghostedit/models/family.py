@@ -9,8 +9,9 @@ by `detect`, naming what is missing or different.
 """
 from __future__ import annotations
 
+import importlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import GhostEditError
@@ -36,10 +37,20 @@ class ConditionRule:
 
 
 @dataclass(frozen=True)
+class Computation:
+    """How GhostEdit computes a family, as dotted paths (imported when a model loads, not when this table is read)."""
+    pipeline: str               # DiffSynth's pipeline class
+    exact: str                  # GhostEdit's subclass of it that computes as the reference
+    checkpoint: str             # folder -> (family, DiffSynth ModelConfigs of the weights, tokenizer, processor)
+    transformer_class: str      # the transformer config's "_class_name" it runs
+    scheduler: dict = field(hash=False)  # the schedule it computes: the scheduler config must say the same
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     pipeline_class: str         # model_index.json "_class_name" of the reference pipeline
-    engine: str                 # the DiffSynth pipeline that computes it
+    computation: Computation
     template: str               # "edit": one image in the system template; "edit-plus": "Picture N:" per image
     max_images: int
     condition: ConditionRule
@@ -60,16 +71,27 @@ def dimensions(area: int, ratio: float) -> tuple[int, int]:
     return round(width / 32) * 32, round(height / 32) * 32
 
 
+# What DiffSynth's QwenImagePipeline computes: its "Qwen-Image" schedule and its QwenImageDiT
+SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_len": 256, "max_image_seq_len": 8192,
+             "base_shift": 0.5, "max_shift": 0.9, "shift_terminal": 0.02, "use_dynamic_shifting": True,
+             "time_shift_type": "exponential", "num_train_timesteps": 1000, "invert_sigmas": False,
+             "stochastic_sampling": False, "use_karras_sigmas": False, "use_exponential_sigmas": False,
+             "use_beta_sigmas": False}
+QWEN_IMAGE = Computation(
+    pipeline="diffsynth.pipelines.qwen_image.QwenImagePipeline", exact="ghostedit.models.exact.ExactPipeline",
+    checkpoint="ghostedit.models.checkpoint.model_configs", transformer_class="QwenImageTransformer2DModel",
+    scheduler=SCHEDULER)
+
 EDIT_TEMPLATE = "edit"
 EDIT_PLUS_TEMPLATE = "edit-plus"
 
 QWEN_IMAGE_EDIT = Family(
-    name="Qwen-Image-Edit", pipeline_class="QwenImageEditPipeline", engine="QwenImagePipeline",
+    name="Qwen-Image-Edit", pipeline_class="QwenImageEditPipeline", computation=QWEN_IMAGE,
     template=EDIT_TEMPLATE, max_images=1,
     condition=ConditionRule(vae_area=1024 * 1024, vl_area=None, size_from="first"),
     zero_cond_t=False, default_steps=50, default_area=1024 * 1024)
 QWEN_IMAGE_EDIT_2509 = Family(
-    name="Qwen-Image-Edit-2509", pipeline_class="QwenImageEditPlusPipeline", engine="QwenImagePipeline",
+    name="Qwen-Image-Edit-2509", pipeline_class="QwenImageEditPlusPipeline", computation=QWEN_IMAGE,
     template=EDIT_PLUS_TEMPLATE, max_images=3,
     condition=ConditionRule(vae_area=1024 * 1024, vl_area=384 * 384, size_from="last"),
     zero_cond_t=False, default_steps=40, default_area=1024 * 1024)
@@ -82,13 +104,6 @@ TINY = replace(QWEN_IMAGE_EDIT_2509, name="tiny", default_steps=4, default_area=
                condition=replace(QWEN_IMAGE_EDIT_2509.condition, vae_area=256 * 256, vl_area=96 * 96))
 SYNTHETIC = replace(QWEN_IMAGE_EDIT_2509, name="synthetic")
 
-# What DiffSynth's QwenImagePipeline computes: its "Qwen-Image" schedule and its QwenImageDiT
-SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_len": 256, "max_image_seq_len": 8192,
-             "base_shift": 0.5, "max_shift": 0.9, "shift_terminal": 0.02, "use_dynamic_shifting": True,
-             "time_shift_type": "exponential", "num_train_timesteps": 1000, "invert_sigmas": False,
-             "stochastic_sampling": False, "use_karras_sigmas": False, "use_exponential_sigmas": False,
-             "use_beta_sigmas": False}
-TRANSFORMER_CLASS = "QwenImageTransformer2DModel"
 UNSUPPORTED_TRANSFORMER_OPTIONS = ("guidance_embeds", "use_additional_t_cond", "use_layer3d_rope")
 COMPONENTS = {"transformer": "config.json", "text_encoder": "config.json", "vae": "config.json",
               "scheduler": "scheduler_config.json", "processor": "preprocessor_config.json"}
@@ -105,26 +120,46 @@ def read_json(folder: Path, relative: str) -> dict:
 def detect(folder: Path) -> Family:
     """The family entry of the model in `folder` (the released layout: model_index.json, transformer/, ...)."""
     folder = Path(folder)
-    index = read_json(folder, "model_index.json")
+    pipeline_class = read_json(folder, "model_index.json").get("_class_name")
+    candidates = [family for family in FAMILIES if family.pipeline_class == pipeline_class]
+    supported = ", ".join(f"{f.name} ({f.pipeline_class}, zero_cond_t={f.zero_cond_t})" for f in FAMILIES)
+    if not candidates:
+        raise UnsupportedModel(f"{folder}: model_index.json names {pipeline_class!r}; GhostEdit runs exactly: "
+                               f"{supported}")
     configs = {name: read_json(folder, f"{name}/{file}") for name, file in COMPONENTS.items()}
+    engine = candidates[0].computation
     transformer = configs["transformer"]
-    if transformer.get("_class_name") != TRANSFORMER_CLASS:
+    if transformer.get("_class_name") != engine.transformer_class:
         raise UnsupportedModel(f"{folder}: transformer/config.json is a {transformer.get('_class_name')!r}; "
-                               f"GhostEdit runs {TRANSFORMER_CLASS} only")
+                               f"{pipeline_class} runs on {engine.transformer_class}")
     options = [name for name in UNSUPPORTED_TRANSFORMER_OPTIONS if transformer.get(name)]
     if options:
         raise UnsupportedModel(f"{folder}: the transformer sets {', '.join(options)}, which GhostEdit's engine "
-                               "(DiffSynth's QwenImagePipeline for edits) does not run")
-    schedule = {key: configs["scheduler"].get(key) for key in SCHEDULER}
-    different = {key: value for key, value in schedule.items() if value != SCHEDULER[key]}
+                               f"({engine.pipeline.rsplit('.', 1)[1]} for edits) does not run")
+    schedule = {key: configs["scheduler"].get(key) for key in engine.scheduler}
+    different = {key: value for key, value in schedule.items() if value != engine.scheduler[key]}
     if different:
         raise UnsupportedModel(f"{folder}: scheduler/scheduler_config.json differs from the schedule GhostEdit "
-                               f"computes in {different} (expected {({k: SCHEDULER[k] for k in different})})")
-    pipeline_class = index.get("_class_name")
+                               f"computes in {different} (expected {({k: engine.scheduler[k] for k in different})})")
     zero_cond_t = bool(transformer.get("zero_cond_t", False))
-    for family in FAMILIES:
-        if family.pipeline_class == pipeline_class and family.zero_cond_t == zero_cond_t:
+    for family in candidates:
+        if family.zero_cond_t == zero_cond_t:
             return family
-    supported = ", ".join(f"{f.name} ({f.pipeline_class}, zero_cond_t={f.zero_cond_t})" for f in FAMILIES)
     raise UnsupportedModel(f"{folder}: model_index.json names {pipeline_class!r} with zero_cond_t={zero_cond_t}; "
                            f"GhostEdit runs exactly: {supported}")
+
+
+def load(dotted: str):
+    """The class or function at a dotted path of a Computation."""
+    module, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def exact_pipeline(pipe, family: Family):
+    """A loaded DiffSynth pipeline of the family's kind, made to compute as the family's reference."""
+    exact = load(family.computation.exact)
+    if not isinstance(pipe, load(family.computation.pipeline)):
+        raise TypeError(f"{family.name} runs on {family.computation.pipeline}, not {type(pipe).__name__}")
+    pipe.__class__ = exact
+    pipe.use_family(family)
+    return pipe

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..paths import ghostedit_home
+from .family import detect, exact_pipeline, load
 
 # What an edit reads from a repo (the rest, e.g. README and examples, is not downloaded)
 REPO_FILES = ["model_index.json", "transformer/*", "text_encoder/*", "vae/*", "scheduler/*", "tokenizer/*",
@@ -27,11 +28,7 @@ def repo_folder(repo: str) -> Path:
 
 
 def load_pretrained_pipeline(spec, device: str, torch_dtype: torch.dtype):
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
-
-    from .checkpoint import model_configs
-    from .exact import make_exact
-
+    """The family's DiffSynth pipeline over the folder's weights, computing as the family's reference."""
     if spec.kind == "local":
         folder = Path(spec.source)
     else:
@@ -41,7 +38,8 @@ def load_pretrained_pipeline(spec, device: str, torch_dtype: torch.dtype):
             raise RuntimeError(f"could not download {spec.source} from the model hub ({type(error).__name__}: "
                                f"{error}). Without network access, download the repo elsewhere and pass its "
                                "folder.") from error
-    family, weights, tokenizer, processor = model_configs(folder)
-    pipe = QwenImagePipeline.from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=weights,
-                                             tokenizer_config=tokenizer, processor_config=processor)
-    return make_exact(pipe, family)
+    computation = (spec.family or detect(folder)).computation
+    family, weights, tokenizer, processor = load(computation.checkpoint)(folder)
+    pipe = load(computation.pipeline).from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=weights,
+                                                      tokenizer_config=tokenizer, processor_config=processor)
+    return exact_pipeline(pipe, family)
