@@ -45,6 +45,10 @@ PATCHES = {
     "VAE RMS norm": Patch(
         "diffsynth.models.qwen_image_vae", "QwenImageRMS_norm",
         "DiffSynth normalizes in the input's dtype; the reference normalizes bf16 input in float32 (models/exact.py)"),
+    "VAE latent normalization": Patch(
+        "diffsynth.models.qwen_image_vae", "QwenImageVAE",
+        "DiffSynth multiplies by 1 / std kept from float32; the reference divides by the std in the VAE's dtype "
+        "(differs in bf16): the class DiffSynth's loader imports is replaced by a subclass (models/exact.py)"),
     "model table": Patch(
         "diffsynth.configs", "MODEL_CONFIGS",
         "a Qwen-Image-Edit folder's DiT, text encoder and VAE are entered by DiffSynth's file hash with classes "

@@ -112,6 +112,8 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
         if not base_dit_on_gpu and device.startswith("cuda"):
             pipe.dit.to("cpu")  # DiffSynth's loader puts every weight on the device first
     apply_component_dtypes(pipe, dtypes)
+    from .exact import float32_rotary
+    float32_rotary(pipe.text_encoder)
     if dit_only:
         pipe.text_encoder = pipe.vae = None
     return pipe

@@ -17,9 +17,9 @@ from diffsynth.core.loader import ModelConfig, hash_model_file
 from diffsynth.models.general_modules import AdaLayerNorm, RMSNorm, TimestepEmbeddings
 from diffsynth.models.qwen_image_dit import QwenEmbedRope, QwenImageDiT, QwenImageTransformerBlock
 from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
-from diffsynth.models.qwen_image_vae import QwenImageVAE
 
 from ..diffsynth_patches import check_version
+from .exact import LATENTS_MEAN, LATENTS_STD, class_path, install_module_patches
 from .family import Family, UnsupportedModel, detect, read_json
 
 TEXT_ENCODER_CONVERTER = ("diffsynth.utils.state_dict_converters.qwen_image_text_encoder."
@@ -31,6 +31,11 @@ COMPONENTS = (
     ("vae", "qwen_image_vae", "diffusion_pytorch_model*.safetensors"),
 )
 LATENT_CHANNELS = 16
+VAE_CLASS = "diffsynth.models.qwen_image_vae.QwenImageVAE"  # what DiffSynth's loader imports: GhostEdit's patched VAE
+
+
+def _path(cls: type | str) -> str:
+    return cls if isinstance(cls, str) else class_path(cls)
 
 
 class ConfiguredQwenImageDiT(QwenImageDiT):
@@ -78,25 +83,16 @@ def _dit_kwargs(config: dict, folder: Path) -> dict:
 
 
 def _vae_kwargs(config: dict, folder: Path) -> dict:
-    mean_std = _diffsynth_latent_statistics()
-    given = (config.get("latents_mean"), config.get("latents_std"))
-    if any(value is not None and [round(v, 4) for v in value] != expected for value, expected in zip(given, mean_std)):
-        raise UnsupportedModel(f"{folder}: vae/config.json's latents_mean/latents_std differ from the ones "
-                               "DiffSynth's QwenImageVAE applies")
+    given = {"latents_mean": LATENTS_MEAN, "latents_std": LATENTS_STD}
+    different = [name for name, values in given.items()
+                 if config.get(name) is not None and [round(v, 4) for v in config[name]] != values]
+    if different:
+        raise UnsupportedModel(f"{folder}: vae/config.json's {' and '.join(different)} differ from the ones the "
+                               "engine's QwenImageVAE applies")
     if config.get("input_channels", 3) != 3 or config.get("z_dim", LATENT_CHANNELS) != LATENT_CHANNELS:
         raise UnsupportedModel(f"{folder}: vae/config.json is not an RGB VAE with {LATENT_CHANNELS} latent channels")
     names = ("base_dim", "z_dim", "dim_mult", "num_res_blocks", "attn_scales", "temperal_downsample", "dropout")
     return {name: config[name] for name in names if name in config}
-
-
-def _diffsynth_latent_statistics() -> tuple[list[float], list[float]]:
-    """DiffSynth hard-codes the latents' mean and std in QwenImageVAE (it keeps 1 / std)."""
-    vae = QwenImageVAE(base_dim=4, num_res_blocks=1)  # tiny: only its mean and std are read
-    return [round(v, 4) for v in vae.mean.flatten().tolist()], [round(1 / v, 4) for v in vae.std.flatten().tolist()]
-
-
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _files(folder: Path, component: str, pattern: str) -> list[str]:
@@ -111,6 +107,7 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], ModelConfig,
     """The family of the model in `folder`, and DiffSynth ModelConfigs for its weights, tokenizer and processor,
     each weight file entered in DiffSynth's model table with the class its config describes."""
     check_version()
+    install_module_patches()
     folder = Path(folder)
     family = detect(folder)
     entries = {
@@ -118,7 +115,7 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], ModelConfig,
                         _dit_kwargs(read_json(folder, "transformer/config.json"), folder), None),
         "text_encoder": (ConfiguredTextEncoder, QwenImageTextEncoder,
                          {"config": read_json(folder, "text_encoder/config.json")}, TEXT_ENCODER_CONVERTER),
-        "vae": (QwenImageVAE, QwenImageVAE, _vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
+        "vae": (VAE_CLASS, VAE_CLASS, _vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
     }
     configs = []
     for component, model_name, pattern in COMPONENTS:
@@ -127,12 +124,12 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], ModelConfig,
         cls, diffsynth_cls, kwargs, converter = entries[component]
         model_hash = hash_model_file(path)
         MODEL_CONFIGS[:] = [c for c in MODEL_CONFIGS if c["model_hash"] != model_hash]
-        entry = {"model_hash": model_hash, "model_name": model_name, "model_class": _class_path(cls),
+        entry = {"model_hash": model_hash, "model_name": model_name, "model_class": _path(cls),
                  "extra_kwargs": kwargs}
         if converter:
             entry["state_dict_converter"] = converter
         MODEL_CONFIGS.append(entry)
-        VRAM_MANAGEMENT_MODULE_MAPS[_class_path(cls)] = VRAM_MANAGEMENT_MODULE_MAPS[_class_path(diffsynth_cls)]
+        VRAM_MANAGEMENT_MODULE_MAPS[_path(cls)] = VRAM_MANAGEMENT_MODULE_MAPS[_path(diffsynth_cls)]
         configs.append(ModelConfig(path=path))
     for name in ("tokenizer", "processor"):
         if not (folder / name).is_dir():

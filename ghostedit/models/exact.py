@@ -9,12 +9,19 @@ Where DiffSynth 2.1.12 differs, and where each is fixed (tests/test_reference.py
 - the 8-bit output is rounded, not truncated (ExactPipeline);
 - the DiT's MLP activation is GELU with the tanh approximation, the VAE's RMS norm is computed in float32 (module
   patches listed in diffsynth_patches.py, installed by `install_module_patches` before any model is built);
+- in bf16: the text encoder's rotary frequencies stay float32 (`float32_rotary`, applied by
+  models.load_base_pipeline) and the VAE normalizes its latents as the reference does (module patch);
+- the schedule's sigmas and the Euler step are computed as diffusers' scheduler computes them (ReferenceSchedule);
 - 2511's `zero_cond_t` comes from the transformer config (passed by the runner from the family).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+from diffsynth.configs import VRAM_MANAGEMENT_MODULE_MAPS
+from diffsynth.diffusion import FlowMatchScheduler
 from diffsynth.models import qwen_image_dit, qwen_image_vae
 from diffsynth.pipelines.qwen_image import (QwenImagePipeline, QwenImageUnit_EditImageEmbedder,
                                             QwenImageUnit_PromptEmbedder)
@@ -49,10 +56,63 @@ class Float32RMSNorm(qwen_image_vae.QwenImageRMS_norm):
         return torch.nn.functional.normalize(x.float(), dim=dim).to(x.dtype) * self.scale * self.gamma + self.bias
 
 
+class ReferenceScaledVAE(qwen_image_vae.QwenImageVAE):
+    """The VAE's latent normalization as the reference computes it in the VAE's dtype: encoding divides by the
+    std, decoding divides by 1 / std rounded to that dtype (DiffSynth multiplies by 1 / std kept from float32; in
+    bf16 the condition latents differ by 4e-3 relative)."""
+
+    def _statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, self.z_dim, 1, 1, 1)
+        mean = torch.tensor(LATENTS_MEAN).view(shape).to(device=x.device, dtype=x.dtype)
+        return mean, torch.tensor(LATENTS_STD).view(shape).to(device=x.device, dtype=x.dtype)
+
+    def encode(self, x, tiled=False, tile_size=128, tile_stride=64, **kwargs):
+        if tiled:
+            return super().encode(x, tiled=True, tile_size=tile_size, tile_stride=tile_stride, **kwargs)
+        x = self.quant_conv(self.encoder(x.unsqueeze(2)))[:, :self.z_dim]
+        mean, std = self._statistics(x)
+        return ((x - mean) / std).squeeze(2)
+
+    def decode(self, x, tiled=False, tile_size=128, tile_stride=64, **kwargs):
+        if tiled:
+            return super().decode(x, tiled=True, tile_size=tile_size, tile_stride=tile_stride, **kwargs)
+        x = x.unsqueeze(2)
+        mean, std = self._statistics(x)
+        x = x / (1.0 / std) + mean
+        return self.decoder(self.post_quant_conv(x)).squeeze(2)
+
+
 def install_module_patches() -> None:
-    """Idempotent; before any DiT or VAE is built (their constructors look the classes up in their modules)."""
+    """Idempotent; before any DiT or VAE is built or loaded (their constructors, and DiffSynth's loader, look the
+    classes up in their modules)."""
     replace("DiT MLP activation", TanhGELU)
     replace("VAE RMS norm", Float32RMSNorm)
+    diffsynth_vae = replace("VAE latent normalization", ReferenceScaledVAE)
+    # DiffSynth's offload/FP8 map for its VAE, for a model table entry that names the subclass itself
+    VRAM_MANAGEMENT_MODULE_MAPS.setdefault(class_path(ReferenceScaledVAE), VRAM_MANAGEMENT_MODULE_MAPS[class_path(diffsynth_vae)])
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def float32_rotary(text_encoder: torch.nn.Module) -> None:
+    """The text encoder's rotary frequencies back in float32 after a cast to bf16, as transformers loads them
+    (DiffSynth casts the whole model, buffers included: the positions of a long prompt lose precision)."""
+    for module in text_encoder.modules():
+        if isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(module, "config"):
+            with torch.device("cpu"):
+                fresh = type(module)(module.config)
+            for name in ("inv_freq", "original_inv_freq"):
+                buffer = getattr(module, name)
+                setattr(module, name, getattr(fresh, name).to(device=buffer.device, dtype=torch.float32))
+
+
+# As in Qwen-Image's vae/config.json (and DiffSynth's QwenImageVAE, which keeps the mean and 1 / the std)
+LATENTS_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517, -0.3632,
+                -0.1922, -0.9497, 0.2503, -0.2921]
+LATENTS_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579, 1.6382,
+               1.1253, 2.8251, 1.9160]
 
 
 # ---- images ----
@@ -129,6 +189,42 @@ class PromptEmbedder(QwenImageUnit_PromptEmbedder):
         return {"prompt_emb": embedding, "prompt_emb_mask": mask}
 
 
+# ---- the schedule ----
+
+class ReferenceSchedule(FlowMatchScheduler):
+    """DiffSynth's "Qwen-Image" flow-matching schedule computed as diffusers' FlowMatchEulerDiscreteScheduler computes
+    it from the repo's scheduler config (float32 numpy from a float64 linspace; DiffSynth's torch arithmetic lands
+    1-2 float32 units away), and its Euler step adding in float32 as diffusers' does."""
+
+    def __init__(self, config: dict):
+        super().__init__("Qwen-Image")
+        self.config = config
+
+    def set_timesteps(self, num_inference_steps=100, denoising_strength=1.0, training=False, dynamic_shift_len=None,
+                      exponential_shift_mu=None, **kwargs):
+        if training or denoising_strength != 1.0 or exponential_shift_mu is not None or dynamic_shift_len is None:
+            raise ValueError("GhostEdit's edits use the schedule as the reference computes it for a full edit")
+        config = self.config
+        slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"] - config["base_image_seq_len"])
+        mu = dynamic_shift_len * slope + config["base_shift"] - slope * config["base_image_seq_len"]
+        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps).astype(np.float32)
+        sigmas = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
+        one_minus = 1 - sigmas
+        sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
+        self.sigmas = torch.from_numpy(sigmas).to(torch.float32)
+        self.timesteps = self.sigmas * config["num_train_timesteps"]
+        self.training = False
+
+    def step(self, model_output, timestep, sample, to_final=False, **kwargs):
+        if isinstance(timestep, torch.Tensor):
+            timestep = timestep.cpu()
+        index = torch.argmin((self.timesteps - timestep).abs())
+        last = to_final or index + 1 >= len(self.timesteps)
+        following = torch.zeros(()) if last else self.sigmas[index + 1]
+        step = (following - self.sigmas[index]).to(model_output.device)
+        return (sample.float() + step * model_output).to(model_output.dtype)
+
+
 # ---- the pipeline ----
 
 def guided(positive: torch.Tensor, negative: torch.Tensor, scale: float) -> torch.Tensor:
@@ -149,8 +245,14 @@ class ExactPipeline(QwenImagePipeline):
 
     def use_family(self, family: Family) -> None:
         self.family = family
+        self.scheduler = ReferenceSchedule(family.computation.scheduler)
         swaps = {QwenImageUnit_EditImageEmbedder: EditImageEmbedder, QwenImageUnit_PromptEmbedder: PromptEmbedder}
         self.units = [swaps[type(unit)](family) if type(unit) in swaps else unit for unit in self.units]
+
+    def __call__(self, *args, **kwargs):
+        if not isinstance(self.scheduler, ReferenceSchedule):  # a pipeline copied with the family (engine cache)
+            self.scheduler = ReferenceSchedule(self.family.computation.scheduler)
+        return super().__call__(*args, **kwargs)
 
     def cfg_guided_model_fn(self, model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
         positive = model_fn(**inputs_posi, **inputs_shared, **inputs_others)
@@ -160,6 +262,7 @@ class ExactPipeline(QwenImagePipeline):
         return guided(positive, negative, cfg_scale)
 
     def vae_output_to_image(self, vae_output, pattern="B C H W"):
-        image = (vae_output[0].float() * 0.5 + 0.5).clamp(0, 1)  # as diffusers' postprocessing, for [-1, 1]
+        """8-bit, rounded, as diffusers' postprocessing: [-1, 1] to [0, 1] in the VAE's dtype, then float32."""
+        image = (vae_output[0] * 0.5 + 0.5).clamp(0, 1).float()
         array = (image.permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array)
