@@ -1,13 +1,14 @@
 """GhostEdit against the model's reference: each tiny checkpoint in a released repo's layout (reference_checkpoints.py)
-edited through GhostEdit's real-model path (`Engine(folder)`, float32, CPU) and through diffusers' pipeline named in
-its model_index.json (float32, CPU), with the same images, prompt, seed, size, steps and CFG. Every stage is compared
-(prompt embeddings, condition latents, each step's guided prediction, the decoded image), so a failure says where.
+edited through GhostEdit's real-model path (`Engine(folder)`, CPU) and through diffusers' pipeline named in its
+model_index.json (CPU), both in float32 (and one case both in bf16), with the same images, prompt, seed, size, steps
+and CFG. Every stage is compared (prompt embeddings, condition latents, each step's guided prediction, the decoded
+image), so a failure says where.
 
 The reference is the model as released, on transformers 4.x: there the prompt's image tokens get 3-D rotary
 positions, which transformers 5 gives only when `mm_token_type_ids` is passed, so the reference's text encoder call
 gets it added. Both sides resize by the same areas (1024x1024 for the VAE, 384x384 for the text encoder in 2509 and
 2511): the test records the areas each side asks for and checks they agree, and computes at 1/16 of each area (a
-quarter of each side) to keep the test fast.
+quarter of each side; bf16 1/64) to keep the test fast.
 """
 from __future__ import annotations
 
@@ -19,24 +20,26 @@ from PIL import Image
 
 from reference_checkpoints import MODELS, build
 
-AREA_DIVISOR = 16
+AREA_DIVISOR = {"float32": 16, "bfloat16": 64}  # bf16 convolutions are slow on a CPU: smaller condition images
 STEPS = 2
 PROMPT = "Make the sky blue and add a red hat to the cat"
 MAX_LEVELS, MEAN_LEVELS = 2, 1.0  # the target: what a person cannot see
-# What the rounding of float32 leaves, with a wide margin (measured: 0, 7e-8, <8e-5 relative; image mean <0.001
-# levels): each difference found between DiffSynth and the reference exceeds these (a 1-D-position prompt 2e-3,
-# the sigmoid activation 8e-3 at the first prediction, the unscaled CFG 0.1, truncated output 0.5 levels on average)
+# Bounds on what rounding could leave if the two sides' kernels summed in another order (measured here: every stage
+# and every pixel identical, in float32 and in bf16); each difference found between DiffSynth and the reference
+# exceeds them (1-D positions for the prompt's image tokens 2e-3, the sigmoid activation 8e-3 at the first
+# prediction, the unscaled CFG 0.1, truncated 8-bit output 0.5 levels on average)
 STAGE_TOLERANCE = {"prompt embedding": 1e-5, "condition latents": 1e-5, "prediction": 1e-3}
 ROUNDING_MEAN_LEVELS = 0.05
 
-# (model, input images, CFG scale, output size or None for the model's default)
+# (model, input images, CFG scale, output size or None for the model's default, dtype of both sides)
 CASES = [
-    ("Qwen-Image-Edit", 1, 4.0, (128, 128)),
-    ("Qwen-Image-Edit", 1, 1.0, (160, 96)),
-    ("Qwen-Image-Edit-2509", 3, 4.0, (160, 96)),
-    ("Qwen-Image-Edit-2509", 1, 1.0, None),
-    ("Qwen-Image-Edit-2511", 3, 1.0, (128, 128)),
-    ("Qwen-Image-Edit-2511", 1, 4.0, (96, 160)),
+    ("Qwen-Image-Edit", 1, 4.0, (128, 128), "float32"),
+    ("Qwen-Image-Edit", 1, 1.0, (160, 96), "float32"),
+    ("Qwen-Image-Edit-2509", 3, 4.0, (160, 96), "float32"),
+    ("Qwen-Image-Edit-2509", 1, 1.0, None, "float32"),
+    ("Qwen-Image-Edit-2511", 3, 1.0, (128, 128), "float32"),
+    ("Qwen-Image-Edit-2511", 1, 4.0, (96, 160), "float32"),
+    ("Qwen-Image-Edit-2511", 2, 4.0, (96, 64), "bfloat16"),
 ]
 
 
@@ -48,23 +51,30 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def engines(folders):
-    """GhostEdit's engine on each folder, loaded as `--model FOLDER --dtype float32` would load it."""
+    """GhostEdit's engine on a folder, loaded as `--model FOLDER --dtype DTYPE` loads it; one per session each."""
     from ghostedit.engine import Engine
-    return {repo: Engine(str(folder), device="cpu", dtype="float32") for repo, folder in folders.items()}
+
+    cache = {}
+    return lambda repo, dtype: cache.get((repo, dtype)) or cache.setdefault(
+        (repo, dtype), Engine(str(folders[repo]), device="cpu", dtype=dtype))
 
 
 @pytest.fixture(scope="session")
 def references(folders):
-    """diffusers' pipeline named in each folder's model_index.json, float32, its text encoder as released."""
+    """diffusers' pipeline named in a folder's model_index.json, in `dtype`, its text encoder as released."""
     import diffusers
 
-    pipes = {}
-    for repo, folder in folders.items():
-        pipe = getattr(diffusers, MODELS[repo][0]).from_pretrained(str(folder), torch_dtype=torch.float32)
-        pipe.set_progress_bar_config(disable=True)
-        _with_mm_token_type_ids(pipe.text_encoder)
-        pipes[repo] = pipe
-    return pipes
+    cache = {}
+
+    def reference(repo, dtype):
+        if (repo, dtype) not in cache:
+            pipe = getattr(diffusers, MODELS[repo][0]).from_pretrained(str(folders[repo]),
+                                                                       torch_dtype=getattr(torch, dtype))
+            pipe.set_progress_bar_config(disable=True)
+            _with_mm_token_type_ids(pipe.text_encoder)
+            cache[repo, dtype] = pipe
+        return cache[repo, dtype]
+    return reference
 
 
 def _images(count: int) -> list[Image.Image]:
@@ -85,24 +95,24 @@ def _packed(latents: torch.Tensor) -> torch.Tensor:
 
 class AreaRecorder:
     """Replaces a module's `calculate_dimensions`-like function: records the areas asked for and computes at a
-    1/AREA_DIVISOR of each."""
+    1/divisor of each."""
 
-    def __init__(self, monkeypatch, module, name: str):
+    def __init__(self, monkeypatch, module, name: str, divisor: int):
         self.asked: set[int] = set()
         original = getattr(module, name)
 
         def scaled(area, ratio):
             self.asked.add(area)
-            return original(area // AREA_DIVISOR, ratio)
+            return original(area // divisor, ratio)
         monkeypatch.setattr(module, name, scaled)
 
 
-def _ghostedit(engine, images, cfg, size, monkeypatch) -> tuple[dict, set]:
+def _ghostedit(engine, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set]:
     from ghostedit.config import EditRequest
     from ghostedit.models import exact, family
 
-    areas = AreaRecorder(monkeypatch, exact, "dimensions")
-    default_areas = AreaRecorder(monkeypatch, family, "dimensions")
+    areas = AreaRecorder(monkeypatch, exact, "dimensions", divisor)
+    default_areas = AreaRecorder(monkeypatch, family, "dimensions", divisor)
     stages = {"prompt": [], "condition": None, "predictions": []}
 
     def recorded(cls, name, keep):
@@ -125,11 +135,11 @@ def _ghostedit(engine, images, cfg, size, monkeypatch) -> tuple[dict, set]:
     return stages, areas.asked | default_areas.asked, engine.spec.family
 
 
-def _reference(pipe, images, cfg, size, monkeypatch) -> tuple[dict, set]:
+def _reference(pipe, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set]:
     from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
 
     module = pipeline_qwenimage_edit_plus if "Plus" in type(pipe).__name__ else pipeline_qwenimage_edit
-    areas = AreaRecorder(monkeypatch, module, "calculate_dimensions")
+    areas = AreaRecorder(monkeypatch, module, "calculate_dimensions", divisor)
     stages = {"prompt": [], "condition": None, "predictions": []}
     encode_prompt, prepare_latents, step = pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step
 
@@ -173,13 +183,14 @@ def _difference(stage: str, ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return ((ours.float() - theirs.float()).abs().max() / theirs.float().abs().max().clamp_min(1e-12)).item()
 
 
-@pytest.mark.parametrize("repo, count, cfg, size", CASES,
-                         ids=[f"{r}-{n}img-cfg{c:g}-{s[0]}x{s[1]}" if s else f"{r}-{n}img-cfg{c:g}-default"
-                              for r, n, c, s in CASES])
-def test_edit_matches_reference(engines, references, repo, count, cfg, size, monkeypatch):
+@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES,
+                         ids=[f"{r}-{n}img-cfg{c:g}-{f'{s[0]}x{s[1]}' if s else 'default'}-{d}"
+                              for r, n, c, s, d in CASES])
+def test_edit_matches_reference(engines, references, repo, count, cfg, size, dtype, monkeypatch):
     images = _images(count)
-    ours, our_areas, family = _ghostedit(engines[repo], images, cfg, size, monkeypatch)
-    theirs, their_areas = _reference(references[repo], images, cfg, size, monkeypatch)
+    divisor = AREA_DIVISOR[dtype]
+    ours, our_areas, family = _ghostedit(engines(repo, dtype), images, cfg, size, monkeypatch, divisor)
+    theirs, their_areas = _reference(references(repo, dtype), images, cfg, size, monkeypatch, divisor)
     assert family.name == repo
     assert our_areas == their_areas, "the two sides resize to different areas"
 
@@ -194,7 +205,7 @@ def test_edit_matches_reference(engines, references, repo, count, cfg, size, mon
     assert ours["image"].shape == theirs["image"].shape, "output sizes differ"
     levels = np.abs(ours["image"].astype(np.int16) - theirs["image"].astype(np.int16))
     words = ", ".join(f"{stage} {value:.1e}" for stage, value in report.items())
-    print(f"\n{repo} {count} image(s) cfg {cfg:g} {size}: {words}; image max {levels.max()} mean {levels.mean():.4f}")
+    print(f"\n{repo} {dtype} {count} image(s) cfg {cfg:g} {size}: {words}; image max {levels.max()} mean {levels.mean():.4f}")
     for stage, value in report.items():  # the first stage that differs beyond float32 rounding is the cause
         tolerance = next(t for kind, t in STAGE_TOLERANCE.items() if stage.endswith(kind))
         assert value < tolerance, f"{stage} differs from the reference by {value:.1e} (relative); stages: {words}"
