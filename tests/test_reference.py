@@ -35,10 +35,10 @@ ROUNDING_MEAN_LEVELS = 0.05
 CASES = [
     ("Qwen-Image-Edit", 1, 4.0, (128, 128), "float32"),
     ("Qwen-Image-Edit", 1, 1.0, (160, 96), "float32"),
-    ("Qwen-Image-Edit-2509", 3, 4.0, (160, 96), "float32"),
-    ("Qwen-Image-Edit-2509", 1, 1.0, None, "float32"),
-    ("Qwen-Image-Edit-2511", 3, 1.0, (128, 128), "float32"),
-    ("Qwen-Image-Edit-2511", 1, 4.0, (96, 160), "float32"),
+    ("Qwen-Image-Edit-2509", 3, 1.0, None, "float32"),  # the default size: square, from the last image
+    ("Qwen-Image-Edit-2509", 1, 4.0, (160, 96), "float32"),
+    ("Qwen-Image-Edit-2511", 3, 4.0, (128, 128), "float32"),
+    ("Qwen-Image-Edit-2511", 1, 1.0, (96, 160), "float32"),
     ("Qwen-Image-Edit-2511", 2, 4.0, (96, 64), "bfloat16"),
 ]
 
@@ -203,6 +203,8 @@ def test_edit_matches_reference(engines, references, repo, count, cfg, size, dty
     for step, (a, b) in enumerate(zip(ours["predictions"], theirs["predictions"])):
         report[f"step {step} prediction"] = _difference(f"step {step} prediction", a, b)
     assert ours["image"].shape == theirs["image"].shape, "output sizes differ"
+    if size is None:  # the default size follows the aspect ratio of the last image (square), not the first one
+        assert ours["image"].shape[0] == ours["image"].shape[1]
     levels = np.abs(ours["image"].astype(np.int16) - theirs["image"].astype(np.int16))
     words = ", ".join(f"{stage} {value:.1e}" for stage, value in report.items())
     print(f"\n{repo} {dtype} {count} image(s) cfg {cfg:g} {size}: {words}; image max {levels.max()} mean {levels.mean():.4f}")
