@@ -94,8 +94,9 @@ def test_refused_image_among_several_is_named():
 
 
 def test_converted_images_edit_at_multiples_of_16_within_the_area(engine):
-    """No size given: the first image's aspect ratio (8:1 here) at the model's default area."""
-    result = engine.run(EditRequest(images=[encoded(noise(256, 32)), gradient_16bit_png(), animated_gif()],
+    """No size given: the last image's aspect ratio (8:1 here; the reference, QwenImageEditPlusPipeline, takes the
+    last) at the model's default area."""
+    result = engine.run(EditRequest(images=[animated_gif(), gradient_16bit_png(), encoded(noise(256, 32))],
                                     prompt="make it night", steps=1))
     width, height = result.image.size
     assert width % 16 == 0 and height % 16 == 0 and width / height == pytest.approx(8, rel=0.15)
@@ -103,7 +104,7 @@ def test_converted_images_edit_at_multiples_of_16_within_the_area(engine):
     for image in result.inputs:
         assert image.size[0] % 16 == 0 and image.size[1] % 16 == 0
         assert image.size[0] * image.size[1] <= width * height * 1.1
-    assert result.telemetry.notes == [f"input image 3: {GIF_NOTE}"]
+    assert result.telemetry.notes == [f"input image 1: {GIF_NOTE}"]
 
 
 # ---- parameters: refused, never clamped ----

@@ -26,9 +26,9 @@ PROMPT = "Make the sky blue and add a red hat to the cat"
 MAX_LEVELS, MEAN_LEVELS = 2, 1.0  # the target: what a person cannot see
 # Bounds on what rounding could leave if the two sides' kernels summed in another order (measured here: every stage
 # and every pixel identical, in float32 and in bf16); each difference found between DiffSynth and the reference
-# exceeds them (1-D positions for the prompt's image tokens 2e-3, the sigmoid activation 8e-3 at the first
-# prediction, the unscaled CFG 0.1, truncated 8-bit output 0.5 levels on average)
-STAGE_TOLERANCE = {"prompt embedding": 1e-5, "condition latents": 1e-5, "prediction": 1e-3}
+# exceeds them (1-D positions for the prompt's image tokens 2e-3, the sigmoid activation 9e-3 and DiffSynth's own
+# sigmas 8e-5 in the predictions, the unscaled CFG 0.1, truncated 8-bit output 0.5 levels on average)
+STAGE_TOLERANCE = {"prompt embedding": 1e-5, "condition latents": 1e-5, "prediction": 1e-5}
 ROUNDING_MEAN_LEVELS = 0.05
 
 # (model, input images, CFG scale, output size or None for the model's default, dtype of both sides)
