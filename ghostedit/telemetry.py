@@ -135,6 +135,7 @@ class RunTelemetry:
     notes: list[str] = field(default_factory=list)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
+    worker: dict = field(default_factory=dict)  # the pool's worker that ran it (engine/workers.py); {} without a pool
 
     def add_stage(self, name: str, seconds: float) -> None:
         self.stages[name] = self.stages.get(name, 0.0) + seconds
@@ -165,6 +166,7 @@ class RunTelemetry:
             "peak_device_used_gib": peak.device_used_gib if peak else None,
             "peak_host_rss_gib": peak.host_rss_gib if peak else None,
             "notes": list(self.notes),
+            "worker": dict(self.worker) or None,
         }
 
 

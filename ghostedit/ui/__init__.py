@@ -4,12 +4,20 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtype: str | None = None):
-    """The Blocks app on an engine for `model` (loaded on the first run), with its queue: one GPU job at a time."""
+def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtype: str | None = None,
+               workers: int | None = None):
+    """The Blocks app on an engine for `model` (loaded on the first run), with its queue: one edit at a time per
+    GPU. With several GPUs (or `workers` CPU workers) a pool of engines, one per device, serves that many edits at
+    once (engine/workers.py)."""
+    from ..device import default_device
     from ..engine import Engine
+    from ..engine.workers import WorkerPool, worker_devices
     from .layout import build_app
 
-    demo = build_app(Engine(model, device=device, dtype=dtype), Path(lora_dir))
+    devices = worker_devices(device or default_device(), workers)
+    engine = (WorkerPool(model, devices, dtype=dtype) if len(devices) > 1
+              else Engine(model, device=device, dtype=dtype))
+    demo = build_app(engine, Path(lora_dir), concurrency=len(devices))
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 

@@ -23,7 +23,7 @@ EXAMPLES = [
     ("mountains.png", "cover the mountains in snow under a pink sunset"),
 ]
 COLUMN_WIDTHS = ["8%", "16%"] + [f"{76 / (len(COLUMNS) - 2):.2f}%"] * (len(COLUMNS) - 2)
-GPU_QUEUE = dict(concurrency_limit=1, concurrency_id="gpu")  # edits and variant batches: one GPU job at a time
+GPU_QUEUE = dict(concurrency_id="gpu")  # edits and variant batches: one job at a time per GPU (worker)
 LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job
 PRIVATE = dict(api_visibility="private")
 
@@ -34,7 +34,8 @@ CSS = """
 """
 
 
-def build_app(engine, lora_dir: Path) -> gr.Blocks:
+def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
+    """`concurrency`: edits served at once, one per worker of a pool (engine/workers.py); 1 for a plain Engine."""
     handlers = Handlers(engine, lora_dir)
     with gr.Blocks(title="GhostEdit", analytics_enabled=False) as demo:
         gr.Markdown(_intro(engine))
@@ -44,7 +45,7 @@ def build_app(engine, lora_dir: Path) -> gr.Blocks:
             compare = _compare_section()
         with gr.Tab("System") as system_tab:
             system = _system_section()
-        _wire_edit(demo, handlers, edit, compare, history)
+        _wire_edit(demo, handlers, edit, compare, history, concurrency)
         _wire_system(demo, handlers, system, system_tab)
         gr.api(handlers.api_options, api_name="options", **LIGHT)
         gr.api(handlers.system, api_name="system", **LIGHT)
@@ -218,7 +219,7 @@ def _system_section() -> SimpleNamespace:
     return ui
 
 
-def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history) -> None:
+def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, concurrency: int) -> None:
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, history]
     compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
                        compare.download_csv, compare.download_json, compare.caption]
@@ -240,7 +241,7 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history) -> N
         # messages that name the parameter). Gradio's gr.Image would open an upload with Pillow before GhostEdit's
         # safe reader sees it, and would open any file on the server named by a payload without FileData's "meta".
         (button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result], preprocess=False,
-                      **GPU_QUEUE)
+                      concurrency_limit=concurrency, **GPU_QUEUE)
          .then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
          .then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT))
     edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)

@@ -139,7 +139,13 @@ def done_status(result, heading: str = "") -> str:
     cache = "prepared pipeline from the cache" if summary["cache_hit"] else "pipeline prepared for this run"
     return (f"{heading}### ✅ Done in {summary['total_s']:.2f} s\n"
             f"{per_step:.3f} s per denoising step · {cache} · peak {_gib(summary['peak_allocated_gib'])} "
-            f"({summary['memory_kind']})")
+            f"({summary['memory_kind']}){ran_on(summary)}")
+
+
+def ran_on(summary: dict) -> str:
+    """Which worker of a pool ran the edit (engine/workers.py); nothing without a pool."""
+    worker = summary.get("worker")
+    return f" · ran on worker {worker['index']}: {worker['device']} ({worker['name']})" if worker else ""
 
 
 def run_summary(result) -> str:
@@ -147,7 +153,8 @@ def run_summary(result) -> str:
     summary = result.telemetry.summary()
     request = result.request
     lines = [f"**{result.config.label}** · {result.width}×{result.height} · {request.steps} steps · "
-             f"CFG {request.cfg_scale:g} · seed {request.seed} · attention ran: {result.attention_backend}", ""]
+             f"CFG {request.cfg_scale:g} · seed {request.seed} · attention ran: {result.attention_backend}"
+             f"{ran_on(summary)}", ""]
     if summary["cache_hit"]:
         lines.append("**Prepared pipeline: cache hit** (prepared by an earlier run, reused as is)")
     else:

@@ -15,6 +15,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-dir", default=None,
                         help="folder of LoRA .safetensors files, created if missing (default: loras/ in the working "
                              "directory)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="edits served at once, one engine per worker: on CUDA the first N GPUs (default: every "
+                             "visible GPU), on the CPU N CPU workers (default 1)")
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -25,7 +28,7 @@ def serve(args: argparse.Namespace) -> None:
 
     device = args.device or default_device()
     demo = create_app(args.model or default_source(device), args.lora_dir or default_folder(), device=device,
-                      dtype=args.dtype)
+                      dtype=args.dtype, workers=args.workers)
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
                 prevent_thread_lock=True, **launch_options())
