@@ -12,7 +12,7 @@ from .. import figures
 from .handlers import Handlers
 from .history import COLUMNS, History
 from ..optimize import registry
-from . import api
+from . import api, tools
 from .settings import (DEFAULT_VARIANTS, LORA_SLOTS, NO_LORA, lora_parameter, lora_parameters, setting_parameter,
                        variants)
 
@@ -47,8 +47,7 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
             system = _system_section()
         _wire_edit(demo, handlers, edit, compare, history, concurrency)
         _wire_system(demo, handlers, system, system_tab)
-        gr.api(handlers.api_options, api_name="options", **LIGHT)
-        gr.api(handlers.system, api_name="system", **LIGHT)
+        tools.add_tools(handlers, on_gpu, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
     return demo
 
