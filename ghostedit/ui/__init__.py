@@ -13,10 +13,13 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
     from ..engine import Engine
     from ..engine.workers import WorkerPool, worker_devices
     from .layout import build_app
+    from .space import prepare_space
 
     devices = worker_devices(device or default_device(), workers)
     engine = (WorkerPool(model, devices, dtype=dtype) if len(devices) > 1
               else Engine(model, device=device, dtype=dtype))
+    for done in prepare_space(engine):  # on a ZeroGPU Space: weights and AoT compile before serving
+        print(done, flush=True)
     demo = build_app(engine, Path(lora_dir), concurrency=len(devices))
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo

@@ -227,12 +227,12 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, conc
     edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles. "
                                   "Streams the live status and progress (stage, step, s/step, elapsed, ETA, memory) "
                                   "at every step, then returns the before/after pair, the run summary, the run's "
-                                  "telemetry (JSON) and the session's comparison table.", names))
+                                  "telemetry (JSON) and the session's comparison table.", names), handlers.engine.spec)
     variants_fn = on_gpu(api.endpoint(handlers.run_variants, "Runs the same edit under several configurations in one "
                                       "go: the stock baseline, the baseline plus one panel setting each, or the "
                                       "whole panel. Streams like /edit; each finished variant joins the comparison "
                                       "table.", names + ["variants"], {"variants": api.variants_description()}),
-                         runs_for=lambda arguments: len(arguments.get("variants") or [1]))
+                         handlers.engine.spec, runs_for=lambda arguments: len(arguments.get("variants") or [1]))
     for button, fn, inputs, name in ((edit.run, edit_fn, edit.panel + [history], "edit"),
                                      (compare.run_variants, variants_fn, edit.panel + [compare.variants, history],
                                       "run_variants")):

@@ -100,7 +100,8 @@ def options_table(report: dict) -> pd.DataFrame:
 
 
 def cache_table(cached: list[dict]) -> pd.DataFrame:
-    rows = [{"configuration": entry["config"] + (f" on {entry['worker']}" if "worker" in entry else ""), "memory GiB (beyond base weights)": round(entry["owned_gib"], 3),
+    rows = [{"configuration": entry["config"] + (f" on {entry['worker']}" if "worker" in entry else ""),
+             "memory GiB (beyond base weights)": round(entry["owned_gib"], 3),
              "prepare s": round(entry["prepare_s"], 3),
              "what each toggle did": "; ".join(f"{k}: {v}" for k, v in entry["report"].items())}
             for entry in cached]

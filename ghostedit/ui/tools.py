@@ -19,7 +19,7 @@ from .history import History
 MCP_ENDPOINTS = ("/edit_image", "/options", "/system")
 
 
-def add_tools(handlers, on_gpu: Callable[[Callable], Callable], concurrency: dict) -> None:
+def add_tools(handlers, on_gpu: Callable, concurrency: dict) -> None:
     """The agent endpoints, inside the Blocks context. `on_gpu` wraps the edit for ZeroGPU; `concurrency` is the
     edit events' queue settings (one edit per GPU worker at a time)."""
     edit = typed_tool(lambda values, request: _edit_image(handlers, values, request), "edit_image",
@@ -47,7 +47,7 @@ def add_tools(handlers, on_gpu: Callable[[Callable], Callable], concurrency: dic
         """
         return handlers.system()
 
-    gr.api(on_gpu(edit), api_name="edit_image", **concurrency)
+    gr.api(on_gpu(edit, handlers.engine.spec), api_name="edit_image", **concurrency)
     gr.api(options, api_name="options", concurrency_limit=None)
     gr.api(system, api_name="system", concurrency_limit=None)
 
