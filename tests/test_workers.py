@@ -7,6 +7,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from ghostedit import EditRequest, OptimizationConfig
@@ -134,9 +135,20 @@ def test_app_with_two_workers_serves_two_edits_at_once(tmp_path):
             for name in EDITS]
         outputs = [job.result(timeout=600) for job in jobs]
     workers = [run["telemetry"]["worker"] for _, _, _, run, _ in outputs]
+    deadline = time.time() + 30  # the app was stopped (SIGTERM): its workers end with it
+    while any(_running(worker["pid"]) for worker in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(worker["pid"]) for worker in workers)
     assert {worker["index"] for worker in workers} == {0, 1}
     assert min(w["finished_at"] for w in workers) > max(w["started_at"] for w in workers)  # ran at the same time
     for (status, _, summary, _, _), worker in zip(outputs, workers):
         assert f"ran on worker {worker['index']}: cpu (CPU)" in status
         assert f"ran on worker {worker['index']}" in summary
 
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

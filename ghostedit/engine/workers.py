@@ -142,7 +142,7 @@ class WorkerPool:
 
     def free(self) -> int:
         """Drops every worker's prepared pipelines (a worker that is running an edit frees after it)."""
-        return sum(self._ask_all("free"))
+        return sum(self._ask(worker, "free", timeout=None) for worker in self._workers)
 
     def describe_workers(self) -> list[dict]:
         """Each worker: device, GPU name, process, alive, busy (seconds into its current edit) and runs done."""
@@ -235,11 +235,11 @@ class WorkerPool:
             if timeout is not None and waited > timeout:
                 raise TimeoutError(f"{worker.label} did not answer within {timeout:.0f} s while {doing}")
 
-    def _ask(self, worker: _Worker, method: str, *args):
+    def _ask(self, worker: _Worker, method: str, *args, timeout: float | None = CALL_TIMEOUT_S):
         ident, mailbox = self._mailbox()
         try:
             worker.inbox.put(("call", ident, (method, args)))
-            kind, payload = self._receive(worker, mailbox, f"answering {method}", CALL_TIMEOUT_S)
+            kind, payload = self._receive(worker, mailbox, f"answering {method}", timeout)
         finally:
             self._mailboxes.pop(ident, None)
         if kind == "error":
@@ -312,11 +312,18 @@ def _worker_main(index: int, device: str, source: str, dtype: str | None, inbox,
         jobs.put(None)
 
     threading.Thread(target=listen, name="ghostedit-worker-listener", daemon=True).start()
+    threading.Thread(target=_exit_with_parent, name="ghostedit-worker-parent", daemon=True).start()
     outbox.put((ready_ident, "ready", os.getpid()))
     while (job := jobs.get()) is not None:
         ident, (request, config) = job
         _run_job(engine, index, ident, request, config, cancels[ident], outbox)
         del cancels[ident]
+
+
+def _exit_with_parent() -> None:
+    """Ends this worker when the app's process ends, however it ended (a SIGTERM runs no exit handlers there)."""
+    mp.parent_process().join()
+    os._exit(0)
 
 
 def _run_job(engine, index: int, ident: int, request, config, cancel: threading.Event, outbox) -> None:
