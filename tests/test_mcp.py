@@ -1,9 +1,11 @@
 """`python app.py --mcp` on the tiny model, driven with the `mcp` client package over Streamable HTTP: the tools are
 edit_image, options and system, their descriptions say what each argument means and which values it takes, and an
 edit returns an image (the same pixels the app's /edit endpoint returns for the same request)."""
+import argparse
 import asyncio
 import base64
 import io
+import sys
 
 import numpy as np
 import pytest
@@ -26,12 +28,21 @@ async def _session(url: str, work):
 
 @pytest.fixture(scope="module")
 def mcp_app(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mcp")
-    launcher = folder / "app_mcp.py"  # app.py with --mcp, as `python app.py --mcp` runs it
-    launcher.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\nimport app\n"
-                        "if __name__ == '__main__':\n    app.main(sys.argv[1:] + ['--mcp'])\n")
-    with running_app(folder, launcher) as running:
+    """app.py as a Space with the MCP variable set runs it (the same as `python app.py --mcp`)."""
+    with running_app(tmp_path_factory.mktemp("mcp"), env={"GHOSTEDIT_MCP": "1"}) as running:
         yield running
+
+
+def test_mcp_option_and_variable(monkeypatch):
+    from ghostedit.ui.serve import add_serve_arguments, check_mcp
+    for variable, argv, expected in (("", [], False), ("", ["--mcp"], True), ("1", [], True)):
+        monkeypatch.setenv("GHOSTEDIT_MCP", variable)
+        parser = argparse.ArgumentParser()
+        add_serve_arguments(parser)
+        assert parser.parse_args(argv).mcp is expected
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if gradio[mcp] were not installed: refused, with the fix
+    with pytest.raises(SystemExit, match=r"pip install \"gradio\[mcp\]"):
+        check_mcp()
 
 
 def test_tools_are_listed_with_their_arguments_described(mcp_app):

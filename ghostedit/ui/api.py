@@ -75,30 +75,29 @@ def parameter_types(default_steps: int) -> dict[str, tuple[object, object]]:
 
 
 def typed_tool(body: Callable, name: str, summary: str, names: list[str], default_steps: int,
-               returns: dict[str, object]) -> Callable:
-    """A function named `name` with one typed keyword parameter per name (then the request), which calls
-    `body(values, request)`; its docstring says what each argument means and which values it takes (Args) and
-    what comes back (Returns), as Gradio's API page and MCP tool list read them. `returns`: {description: type}."""
+               returns: tuple[str, object]) -> Callable:
+    """A function named `name` with one typed parameter per name, required ones first (then the request), which
+    calls `body(values, request)`; its docstring says what each argument means and which values it takes (Args)
+    and what comes back (Returns), as Gradio's API page and MCP tool list read them. `returns`: (words, type)."""
     described, types = parameter_descriptions(), parameter_types(default_steps)
+    names = sorted(names, key=lambda parameter: types[parameter][1] is not inspect.Parameter.empty)
 
     def call(*arguments, **keywords):
         bound = call.__signature__.bind(*arguments, **keywords)
         bound.apply_defaults()
         values = dict(bound.arguments)
-        request = values.pop("request")
-        return body(values, request)
+        return body(values, values.pop("request"))
 
-    names = sorted(names, key=lambda name_: types[name_][1] is not inspect.Parameter.empty)  # required first
-    parameters = [inspect.Parameter(name_, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=types[name_][1],
-                                    annotation=types[name_][0]) for name_ in names]
+    parameters = [inspect.Parameter(parameter, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=types[parameter][1],
+                                    annotation=types[parameter][0]) for parameter in names]
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                         annotation=gr.Request))
-    result = tuple[tuple(returns.values())] if len(returns) > 1 else next(iter(returns.values()))
+    words, result = returns
     call.__signature__ = inspect.Signature(parameters, return_annotation=result)
-    call.__annotations__ = {**{p.name: p.annotation for p in parameters}, "return": result}
+    call.__annotations__ = {**{parameter.name: parameter.annotation for parameter in parameters}, "return": result}
     call.__name__ = call.__qualname__ = name
-    call.__doc__ = (summary + "\n\nArgs:\n" + "\n".join(f"    {name_}: {described[name_]}" for name_ in names)
-                    + "\n\nReturns:\n" + "\n".join(f"    {words}" for words in returns))
+    call.__doc__ = (summary + "\n\nArgs:\n" + "\n".join(f"    {parameter}: {described[parameter]}"
+                                                         for parameter in names) + f"\n\nReturns:\n    {words}")
     return call
 
 

@@ -222,8 +222,7 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, conc
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, history]
     compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
                        compare.download_csv, compare.download_json, compare.caption]
-    names = list(api.REQUEST_PARAMETERS) + list(lora_parameters()) + [setting_parameter(setting)
-                                                                       for setting in registry.settings()]
+    names = api.edit_parameters()
     edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles. "
                                   "Streams the live status and progress (stage, step, s/step, elapsed, ETA, memory) "
                                   "at every step, then returns the before/after pair, the run summary, the run's "

@@ -26,7 +26,7 @@ def add_tools(handlers, on_gpu: Callable, concurrency: dict) -> None:
                       "Edits 1 to 3 images with an instruction (Qwen-Image-Edit) under the chosen speed toggles, "
                       "and waits for the result. An option this machine cannot run is refused with the reason "
                       "(the options tool lists them).", edit_parameters(), handlers.engine.spec.default_steps,
-                      {"the edited image (PNG)": FileData})
+                      ("the edited image (PNG)", FileData))
 
     def options() -> dict:
         """Every speed toggle with its choices, whether each can run on this machine and why not; the LoRA names
