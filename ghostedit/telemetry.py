@@ -117,6 +117,7 @@ class ProgressEvent:
     memory: MemorySample
     peak: MemorySample
     message: str = ""
+    worker: str = ""  # the pool's worker running it, "worker 1 (cuda:1)" (engine/workers.py); "" without a pool
 
 
 ProgressCallback = Callable[[ProgressEvent], None]

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.multiprocessing as mp
@@ -329,8 +329,9 @@ def _exit_with_parent() -> None:
 def _run_job(engine, index: int, ident: int, request, config, cancel: threading.Event, outbox) -> None:
     started = time.time()
     try:
-        result = engine.run(request, config, on_progress=lambda event: outbox.put((ident, "progress", event)),
-                            cancel=cancel)
+        label = _Worker(index, engine.device).label
+        result = engine.run(request, config, cancel=cancel, on_progress=lambda event: outbox.put(
+            (ident, "progress", replace(event, worker=label))))
     except BaseException as error:  # noqa: BLE001 - the caller in the app raises it
         if not isinstance(error, GhostEditError):
             traceback.print_exception(error)

@@ -105,6 +105,8 @@ def live_status(live: Live, heading: str = "") -> str:
     title = stage_words(event.stage).capitalize()
     if event.total_steps:
         title += f" · step {event.step}/{event.total_steps}"
+    if event.worker:
+        title += f" · on {event.worker}"
     detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing") else ""
     return (f"{heading}### ⏳ {title}{detail}\n"
             "| step | s/step | elapsed | ETA | memory now | peak |\n|---|---|---|---|---|---|\n"
@@ -130,6 +132,7 @@ def progress_json(live: Live) -> dict:
         "memory": {"label": event.memory.label, "now_gib": event.memory.allocated_gib,
                    "peak_gib": event.peak.allocated_gib},
         "message": event.message,
+        "worker": event.worker or None,
     }
 
 
