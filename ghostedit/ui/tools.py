@@ -56,6 +56,8 @@ def keep_agent_tools(demo: gr.Blocks) -> list[str]:
     """After launch(mcp_server=True): the MCP tools are the agent endpoints only (Gradio lists every public
     endpoint); returns the tool names."""
     server = demo.mcp_server_obj
+    if server is None:  # Gradio logs why and serves on without tools: a --mcp that serves none is refused
+        raise SystemExit(f"the MCP server did not start: {demo.mcp_error}")
     server.tool_to_endpoint = {tool: endpoint for tool, endpoint in server.tool_to_endpoint.items()
                                if endpoint in MCP_ENDPOINTS}
     return list(server.tool_to_endpoint)
