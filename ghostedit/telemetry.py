@@ -132,6 +132,7 @@ class RunTelemetry:
     cache_hit: bool | None = None
     dtypes: dict[str, str] = field(default_factory=dict)  # each component's dtype (models/dtypes.py)
     placement: dict[str, str] = field(default_factory=dict)  # where each component lives (engine/placement.py)
+    parallel: str = "single process"  # the ranks one edit ran on (ghostedit/parallel)
     notes: list[str] = field(default_factory=list)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
@@ -153,6 +154,7 @@ class RunTelemetry:
             "cache_hit": self.cache_hit,
             "dtypes": dict(self.dtypes),
             "placement": dict(self.placement),
+            "parallel": self.parallel,
             "total_s": self.total_seconds,
             "stages_s": {name: self.stages[name] for name in STAGE_ORDER if name in self.stages},
             "prepare_steps_s": dict(self.prepare_steps),
