@@ -18,7 +18,8 @@ from ghostedit.parallel import mesh as meshes
 
 SIZE = dict(width=128, height=112, steps=3, cfg_scale=4.0, seed=3)
 PROMPT = "make it a haunted house"
-REWRITES = "rewrites=real-rope+joint-layout"  # the joint-layout path into the attention, (cos, sin) frequencies
+# FP8 weights, and the joint-layout path into the attention with (cos, sin) frequencies and fused projections
+REWRITES = "fp8=storage,rewrites=real-rope+joint-layout+fused-qkv"
 RUNS = [("cfg", "baseline"), ("ulysses", "baseline"), ("ulysses", REWRITES)]
 
 
