@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ..errors import InvalidRequestError
 from .cfg import guiding_in_parallel
 from .mesh import MODE_HELP, MODES, ParallelMesh, current, setup, teardown, world_size_from_environment
 from .ulysses import SequenceSharding
@@ -36,7 +37,6 @@ def edit_context(pipe, dit, cfg_scale: float):
         yield
         return
     if mesh.cfg_degree > 1 and cfg_scale == 1.0:
-        from ..errors import InvalidRequestError
         raise InvalidRequestError("this process runs CFG parallel, which needs true CFG (cfg > 1)")
     with contextlib.ExitStack() as stack:
         if mesh.cfg_degree > 1:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed import _functional_collectives as collectives
 
+from ..errors import InvalidRequestError
 from .mesh import ParallelMesh
 
 
@@ -114,7 +115,7 @@ def split_joined(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 def check_heads(dit: torch.nn.Module, degree: int) -> None:
     heads = dit.transformer_blocks[0].attn.num_heads
     if heads % degree:
-        raise ValueError(f"Ulysses over {degree} ranks needs a head count divisible by {degree}; the DiT has {heads}")
+        raise InvalidRequestError(f"Ulysses over {degree} ranks needs a head count divisible by {degree}; the DiT has {heads}")
 
 
 class SequenceSharding:
