@@ -115,7 +115,8 @@ def split_joined(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 def check_heads(dit: torch.nn.Module, degree: int) -> None:
     heads = dit.transformer_blocks[0].attn.num_heads
     if heads % degree:
-        raise InvalidRequestError(f"Ulysses over {degree} ranks needs a head count divisible by {degree}; the DiT has {heads}")
+        raise InvalidRequestError(f"Ulysses over {degree} ranks needs a head count divisible by {degree}; "
+                                  f"the DiT has {heads}")
 
 
 class SequenceSharding:
