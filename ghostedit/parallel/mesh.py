@@ -89,14 +89,14 @@ def setup(mode: str, true_cfg: bool, device: str) -> ParallelMesh:
     global _mesh
     world_size = world_size_from_environment()
     cfg_degree, ulysses_degree = degrees(mode, world_size, true_cfg)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    on_gpu = device.startswith("cuda")
     if not dist.is_initialized():
-        if backend == "nccl":
+        if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
-    device_mesh = init_device_mesh("cuda" if backend == "nccl" else "cpu", (cfg_degree, ulysses_degree),
+        dist.init_process_group("nccl" if on_gpu else "gloo")
+    device_mesh = init_device_mesh("cuda" if on_gpu else "cpu", (cfg_degree, ulysses_degree),
                                    mesh_dim_names=("cfg", "ulysses"))
-    _mesh = ParallelMesh(world_size, dist.get_rank(), cfg_degree, ulysses_degree, backend, device_mesh)
+    _mesh = ParallelMesh(world_size, dist.get_rank(), cfg_degree, ulysses_degree, dist.get_backend(), device_mesh)
     return _mesh
 
 

@@ -8,6 +8,8 @@
 #   scripts/gpu/parallel_bench.sh both      torchrun on $NPROC (4 or 8) GPUs, CFG 2 x Ulysses $NPROC/2
 #   scripts/gpu/parallel_bench.sh table     table.md from the phases run so far (rows against 1gpu)
 #   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, table
+#   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses code
+#                                           paths with $CONFIG through a fake process group (scripts/gpu/parallel_smoke.py)
 # The edit: ${SIDE}x${SIDE} (1024), $STEPS steps (40), CFG $CFG (4), configuration $CONFIG (best), model $MODEL
 # (synthetic: the real architecture with random weights); a 2-step edit first (load, prepare, compile), then
 # $REPEATS timed edits. Results in $RESULTS/parallel (default ./bench-results); with $OUT set (the device tool's
@@ -58,8 +60,10 @@ case ${1:-} in
   ulysses) edit 2gpu-ulysses 2 ulysses ;;
   both) edit "${NPROC}gpu-cfg-ulysses" "$NPROC" cfg+ulysses ;;
   table) table ;;
+  smoke) "$PYTHON" scripts/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
+           --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
   all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; table ;;
-  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|table|all" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|table|all|smoke" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/parallel-$1.tar.gz" -C "$RESULTS" parallel
