@@ -57,14 +57,17 @@ def _wait(tensor: torch.Tensor) -> torch.Tensor:
     return collectives.wait_tensor(tensor)
 
 
-def sequence_to_heads(x: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """[batch, own image tokens, heads, d] -> [batch, all image tokens, heads / N, d]: head group j to rank j."""
-    batch, tokens, heads, dim = x.shape
+def sequence_to_heads(tensors, layout: Layout) -> tuple[torch.Tensor, ...]:
+    """Each of `tensors` (q, k and v: one all-to-all for the three) from [batch, own image tokens, heads, d] to
+    [batch, all image tokens, heads / N, d]: head group j goes to rank j."""
+    batch, tokens, heads, dim = tensors[0].shape
     per_rank = heads // layout.degree
-    send = x.reshape(batch, tokens, layout.degree, per_rank, dim).permute(2, 1, 0, 3, 4).flatten(0, 1).contiguous()
-    received = _wait(collectives.all_to_all_single(send, list(layout.image_shards), [tokens] * layout.degree,
-                                                   layout.group))
-    return received.permute(1, 0, 2, 3)
+    # one copy into the send buffer: [ranks, own tokens, q/k/v, batch, heads / N, d]
+    send = torch.stack([t.reshape(batch, tokens, layout.degree, per_rank, dim).permute(2, 1, 0, 3, 4)
+                        for t in tensors], dim=2)
+    received = _wait(collectives.all_to_all_single(send.flatten(0, 1), list(layout.image_shards),
+                                                   [tokens] * layout.degree, layout.group))
+    return received.permute(1, 2, 0, 3, 4).unbind(0)  # [all tokens, q/k/v, batch, ...] -> q, k, v
 
 
 def heads_to_sequence(x: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -95,7 +98,7 @@ def joint_attention(streams, attend) -> torch.Tensor:
     per_rank = heads // layout.degree
     own_heads = slice(layout.rank * per_rank, (layout.rank + 1) * per_rank)
     text_part = tuple(t[:, :, own_heads] for t in text)
-    image_part = tuple(sequence_to_heads(t, layout) for t in image)
+    image_part = sequence_to_heads(image, layout)
     output = attend((text_part, image_part), per_rank).unflatten(-1, (per_rank, -1))
     text_tokens = text[0].shape[1]
     text_out = gather_heads(output[:, :text_tokens], layout)
