@@ -93,8 +93,8 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 assert shards_seen and all(len(shards) == 2 and min(shards) > 0 for shards in shards_seen)
             else:
                 assert not shards_seen
+            np.save(f"{out_dir}/{mode}-{config}-rank{rank}.npy", np.asarray(result.image, dtype=np.int16))
             if mesh.is_writer:
-                np.save(f"{out_dir}/{mode}-{config}.npy", np.asarray(result.image, dtype=np.int16))
                 with open(f"{out_dir}/{mode}-{config}.txt", "w") as words:
                     words.write(result.telemetry.parallel)
         meshes.setup("ulysses", True, "cpu")
@@ -107,7 +107,8 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 def test_cfg_parallel_and_ulysses_on_two_processes_equal_one(single, tmp_path):
     torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
     for mode, config in RUNS:
-        image = np.load(tmp_path / f"{mode}-{config}.npy")
+        image, other_rank = (np.load(tmp_path / f"{mode}-{config}-rank{rank}.npy") for rank in (0, 1))
+        assert np.array_equal(image, other_rank), (mode, config)  # every rank ends with the same latent
         assert np.abs(image - single[config]).max() <= 1, (mode, config)
     assert (tmp_path / "cfg-baseline.txt").read_text() == "2 ranks (gloo): CFG parallel 2 x Ulysses 1"
     assert (tmp_path / "ulysses-baseline.txt").read_text() == "2 ranks (gloo): CFG parallel 1 x Ulysses 2"
