@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Issue 18: one edit on one GPU and on two (ghostedit/parallel), for docs/benchmarks.md. On the 2-GPU machine
 # (nvidia-h200-x2), after the wheels are carried there as for scripts/gpu/bench.sh. Each phase is one process group
-# and fits one device call (the first compiles the configuration, later ones reuse the compile cache):
+# and fits one device call (each compiles the configuration, unless the machine kept $TORCHINDUCTOR_CACHE_DIR):
 #   scripts/gpu/parallel_bench.sh one       the best configuration in one process on one GPU (label 1gpu)
 #   scripts/gpu/parallel_bench.sh cfg       torchrun on 2 GPUs, CFG parallel: one pass of each step per GPU
 #   scripts/gpu/parallel_bench.sh ulysses   torchrun on 2 GPUs, Ulysses: each pass's tokens split over the GPUs
 #   scripts/gpu/parallel_bench.sh both      torchrun on $NPROC (4 or 8) GPUs, CFG 2 x Ulysses $NPROC/2
 #   scripts/gpu/parallel_bench.sh table     table.md from the phases run so far (rows against 1gpu)
 #   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, table
-#   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses code
-#                                           paths with $CONFIG through a fake process group (scripts/gpu/parallel_smoke.py)
+#   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses
+#                                           code paths with $CONFIG through a fake process group
+#                                           (scripts/gpu/parallel_smoke.py; its image is garbage)
 # The edit: ${SIDE}x${SIDE} (1024), $STEPS steps (40), CFG $CFG (4), configuration $CONFIG (best), model $MODEL
 # (synthetic: the real architecture with random weights); a 2-step edit first (load, prepare, compile), then
 # $REPEATS timed edits. Results in $RESULTS/parallel (default ./bench-results); with $OUT set (the device tool's
-# folder) also packed as $OUT/parallel-<phase>.tar.gz.
+# folder) also packed as $OUT/parallel-<phase>.tar.gz: unpack them into one folder and run the table phase there
+# (RESULTS=that-folder DRY_RUN=1 scripts/gpu/parallel_bench.sh table works on any machine).
 # DRY_RUN=1 rehearses on a CPU: the tiny model, 128 px, 3 steps, float32, two gloo processes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
