@@ -147,3 +147,20 @@ def test_degrees_from_mode_and_world_size(mode, world_size, true_cfg, expected):
 def test_splits_that_cannot_be_made_are_refused(mode, world_size, true_cfg, reason):
     with pytest.raises(InvalidRequestError, match=reason):
         meshes.degrees(mode, world_size, true_cfg)
+
+
+def test_a_rank_out_of_memory_stops_instead_of_retrying_alone(monkeypatch):
+    """A rank that started the edit over alone would meet the others' collectives at another step, with tensors of
+    the same shapes: under a mesh, running out of memory ends the edit with the reason."""
+    import torch
+    from ghostedit.engine.recovery import recovering_memory
+    from ghostedit.errors import GpuOutOfMemoryError
+    monkeypatch.setattr(meshes, "_mesh", object())
+    attempts, frees = [], []
+
+    def attempt():
+        attempts.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(GpuOutOfMemoryError, match="cannot try again alone"):
+        recovering_memory(attempt, "running an edit", lambda: frees.append(1) or 0, "cuda")
+    assert len(attempts) == 1
