@@ -54,7 +54,7 @@ def _uneven_attention_matches(layout_rank: int) -> float:
     joined = [torch.cat(pair, dim=1).transpose(1, 2) for pair in zip(text, image)]
     expected = torch.nn.functional.scaled_dot_product_attention(*joined).transpose(1, 2).flatten(2)
     mesh = meshes.current()
-    layout = ulysses.Layout(mesh.group("ulysses"), layout_rank, 2, ulysses.shard_sizes(image_tokens, 2), text_tokens)
+    layout = ulysses.Layout(mesh.group("ulysses"), layout_rank, 2, ulysses.shard_sizes(image_tokens, 2))
     ulysses._layout = layout
     try:
         own = slice(layout.image_offset, layout.image_offset + layout.image_tokens)

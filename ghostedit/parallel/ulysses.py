@@ -30,7 +30,6 @@ class Layout:
     rank: int
     degree: int
     image_shards: tuple[int, ...] = ()   # image tokens on each rank
-    text_tokens: int = 0
 
     @property
     def image_offset(self) -> int:
@@ -108,8 +107,9 @@ def joint_attention(streams, attend) -> torch.Tensor:
 
 def split_joined(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """DiffSynth's joined [batch, heads, text + image tokens, d] q, k and v as (text, image) streams in
-    [batch, tokens, heads, d] (views)."""
-    text_tokens = _layout.text_tokens
+    [batch, tokens, heads, d] (views). The text's length comes from the shapes, not from a value that compiled
+    code would guard on: the positive and negative prompts differ in length."""
+    text_tokens = q.shape[2] - _layout.image_tokens
     text = tuple(t[:, :, :text_tokens].transpose(1, 2) for t in (q, k, v))
     image = tuple(t[:, :, text_tokens:].transpose(1, 2) for t in (q, k, v))
     return text, image
@@ -137,7 +137,6 @@ class SequenceSharding:
         global _layout
         dit = self.dit
         self.handles = [dit.img_in.register_forward_hook(self._split_image),
-                        dit.txt_in.register_forward_hook(self._count_text),
                         dit.pos_embed.register_forward_hook(self._split_frequencies),
                         dit.norm_out.register_forward_pre_hook(self._gather_image)]
         self.handles += [block.register_forward_pre_hook(self._split_block_inputs, with_kwargs=True)
@@ -162,9 +161,6 @@ class SequenceSharding:
     def _split_image(self, module, args, image):
         self.layout.image_shards = shard_sizes(image.shape[1], self.layout.degree)
         return self._own(image, 1)
-
-    def _count_text(self, module, args, text):
-        self.layout.text_tokens = text.shape[1]
 
     def _split_frequencies(self, module, args, frequencies):
         image, text = frequencies
