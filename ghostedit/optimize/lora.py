@@ -188,6 +188,10 @@ def match_lora(model: torch.nn.Module, lora: LoraFile | dict[str, torch.Tensor])
                 reason = f"{other} is a {type(modules[other]).__name__}, not a linear layer: not applied"
             not_applied.update({key: reason for key in keys})
             continue
+        if target in matched:
+            not_applied.update({key: f"{target} is changed by other keys of this file already: not applied twice"
+                                for key in keys})
+            continue
         try:
             matched[target] = _checked_layer(target, linears[target], parts, parsed.alphas.get(lora_name))
         except _Incomplete as missing:
@@ -214,8 +218,8 @@ def _resolve_layer_name(lora_name: str, modules: dict, by_underscored: dict, und
 
 
 def _checked_layer(name: str, linear: torch.nn.Linear, parts: dict, metadata_alpha: float | None) -> LoraLayer:
-    for tensor in parts.values():
-        if not torch.isfinite(tensor).all():
+    for part, tensor in parts.items():
+        if part != "alpha" and not torch.isfinite(tensor).all():  # an alpha is checked by _alpha
             raise LoraError(f"LoRA layer for {name} holds NaN or infinite values")
     alpha = _alpha(name, parts["alpha"]) if "alpha" in parts else metadata_alpha
     bias = _checked_bias(name, linear, parts.get("diff_b"))
@@ -289,8 +293,8 @@ def _alpha(name: str, alpha: torch.Tensor) -> float:
 
 def check_runtime(lora: MatchedLora, name: str) -> None:
     """Runtime mode attaches low-rank PEFT layers: a file with any other kind of update is refused with why."""
-    other = sorted({layer.kind for layer in lora.layers.values() if layer.kind != "low-rank" or
-                    layer.bias is not None})
+    other = sorted({layer.kind for layer in lora.layers.values() if layer.kind != "low-rank"} |
+                   ({"bias"} if any(layer.bias is not None for layer in lora.layers.values()) else set()))
     if other:
         kinds = ", ".join("bias deltas (.diff_b)" if kind == "bias" else kind for kind in other)
         raise LoraError(f"{name} cannot run in runtime mode: it holds {kinds} updates, and runtime mode attaches "
