@@ -22,7 +22,6 @@ from . import lora_formats
 ADAPTER_NAME = "ghostedit"
 MAX_LORA_BYTES = 4 * 1024**3      # the largest Qwen-Image LoRAs in use are under 2 GB
 MAX_HEADER_BYTES = 100 * 1024**2  # the safetensors library's own limit
-MAX_LISTED_KEYS = 20              # keys named one by one in a report; the rest are counted
 # How other files that people call LoRAs begin: refused by content with a reason, whatever their name says
 _FOREIGN_MAGIC = {b"PK\x03\x04": "a zip archive (PyTorch .pt/.ckpt/.bin files are zipped pickles)",
                   b"\x80\x02": "a Python pickle", b"\x80\x03": "a Python pickle", b"\x80\x04": "a Python pickle",
@@ -75,9 +74,12 @@ class LoraLayer:
 
     def pinned(self) -> "LoraLayer":
         """The same layer with its tensors in pinned host memory (copies to the GPU then do not wait)."""
-        pin = lambda t: t.pin_memory() if t is not None else None  # noqa: E731
-        return LoraLayer(self.kind, pin(self.down), pin(self.up), self.factor, pin(self.diff), pin(self.bias),
-                         {name: pin(t) for name, t in self.parts.items()}, self.alpha)
+        return LoraLayer(self.kind, _pinned(self.down), _pinned(self.up), self.factor, _pinned(self.diff),
+                         _pinned(self.bias), {name: _pinned(t) for name, t in self.parts.items()}, self.alpha)
+
+
+def _pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.pin_memory() if tensor is not None else None
 
 
 @dataclass
@@ -86,10 +88,6 @@ class MatchedLora:
     not_applied: dict[str, str] = field(default_factory=dict)   # key -> reason
     formats: tuple[str, ...] = ()
     metadata: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def unmatched(self) -> list[str]:
-        return sorted(self.not_applied)
 
     @property
     def report(self) -> str:
@@ -106,10 +104,9 @@ class MatchedLora:
 
     def describe(self) -> dict:
         """For telemetry and the API: the formats, the layers matched and every key not applied with why."""
-        listed = dict(sorted(self.not_applied.items())[:MAX_LISTED_KEYS])
         return {"formats": list(self.formats), "layers_matched": len(self.layers),
                 "kinds": sorted({layer.kind for layer in self.layers.values()}),
-                "keys_not_applied": len(self.not_applied), "not_applied": listed,
+                "keys_not_applied": len(self.not_applied), "not_applied": dict(sorted(self.not_applied.items())),
                 "not_applied_reasons": self._reasons()}
 
 
