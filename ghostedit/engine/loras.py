@@ -1,7 +1,8 @@
 """Fused LoRAs on a prepared pipeline, written into its weights in place. Switching LoRAs recomputes only the layers
 that the old and the new LoRAs touch (base weight + the sum of each LoRA's scaled delta, on the device, layer by
-layer from the base's weights wherever they live), re-quantizes FP8 layers, and writes the result into the tensors
-the prepared (and compiled) DiT already holds: nothing is prepared again and nothing recompiles.
+layer from the base's weights wherever they live; biases likewise where a file has `.diff_b`), re-quantizes FP8
+layers, and writes the result into the tensors the prepared (and compiled) DiT already holds: nothing is prepared
+again and nothing recompiles.
 
 A layer whose weight is still the base's own tensor (a bf16 DiT built on the base's weights) gets a tensor of its own
 when a LoRA first touches it and the base's tensor back when no LoRA does any more, so the base never changes.
