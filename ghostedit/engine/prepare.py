@@ -81,8 +81,6 @@ def _attach_runtime_loras(context: registry.PrepareContext) -> None:
     with context.stage("attach LoRA", "attaching runtime LoRA layers"):
         matched = [(lora.sha256, lora_layers.match_lora(context.dit, lora_layers.read_lora_file(lora.path)))
                    for lora in loras]
-        for lora, (_, found) in zip(loras, matched):
-            lora_layers.check_runtime(found, lora.name)
         lora_layers.attach_runtime_loras(context.dit, matched)
     for lora, (_, found) in zip(loras, matched):
         context.report[f"LoRA {lora.name}"] = f"{found.report}, runtime"
