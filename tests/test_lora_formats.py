@@ -110,6 +110,16 @@ def test_lokr_and_loha_fuse_as_peft_merges_them(engine, reference, kind):
     assert_same_weights(got, want, reference["base"], changed_at_least=len(targets))
 
 
+@pytest.mark.parametrize("style, words", [
+    ("diffusers", "diffusers/PEFT"), ("ai-toolkit", "AI Toolkit"), ("kohya", "kohya/musubi-tuner"),
+    ("diffsynth", "DiffSynth"), ("lightning", "Lightning (.lora_down/.lora_up, .alpha)"),
+    ("lora-dot-down", ".lora.down/.lora.up"), ("diff", "full-weight delta (.diff/.diff_b)")])
+def test_each_format_is_named_in_the_report(engine, reference, style, words):
+    found = match_lora(engine.load().dit, read_lora_file(reference["files"][style]))
+    assert found.formats == (words,) and not found.not_applied
+    assert found.report.startswith(f"{words}: {len(reference['factors'])} layers matched")
+
+
 def test_safetensors_metadata_is_kept_on_load(reference):
     loaded = read_lora_file(reference["files"]["diffusers"])
     assert '"transformer.lora_alpha": 8' in loaded.metadata["lora_adapter_metadata"]

@@ -73,7 +73,7 @@ _FORMATS = (("diffusers/PEFT", _diffusers), ("AI Toolkit", _ai_toolkit), ("kohya
             ("bare", _bare))
 
 
-def _style(part: str, ending: str, key: str) -> str:
+def _style(part: str, ending: str, prefixed: bool) -> str:
     """The format's name as reported, refined by the key's ending."""
     if ".lora_A.default" in ending or ".lora_B.default" in ending:
         return "DiffSynth"
@@ -85,7 +85,7 @@ def _style(part: str, ending: str, key: str) -> str:
         return "LoKr"
     if part == "loha":
         return "LoHa"
-    if ending.startswith((".lora_down", ".lora_up")) and not key.startswith(("lora_unet_", "lora_transformer_")):
+    if ending.startswith((".lora_down", ".lora_up")) and not prefixed:
         return "Lightning (.lora_down/.lora_up, .alpha)"
     return ""
 
@@ -112,7 +112,7 @@ def key_role(key: str) -> KeyRole | str:
         return "DoRA magnitude: DoRA is not supported (its update is not a weight delta)"
     kind = "lokr" if part.startswith("lokr_") else "loha" if part.startswith("hada_") else part
     name, layer = next((name, layer) for name, function in _FORMATS if (layer := function(found["layer"])))
-    return KeyRole(layer, part, _style(kind, ending, key) or name, name == "kohya/musubi-tuner")
+    return KeyRole(layer, part, _style(kind, ending, name != "bare") or name, name == "kohya/musubi-tuner")
 
 
 def parse_lora(state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> ParsedLora:
