@@ -134,6 +134,7 @@ class RunTelemetry:
     placement: dict[str, str] = field(default_factory=dict)  # where each component lives (engine/placement.py)
     parallel: str = "single process"  # the ranks one edit ran on (ghostedit/parallel)
     notes: list[str] = field(default_factory=list)
+    loras: list[dict] = field(default_factory=list)  # each LoRA: format, layers matched, keys not applied and why
     peak: MemorySample | None = None
     total_seconds: float = 0.0
 
@@ -167,6 +168,7 @@ class RunTelemetry:
             "peak_device_used_gib": peak.device_used_gib if peak else None,
             "peak_host_rss_gib": peak.host_rss_gib if peak else None,
             "notes": list(self.notes),
+            "loras": [dict(lora) for lora in self.loras],
         }
 
 
