@@ -1,6 +1,7 @@
 """The worker pool (engine/workers.py) on two CPU workers of the tiny model: two edits run at once, each gets its own
 result (the same image a single engine makes), a worker killed during an edit fails that edit with a clear error
 while the other finishes, and the app started with `--workers 2` serves two edits at once and names the worker."""
+import argparse
 import os
 import signal
 import threading
@@ -58,6 +59,14 @@ def test_worker_devices():
     assert worker_devices("cpu", 3) == ["cpu"] * 3
     with pytest.raises(ValueError, match="at least 1"):
         worker_devices("cpu", 0)
+
+
+def test_serve_refuses_workers_it_cannot_run():
+    from ghostedit.ui.serve import add_serve_arguments, serve
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    with pytest.raises(SystemExit, match="--workers must be at least 1"):
+        serve(parser.parse_args(["--device", "cpu", "--workers", "0"]))
 
 
 def test_two_edits_run_at_once_on_two_workers_with_their_own_results(pool, engine, house):

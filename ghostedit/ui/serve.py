@@ -25,11 +25,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace) -> None:
     from ..device import default_device
+    from ..engine.workers import worker_devices
     from ..loras import default_folder
     from ..models import default_source
     from . import create_app, launch_options
 
     device = args.device or default_device()
+    try:
+        worker_devices(device, args.workers)  # a --workers this machine cannot serve stops here, with the reason
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     if args.mcp:
         check_mcp()
     demo = create_app(args.model or default_source(device), args.lora_dir or default_folder(), device=device,
