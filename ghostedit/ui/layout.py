@@ -38,7 +38,7 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
     """`concurrency`: edits served at once, one per worker of a pool (engine/workers.py); 1 for a plain Engine."""
     handlers = Handlers(engine, lora_dir)
     with gr.Blocks(title="GhostEdit", analytics_enabled=False) as demo:
-        gr.Markdown(_intro(engine))
+        gr.Markdown(_intro(engine, concurrency))
         history = gr.State(History())
         with gr.Tab("Edit & compare"):
             edit = _edit_section(handlers, engine)
@@ -52,8 +52,10 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
     return demo
 
 
-def _intro(engine) -> str:
+def _intro(engine, concurrency: int) -> str:
     memory = "GPU memory" if engine.device.startswith("cuda") else "host memory (RSS: there is no GPU)"
+    device = (f"{concurrency} workers, one edit at a time on each (the status names the one that ran an edit)"
+              if concurrency > 1 else engine.device)
     text = f"""# 👻 GhostEdit
 Edit an image with an instruction (Qwen-Image-Edit), switch the speed options on and off (LoRA fusion, FP8,
 attention backend, torch.compile, steps) and see what each one costs: every run is timed stage by stage and
@@ -64,7 +66,7 @@ machine cannot run says why). **3.** Run and watch stage, step, seconds per step
 **4.** Change a toggle and run again, or use *Run variants*: the table shows the speedup and the image
 difference (PSNR, SSIM) against the baseline run.
 
-<span class="ghost-note">Model: {engine.spec.description} · device: {engine.device} · memory figures:
+<span class="ghost-note">Model: {engine.spec.description} · device: {device} · memory figures:
 {memory}.</span>"""
     if engine.spec.kind == "tiny":
         text += ("\n\n<span class=\"ghost-note\">The tiny model has random weights: it runs the real "
