@@ -71,7 +71,7 @@ def test_run_variants_fills_the_comparison(app):
                                  variants=["baseline", "lora-fused", "lora-runtime"], api_name="/run_variants")
     table = rows(result[TABLE])
     assert [row["configuration"] for row in table] == [
-        "stock", "lora-tiny_lora_peft-fused@1", "lora-tiny_lora_peft-runtime@1"]
+        "stock", "lora-tiny_lora_peft-fused ×1", "lora-tiny_lora_peft-runtime ×1"]
     assert table[0]["run"].endswith("(baseline)")
     fused, runtime = table[1:]
     assert float(fused["PSNR dB"]) < 40  # the LoRA changes the picture
