@@ -10,7 +10,7 @@ import gradio as gr
 
 from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from ..optimize import registry
-from .settings import LORA_SLOTS, lora_parameter, setting_parameter, variants
+from .settings import LORA_SLOTS, MAX_IMAGES_PER_RUN, lora_parameter, setting_parameter, variants
 
 REQUEST_PARAMETERS = {
     "image": "the image to edit (a file)",
@@ -23,6 +23,8 @@ REQUEST_PARAMETERS = {
     "seed": f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]}",
     "width": f"output width, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
     "height": f"output height, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
+    "count": f"how many images to make, 1 to {MAX_IMAGES_PER_RUN}, with seeds seed, seed+1, ... (default 1); each "
+             "joins the comparison",
 }
 
 
