@@ -25,7 +25,7 @@ from .history import COMPARISON_RULE, History
 from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
                        seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
                        variants)
-from .tables import readable
+from .tables import column_widths, readable
 from .system import cache_table, hardware_markdown, options_json, options_table, system_report
 
 
@@ -97,7 +97,7 @@ class Handlers:
             record = history.add(result)
             images.append((result.image, f"seed {edit.seed} · run #{record.number}"))
             yield (live.done_status(result, heading), _before_after(result), live.run_summary(result),
-                   live.result_json(result, record.number), readable(history.table()), images, history)
+                   live.result_json(result, record.number), history.table(), images, history)
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
         words = variants()
@@ -129,7 +129,7 @@ class Handlers:
                     f"- {note}" for note in notes)
             yield (status, _before_after(result), live.run_summary(result),
                    {"state": "done" if index == len(runs) else "running", "runs": finished, "notes": notes},
-                   readable(history.table()), images, history)
+                   history.table(), images, history)
 
     def _edit_request(self, values: dict):
         images = uploaded_images([values.get(name) for name in ("image", "image_2", "image_3")], self.upload_folder)
@@ -265,7 +265,8 @@ class Handlers:
     # ---- the comparison ----
 
     def compare_views(self, history: History, request: gr.Request):
-        """Gallery, charts, baseline picker and exports for the session's history."""
+        """Gallery, charts, baseline picker, exports, the table's column widths and the runs to reuse, for the
+        session's history."""
         folder = self._exports / (request.session_hash or "api")
         csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
         return (history.gallery(), history.stage_chart(), history.memory_chart(),  # bars in data order: run order
@@ -273,6 +274,7 @@ class Handlers:
                 gr.update(value=csv_path, interactive=csv_path is not None),
                 gr.update(value=json_path, interactive=json_path is not None),
                 _comparison_caption(history),
+                gr.update(column_widths=column_widths(history.table())),  # here: the API's table stays plain data
                 gr.update(choices=[(run.label, run.number) for run in reversed(history.runs)],
                           value=history.runs[-1].number if history.runs else None))
 

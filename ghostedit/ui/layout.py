@@ -284,7 +284,8 @@ def _system_section() -> SimpleNamespace:
 def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, browser_key) -> None:
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, edit.images, history]
     compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
-                       compare.download_csv, compare.download_json, compare.caption, compare.reuse_run]
+                       compare.download_csv, compare.download_json, compare.caption, compare.table,
+                       compare.reuse_run]
     names = list(api.REQUEST_PARAMETERS) + list(lora_parameters()) + [setting_parameter(setting)
                                                                        for setting in registry.settings()]
 
