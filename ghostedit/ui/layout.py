@@ -145,6 +145,7 @@ def _inputs(ui: SimpleNamespace) -> None:
             ui.image_2 = gr.Image(label="Image 2", type="filepath", elem_id="input_image_2", height=180)
             ui.image_3 = gr.Image(label="Image 3", type="filepath", elem_id="input_image_3", height=180)
     ui.prompt = gr.Textbox(label="Instruction", lines=2, elem_id="prompt",
+                           info="Enter or Ctrl+Enter runs; Shift+Enter starts a new line",
                            placeholder="What should change? e.g. make it night and add snow")
     ui.negative_prompt = gr.Textbox(label="Negative prompt (optional)", elem_id="negative_prompt")
     gr.Examples([[str(ASSETS / "examples" / name), prompt] for name, prompt in EXAMPLES],
