@@ -150,6 +150,9 @@ def test_lora_upload_is_saved_under_a_safe_name(app, tmp_path):
     assert "my_ghost_style.safetensors" in message
     result = client(app).predict(**inputs(lora="my_ghost_style.safetensors", lora_mode="runtime"), api_name="/edit")
     assert "24 layers matched" in result[RUN_JSON]["prepared_report"]["LoRA my_ghost_style"]
+    (lora,) = result[RUN_JSON]["telemetry"]["loras"]  # what the file held, for API clients
+    assert (lora["name"], lora["mode"], lora["formats"], lora["layers_matched"], lora["keys_not_applied"]) == \
+        ("my_ghost_style", "runtime", ["kohya/musubi-tuner"], 24, 0)
 
 
 def test_lora_upload_refuses_a_file_that_is_not_safetensors(app, tmp_path):

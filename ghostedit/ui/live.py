@@ -176,8 +176,18 @@ def run_summary(result) -> str:
                       f"{len(summary['step_s'])}: {' '.join(f'{s:.3f}' for s in summary['step_s'])})"]
     lines.append(f"Peak {memory_words(summary['memory_kind'])}: **{_gib(summary['peak_allocated_gib'])}**")
     lines += ["", "What each toggle did:"] + [f"- {name}: {words}" for name, words in result.prepared_report.items()]
+    lines += [lora_line(lora) for lora in summary["loras"]]
     lines += [f"\n⚠️ {note}" for note in summary["notes"]]
     return "\n".join(lines)
+
+
+def lora_line(lora: dict) -> str:
+    """One LoRA in a line: its format, what matched, and what was not applied and why (the keys: API telemetry)."""
+    line = (f"- LoRA **{lora['name']}** ({lora['mode']}, scale {lora['scale']:g}): {', '.join(lora['formats'])}, "
+            f"{lora['layers_matched']} layers matched")
+    if lora["keys_not_applied"]:
+        line += f"; ⚠️ {lora['keys_not_applied']} keys not applied: {'; '.join(lora['not_applied_reasons'])}"
+    return line
 
 
 def result_json(result, run_number: int) -> dict:
