@@ -132,6 +132,8 @@ def test_several_images_per_run_with_consecutive_seeds(app):
     assert all(Image.open(item["image"]).size == (128, 128) for item in final[IMAGES])
     with pytest.raises(AppError, match="count must be a whole number from 1 to 8"):
         client(app).predict(**inputs(), count=9, api_name="/edit")
+    with pytest.raises(AppError, match="one image per variant"):  # refused, not silently ignored
+        client(app).predict(**inputs(), count=2, variants=["baseline"], api_name="/run_variants")
 
 
 def test_the_log_is_quiet_and_names_the_share_option(app):

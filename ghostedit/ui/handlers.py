@@ -17,7 +17,7 @@ from PIL import Image
 
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
-from ..errors import GhostEditError
+from ..errors import GhostEditError, InvalidRequestError
 from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live
@@ -102,6 +102,9 @@ class Handlers:
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
         words = variants()
         try:
+            if image_count(values.get("count")) != 1:
+                raise InvalidRequestError("Run variants makes one image per variant, with the seed given: set "
+                                          "“Images per run” (count) to 1")
             panel = panel_config(self.loras, values)
             runs, notes = variant_configs(values.get("variants"), panel)
             for name, config in runs:  # refuse before the first run, not after an hour of them
