@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, config_from_args, \
-    request_from_args
+    model_and_device, request_from_args
 from .parallel.mesh import MODE_HELP, MODES
 
 
@@ -48,11 +48,9 @@ def format_telemetry(result) -> str:
 
 
 def _engine(args):
-    from .device import default_device
     from .engine import Engine
-    from .models import default_source
-    device = args.device or default_device()
-    return Engine(args.model or default_source(device), device=device, dtype=args.dtype)
+    source, device = model_and_device(args)
+    return Engine(source, device=device, dtype=args.dtype)
 
 
 def cmd_edit(args) -> int:

@@ -26,14 +26,14 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
 
 
 def launch_options() -> dict:
-    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS. System fonts: nothing is fetched from
+    """What Gradio 6 takes at launch rather than in Blocks: theme, CSS and the page's script. System fonts: nothing is fetched from
     the internet, so the page renders the same offline."""
     import gradio as gr
 
-    from .layout import ASSETS, CSS
+    from .layout import ASSETS, CSS, PAGE_SCRIPT
     theme = gr.themes.Soft(primary_hue="indigo", secondary_hue="slate",
                            font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
     # show_error: a value Gradio itself refuses before GhostEdit sees it (text where a number belongs) reaches the
     # API client with its reason, not "the app has raised an exception"; GhostEdit's own errors are shown anyway
-    return {"theme": theme, "css": CSS, "allowed_paths": [str(ASSETS)], "show_error": True}
+    return {"theme": theme, "css": CSS, "js": PAGE_SCRIPT, "allowed_paths": [str(ASSETS)], "show_error": True}

@@ -11,7 +11,8 @@ from gradio.data_classes import FileData
 
 from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from ..optimize import registry
-from .settings import LORA_SLOTS, NO_LORA, lora_parameter, lora_parameters, setting_parameter, variants
+from .settings import (LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA, lora_parameter, lora_parameters,
+                       setting_parameter, variants)
 
 REQUEST_PARAMETERS = {
     "image": "the image to edit (a file)",
@@ -24,6 +25,8 @@ REQUEST_PARAMETERS = {
     "seed": f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]}",
     "width": f"output width, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
     "height": f"output height, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
+    "count": f"how many images to make, 1 to {MAX_IMAGES_PER_RUN}, with seeds seed, seed+1, ... (default 1); each "
+             "joins the comparison",
 }
 
 
@@ -59,7 +62,8 @@ def parameter_types(default_steps: int) -> dict[str, tuple[object, object]]:
     required = inspect.Parameter.empty
     types = {"image": (FileData, required), "image_2": (FileData | None, None), "image_3": (FileData | None, None),
              "prompt": (str, required), "negative_prompt": (str, ""), "steps": (int, default_steps),
-             "cfg_scale": (float, 4.0), "seed": (int, 0), "width": (int, 0), "height": (int, 0)}
+             "cfg_scale": (float, 4.0), "seed": (int, 0), "width": (int, 0), "height": (int, 0),
+             "count": (int, 1)}
     for slot in range(1, LORA_SLOTS + 1):
         types[lora_parameter(slot)] = (str, NO_LORA)
         types[lora_parameter(slot, "mode")] = (Literal["fused", "runtime"], "fused")

@@ -96,6 +96,15 @@ def memory_words(label: str) -> str:
     return label
 
 
+def progress_bar(event: ProgressEvent | None) -> str:
+    """A real progress bar over the current stage's steps; without steps (loading, preparing) an indeterminate one
+    that still shows the run is working."""
+    if event is None or not event.total_steps:
+        return '<progress class="ghost-progress" aria-label="working"></progress>\n\n'
+    return (f'<progress class="ghost-progress" value="{event.step}" max="{event.total_steps}" '
+            f'aria-label="{stage_words(event.stage)}: step {event.step} of {event.total_steps}"></progress>\n\n')
+
+
 def live_status(live: Live, heading: str = "") -> str:
     """Markdown for the live view: stage, step i/N, s/step, elapsed, ETA, current and peak memory."""
     event, elapsed = live.event, live.elapsed
@@ -108,7 +117,7 @@ def live_status(live: Live, heading: str = "") -> str:
     if event.worker:
         title += f" · on {event.worker}"
     detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing") else ""
-    return (f"{heading}### ⏳ {title}{detail}\n"
+    return (f"{heading}### ⏳ {title}{detail}\n{progress_bar(event)}"
             "| step | s/step | elapsed | ETA | memory now | peak |\n|---|---|---|---|---|---|\n"
             f"| {event.step}/{event.total_steps or '–'} | {_seconds(event.step_seconds)} | {elapsed:.1f} s | "
             f"{_seconds(event.eta)} | {_gib(event.memory.allocated_gib)} | {_gib(event.peak.allocated_gib)} |\n\n"

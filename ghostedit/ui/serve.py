@@ -10,7 +10,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to listen on (0.0.0.0 to serve your network)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
+                        help="port to listen on (default 7860, or $GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     parser.add_argument("--lora-dir", default=None,
                         help="folder of LoRA .safetensors files, created if missing (default: loras/ in the working "
@@ -24,21 +25,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    from ..device import default_device
+    from ..arguments import model_and_device
     from ..engine.workers import worker_devices
     from ..loras import default_folder
-    from ..models import default_source
     from . import create_app, launch_options
 
-    device = args.device or default_device()
+    source, device = model_and_device(args)
     try:
         worker_devices(device, args.workers)  # a --workers this machine cannot serve stops here, with the reason
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     if args.mcp:
         check_mcp()
-    demo = create_app(args.model or default_source(device), args.lora_dir or default_folder(), device=device,
-                      dtype=args.dtype, workers=args.workers)
+    demo = create_app(source, args.lora_dir or default_folder(), device=device, dtype=args.dtype,
+                      workers=args.workers)
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
                 prevent_thread_lock=True, mcp_server=args.mcp, **launch_options())
