@@ -1,17 +1,16 @@
 """Real Qwen-Image-Edit weights through DiffSynth's ModelConfig: a Hugging Face or ModelScope repo id, or a local
 folder with the same layout (transformer/, text_encoder/, vae/, processor/, tokenizer/ as Qwen publishes them).
 
-A repo id downloads on first use; prefix it with "modelscope:" to use ModelScope instead of Hugging Face.
+A repo id is downloaded to a local folder on first use (ghostedit/downloads.py: size announced, disk checked,
+progress, resume, offline from the cache; prefix it with "modelscope:" for ModelScope), then loaded from that folder
+like any local one.
 """
 from __future__ import annotations
 
 import glob
-import os
 from pathlib import Path
 
 import torch
-
-from ..paths import ghostedit_home
 
 # (DiffSynth's model, file pattern inside the repo or folder)
 WEIGHT_FILES = (
@@ -34,32 +33,21 @@ def _local_configs(folder: Path):
     return configs, ModelConfig(path=str(folder / "tokenizer")), ModelConfig(path=str(folder / "processor"))
 
 
-def _hub_configs(repo: str):
-    from diffsynth.core import ModelConfig
-
-    source = "huggingface"
-    if repo.startswith("modelscope:"):
-        source, repo = "modelscope", repo.removeprefix("modelscope:")
-    repo = repo.removeprefix("hf:")
-
-    def config(pattern):
-        return ModelConfig(model_id=repo, origin_file_pattern=pattern, download_source=source)
-    return [config(pattern) for _, pattern in WEIGHT_FILES], config("tokenizer/"), config("processor/")
+def load_pretrained_pipeline(spec, device: str, torch_dtype: torch.dtype, on_download=None):
+    """`on_download`: gets the DownloadPlan (what will be fetched, before anything is) and then DownloadProgress."""
+    folder = Path(spec.source) if spec.kind == "local" else download_model(spec.source, on_download)
+    return load_local_pipeline(folder, device, torch_dtype)
 
 
-def load_pretrained_pipeline(spec, device: str, torch_dtype: torch.dtype):
+def download_model(reference: str, on_download=None) -> Path:
+    """The local folder of a hub repo id, downloaded first where the cache does not hold it."""
+    from ..downloads import model_folder
+    return model_folder(reference, on_progress=on_download, on_plan=on_download)
+
+
+def load_local_pipeline(folder: Path, device: str, torch_dtype: torch.dtype):
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
-    if spec.kind == "local":
-        model_configs, tokenizer_config, processor_config = _local_configs(Path(spec.source))
-    else:
-        os.environ.setdefault("DIFFSYNTH_MODEL_BASE_PATH", str(ghostedit_home() / "hub"))
-        model_configs, tokenizer_config, processor_config = _hub_configs(spec.source)
-    try:
-        return QwenImagePipeline.from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
-                                                 tokenizer_config=tokenizer_config, processor_config=processor_config)
-    except Exception as error:
-        if spec.kind == "hub":
-            raise RuntimeError(f"could not load {spec.source} from the model hub ({type(error).__name__}: {error}). "
-                               "Without network access, download the repo elsewhere and pass its folder.") from error
-        raise
+    model_configs, tokenizer_config, processor_config = _local_configs(folder)
+    return QwenImagePipeline.from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=model_configs,
+                                             tokenizer_config=tokenizer_config, processor_config=processor_config)

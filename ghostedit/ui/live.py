@@ -12,6 +12,7 @@ from ..telemetry import ProgressEvent
 # Engine stage names in the words the page uses
 STAGE_WORDS = {
     "load": "loading the model",
+    "download": "downloading the model",
     "prepare": "preparing",
     "preparing": "preparing",
     "compile warm-up": "compiling",
@@ -105,7 +106,7 @@ def live_status(live: Live, heading: str = "") -> str:
     title = stage_words(event.stage).capitalize()
     if event.total_steps:
         title += f" · step {event.step}/{event.total_steps}"
-    detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing") else ""
+    detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing", "download") else ""
     return (f"{heading}### ⏳ {title}{detail}\n"
             "| step | s/step | elapsed | ETA | memory now | peak |\n|---|---|---|---|---|---|\n"
             f"| {event.step}/{event.total_steps or '–'} | {_seconds(event.step_seconds)} | {elapsed:.1f} s | "
@@ -130,6 +131,7 @@ def progress_json(live: Live) -> dict:
         "memory": {"label": event.memory.label, "now_gib": event.memory.allocated_gib,
                    "peak_gib": event.peak.allocated_gib},
         "message": event.message,
+        "download": event.download,
     }
 
 

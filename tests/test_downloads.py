@@ -1,0 +1,149 @@
+"""Downloads through huggingface_hub against a local fake of the Hub (tests/fake_hub.py), never the network: the size
+announced before the first byte, progress with bytes, speed and ETA, a download cut midway resumed, offline use of
+the cache, the disk-space refusal, LoRAs by repo id, repo:file and URL, and the CLI's `download` command."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+
+from ghostedit import downloads
+from ghostedit.downloads import DownloadError, DownloadPlan, DownloadProgress
+from tests.fake_hub import FakeHub, Repo
+
+REPO = "Qwen/Qwen-Image-Edit-2509"
+NEEDED = {
+    "model_index.json": b'{"_class_name": "QwenImageEditPlusPipeline"}',
+    "transformer/diffusion_pytorch_model-00001-of-00002.safetensors": os.urandom(1_500_000),
+    "transformer/diffusion_pytorch_model-00002-of-00002.safetensors": os.urandom(700_000),
+    "transformer/config.json": b'{"num_layers": 2}',
+    "text_encoder/model.safetensors": os.urandom(400_000),
+    "vae/diffusion_pytorch_model.safetensors": os.urandom(300_000),
+    "tokenizer/vocab.json": b"{}",
+    "processor/preprocessor_config.json": b"{}",
+    "scheduler/scheduler_config.json": b"{}",
+}
+NOT_NEEDED = {"README.md": b"# model card", "examples/big.safetensors": os.urandom(200_000)}
+BIG_SHARD = "transformer/diffusion_pytorch_model-00001-of-00002.safetensors"
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """The fake Hub with a Qwen-Image-Edit-2509-shaped repo and a LoRA repo; huggingface_hub pointed at it and its
+    cache in tmp_path."""
+    lora = os.urandom(50_000)
+    repos = {REPO: Repo({**NEEDED, **NOT_NEEDED}),
+             "someone/ghost-lora": Repo({"ghost.safetensors": lora, "README.md": b"hi"}),
+             "someone/many-loras": Repo({"a.safetensors": lora, "b.safetensors": lora, "c.ckpt": lora})}
+    with FakeHub(repos) as fake:
+        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        yield fake
+
+
+def fetch(events=None):
+    events = [] if events is None else events
+    return downloads.model_folder(REPO, on_progress=events.append, on_plan=events.append), events
+
+
+def test_size_announced_first_then_progress_with_speed_and_eta(hub):
+    hub.bytes_per_second = 4_000_000  # about 0.75 s for the 2.9 MB: several progress reports
+    folder, events = fetch()
+    plan = events[0]
+    assert isinstance(plan, DownloadPlan)
+    assert plan.total_bytes == sum(len(data) for data in NEEDED.values())
+    assert {f.path for f in plan.files} == set(NEEDED)
+    assert "2.9 MB" in plan.summary and "transformer 2.2 MB" in plan.summary
+    progress = [e for e in events[1:] if isinstance(e, DownloadProgress)]
+    assert len(progress) >= 3 and progress[-1].finished and progress[-1].done_bytes == plan.total_bytes
+    done = [p.done_bytes for p in progress]
+    assert done == sorted(done) and done[0] < plan.total_bytes
+    moving = [p for p in progress if not p.finished and p.speed]
+    assert moving and all(p.eta is not None and p.eta >= 0 for p in moving)
+    assert any(0.5e6 < p.speed < 20e6 for p in moving), [p.speed for p in moving]
+    assert "MB/s" in moving[-1].words and "left" in moving[-1].words
+    for path, data in NEEDED.items():
+        assert (folder / path).read_bytes() == data
+    assert not (folder / "README.md").exists() and not (folder / "examples").exists()
+    assert not hub.downloads("README.md") and not hub.downloads("big.safetensors")
+
+
+def test_a_download_cut_midway_resumes_from_where_it_stopped(hub, monkeypatch):
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)  # what it keeps is whole chunks (10 MB by default)
+    hub.drop_first_download.add(f"{REPO}/{BIG_SHARD}")
+    folder, events = fetch()
+    size = len(NEEDED[BIG_SHARD])
+    first, second = hub.downloads(BIG_SHARD)
+    assert first is None and second.startswith("bytes=")  # the second request asks only for the rest
+    assert size // 4 < int(second.removeprefix("bytes=").rstrip("-")) <= size // 2
+    assert (folder / BIG_SHARD).read_bytes() == NEEDED[BIG_SHARD]
+    done = [e.done_bytes for e in events if isinstance(e, DownloadProgress)]
+    assert done == sorted(done) and done[-1] == events[0].total_bytes  # never counted twice
+
+
+def test_a_second_fetch_downloads_nothing(hub):
+    fetch()
+    gets = len(hub.downloads(".safetensors"))
+    folder, events = fetch()
+    assert len(hub.downloads(".safetensors")) == gets
+    assert events[0].bytes_on_disk() == events[0].total_bytes
+
+
+def test_offline_uses_a_complete_cache_and_refuses_an_empty_one(hub, monkeypatch, tmp_path):
+    folder, _ = fetch()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert downloads.model_folder(REPO) == folder
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    hub.stop()  # the Hub unreachable: the complete snapshot in the cache is used
+    assert downloads.model_folder(REPO) == folder
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(DownloadError, match="cannot be downloaded now.*no complete copy"):
+        downloads.model_folder(REPO)
+
+
+def test_a_download_that_does_not_fit_on_disk_is_refused_before_the_first_byte(hub):
+    hub.repos[REPO].listed_sizes[BIG_SHARD] = 10**16
+    with pytest.raises(DownloadError, match=r"not enough disk space for Qwen/Qwen-Image-Edit-2509: 10000\.0 TB"):
+        fetch()
+    assert not hub.downloads(".safetensors")
+
+
+def test_missing_repo_is_named(hub):
+    with pytest.raises(DownloadError, match="nobody/nothing .* is not on the Hub"):
+        downloads.model_folder("nobody/nothing")
+
+
+def test_lora_by_repo_id_file_and_url(hub):
+    data = hub.repos["someone/ghost-lora"].files["ghost.safetensors"]
+    events = []
+    path = downloads.lora_file("someone/ghost-lora", events.append)
+    assert path.name == "ghost.safetensors" and path.read_bytes() == data
+    assert events and events[-1].finished and events[-1].total_bytes == len(data)
+    assert downloads.lora_file("someone/many-loras:b.safetensors").read_bytes() == data
+    assert downloads.lora_file(f"{hub.url}/someone/many-loras/resolve/main/a.safetensors").read_bytes() == data
+    assert downloads.lora_file("https://huggingface.co/someone/many-loras/blob/main/a.safetensors").name == "a.safetensors"
+    with pytest.raises(DownloadError, match=r"has 2 \.safetensors files \(a\.safetensors, b\.safetensors\)"):
+        downloads.lora_file("someone/many-loras")
+    with pytest.raises(DownloadError, match="only safetensors"):
+        downloads.lora_file("someone/many-loras:c.ckpt")
+    with pytest.raises(DownloadError, match="not on the Hugging Face Hub"):
+        downloads.lora_file("https://example.com/x.safetensors")
+
+
+def test_cli_download_shows_size_and_progress_with_hf_endpoint(hub, tmp_path):
+    """The real environment variables, in a fresh process: HF_ENDPOINT pointed at the fake."""
+    hub.bytes_per_second = 500_000  # about 3 s (files in parallel): a progress line every second
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "cli-cache"),
+           "PYTHONPATH": str(Path(__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-m", "ghostedit", "download", REPO], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files" in lines[0]
+    assert any("MB/s" in line and "left" in line for line in lines), out.stdout
+    assert "2.9 MB ready" in lines[-2] and lines[-1].startswith("ready: ")
+    assert Path(lines[-1].removeprefix("ready: "), BIG_SHARD).read_bytes() == NEEDED[BIG_SHARD]
