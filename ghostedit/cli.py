@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from .arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, config_from_args, \
-    request_from_args
+from .arguments import add_model_arguments, add_preset_argument, add_request_arguments, add_toggle_arguments, \
+    apply_preset, config_from_args, request_from_args
 
 
 DOWNLOAD_LINE_SECONDS = 1.0
@@ -65,8 +65,8 @@ def _engine(args):
 
 def cmd_edit(args) -> int:
     engine = _engine(args)
-    result = engine.run(request_from_args(args, engine.spec.default_steps), config_from_args(args),
-                        on_progress=print_progress)
+    config, steps, cfg = apply_preset(args, engine.spec.source, config_from_args(args), engine.spec.default_steps)
+    result = engine.run(request_from_args(args, steps, cfg), config, on_progress=print_progress)
     result.image.save(args.out)
     print(format_telemetry(result))
     print(f"saved {args.out}")
@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(edit)
     add_request_arguments(edit)
     add_toggle_arguments(edit)
+    add_preset_argument(edit)
     edit.add_argument("--out", required=True, help="where to write the edited image (PNG, JPEG, WebP...)")
     edit.add_argument("--json", default=None, help="also write the telemetry as JSON here")
     edit.set_defaults(run=cmd_edit)

@@ -106,7 +106,8 @@ class DownloadPlan:
             folder = f.path.split("/")[0] if "/" in f.path else f.path
             by_folder[folder] = by_folder.get(folder, 0) + f.size
         parts = ", ".join(f"{name} {size_words(size)}" for name, size in sorted(by_folder.items()))
-        return f"{self.repo}: {size_words(self.total_bytes)} in {len(self.files)} files ({parts})"
+        files = "1 file" if len(self.files) == 1 else f"{len(self.files)} files"
+        return f"{self.repo}: {size_words(self.total_bytes)} in {files} ({parts})"
 
 
 # ---- models ----
@@ -332,9 +333,20 @@ def _parse_hub_url(url: str) -> HubFileReference:
     raise DownloadError(f"{url} names no file: use a link to a .safetensors file (…/resolve/main/FILE) or a repo")
 
 
+def is_lora_reference(text: str) -> bool:
+    """Whether a --lora value names a LoRA on the Hub rather than a local file: an existing path is always local, and
+    so is a missing "folder/file.safetensors" (an error about the file beats a search of the Hub for it)."""
+    if Path(text).expanduser().exists():
+        return False
+    if text.startswith(("https://", "http://", "hf:")):
+        return True
+    repo, colon, _ = text.partition(":")
+    return bool(REPO_ID.fullmatch(repo)) and bool(colon or not text.lower().endswith(".safetensors"))
+
+
 def lora_file(reference: str, on_progress: ProgressCallback | None = None) -> Path:
     """The local file of a LoRA on the Hub, downloaded first if needed: safetensors only (read by content before
-    use; a pickle is never fetched)."""
+    use; a pickle is never fetched). `on_progress` gets the DownloadPlan first, then DownloadProgress."""
     found = parse_file_reference(reference)
     filename = found.filename
     if filename is None:
@@ -348,7 +360,10 @@ def lora_file(reference: str, on_progress: ProgressCallback | None = None) -> Pa
     if not filename.endswith(".safetensors"):
         raise DownloadError(f"{filename} in {found.repo} is not a .safetensors file: only safetensors LoRAs are "
                             "fetched (other formats can run code when loaded)")
-    return hub_snapshot(found.repo, (filename,), on_progress, revision=found.revision) / filename
+    path = hub_snapshot(found.repo, (filename,), on_progress, on_plan=on_progress, revision=found.revision) / filename
+    from .optimize.lora import check_lora_file
+    check_lora_file(path, display_name=reference)
+    return path
 
 
 def _only_safetensors(repo: str, revision: str) -> str:

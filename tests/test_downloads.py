@@ -7,10 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import safetensors.torch
 from huggingface_hub import constants
 
 from ghostedit import downloads
+from ghostedit.config import LoraChoice
 from ghostedit.downloads import DownloadError, DownloadPlan, DownloadProgress
+from ghostedit.models.tiny import tiny_lora_state_dict
+from ghostedit.optimize.lora import LoraError
 from tests.fake_hub import FakeHub, Repo
 
 REPO = "Qwen/Qwen-Image-Edit-2509"
@@ -33,10 +38,11 @@ BIG_SHARD = "transformer/diffusion_pytorch_model-00001-of-00002.safetensors"
 def hub(tmp_path, monkeypatch):
     """The fake Hub with a Qwen-Image-Edit-2509-shaped repo and a LoRA repo; huggingface_hub pointed at it and its
     cache in tmp_path."""
-    lora = os.urandom(50_000)
+    lora = safetensors.torch.save(tiny_lora_state_dict("peft"))
     repos = {REPO: Repo({**NEEDED, **NOT_NEEDED}),
              "someone/ghost-lora": Repo({"ghost.safetensors": lora, "README.md": b"hi"}),
-             "someone/many-loras": Repo({"a.safetensors": lora, "b.safetensors": lora, "c.ckpt": lora})}
+             "someone/many-loras": Repo({"a.safetensors": lora, "b.safetensors": lora, "c.ckpt": lora,
+                                "d/not-a-lora.safetensors": safetensors.torch.save({"w": torch.zeros(2)})})}
     with FakeHub(repos) as fake:
         monkeypatch.setattr(constants, "ENDPOINT", fake.url)
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.url + "/{repo_id}/resolve/{revision}/{filename}")
@@ -122,16 +128,30 @@ def test_lora_by_repo_id_file_and_url(hub):
     events = []
     path = downloads.lora_file("someone/ghost-lora", events.append)
     assert path.name == "ghost.safetensors" and path.read_bytes() == data
-    assert events and events[-1].finished and events[-1].total_bytes == len(data)
+    assert isinstance(events[0], DownloadPlan) and events[-1].finished and events[-1].total_bytes == len(data)
     assert downloads.lora_file("someone/many-loras:b.safetensors").read_bytes() == data
     assert downloads.lora_file(f"{hub.url}/someone/many-loras/resolve/main/a.safetensors").read_bytes() == data
     assert downloads.lora_file("https://huggingface.co/someone/many-loras/blob/main/a.safetensors").name == "a.safetensors"
-    with pytest.raises(DownloadError, match=r"has 2 \.safetensors files \(a\.safetensors, b\.safetensors\)"):
+    with pytest.raises(DownloadError, match=r"has 3 \.safetensors files \(a\.safetensors, b\.safetensors, d/"):
         downloads.lora_file("someone/many-loras")
     with pytest.raises(DownloadError, match="only safetensors"):
         downloads.lora_file("someone/many-loras:c.ckpt")
     with pytest.raises(DownloadError, match="not on the Hugging Face Hub"):
         downloads.lora_file("https://example.com/x.safetensors")
+    with pytest.raises(LoraError, match="holds no LoRA layers"):
+        downloads.lora_file("someone/many-loras:d/not-a-lora.safetensors")
+
+
+def test_a_lora_option_names_a_local_file_or_one_on_the_hub(hub, tmp_path, monkeypatch):
+    choice = LoraChoice.parse("someone/many-loras:b.safetensors:0.8:runtime")
+    assert (Path(choice.path).name, choice.scale, choice.mode, choice.name) == ("b.safetensors", 0.8, "runtime", "b")
+    assert LoraChoice.parse("someone/ghost-lora:0.5").scale == 0.5
+    assert not downloads.is_lora_reference("loras/missing.safetensors")  # a missing local file stays local
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "someone").mkdir()
+    (tmp_path / "someone" / "ghost-lora").write_bytes(b"")
+    assert not downloads.is_lora_reference("someone/ghost-lora")  # an existing path wins over a repo id
+    assert downloads.is_lora_reference(f"{hub.url}/a/b/resolve/main/c.safetensors")
 
 
 def test_cli_download_shows_size_and_progress_with_hf_endpoint(hub, tmp_path):
