@@ -151,6 +151,50 @@ def hub_snapshot(repo: str, patterns, on_progress: ProgressCallback | None = Non
     return Path(folder)
 
 
+def model_download_words(reference: str) -> str:
+    """Before anything is fetched: how much a model repo weighs, how much of it the cache holds and whether the rest
+    fits on the disk (markdown for the page)."""
+    if reference.startswith(MODELSCOPE_PREFIX):
+        return (f"{reference}: downloaded from ModelScope on the first run (its size and the free disk space are "
+                "checked then)")
+    repo = reference.removeprefix("hf:")
+    if hub_offline():
+        return f"{repo}: HF_HUB_OFFLINE is set, so only a complete copy in the cache at {hub_cache()} can load"
+    try:
+        plan = plan_download(repo, MODEL_PATTERNS)
+    except _network_errors() as error:
+        return (f"{repo}: the Hub cannot be reached ({type(error).__name__}); only a complete copy in the cache at "
+                f"{hub_cache()} can load")
+    except DownloadError as error:
+        return f"⚠️ {error}"
+    missing = plan.total_bytes - plan.bytes_on_disk()
+    if missing <= 0:
+        return f"{plan.summary}: in the cache, nothing to download"
+    try:
+        check_disk_space(plan)
+    except DownloadError as error:
+        return f"⚠️ {error}"
+    return (f"⬇ {plan.summary}: {size_words(missing)} still to download ({size_words(free_bytes(plan.blobs))} free "
+            f"at {nearest_existing(plan.blobs)}); it downloads on the first run, with progress")
+
+
+def lora_download_words(reference: str) -> str:
+    """Before a LoRA on the Hub is fetched: its size, or that the cache holds it."""
+    found = parse_file_reference(reference)
+    if found.filename is None or hub_offline():
+        return f"{reference}: fetched from the Hub"
+    try:
+        plan = plan_download(found.repo, (found.filename,), found.revision)
+    except _network_errors() as error:
+        return f"{reference}: the Hub cannot be reached ({type(error).__name__}); only the cache can serve it"
+    except DownloadError as error:
+        return f"⚠️ {error}"
+    missing = plan.total_bytes - plan.bytes_on_disk()
+    if missing <= 0:
+        return f"{found.filename} ({size_words(plan.total_bytes)}) is in the cache: no download"
+    return f"needs a download of {size_words(missing)} from {found.repo} ({found.filename})"
+
+
 def plan_download(repo: str, patterns, revision: str = "main") -> DownloadPlan:
     """The files to fetch (from the Hub's listing, with sizes) and where their blobs go."""
     from huggingface_hub import HfApi

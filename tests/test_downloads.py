@@ -167,3 +167,30 @@ def test_cli_download_shows_size_and_progress_with_hf_endpoint(hub, tmp_path):
     assert any("B/s, " in line and " s left" in line for line in lines), out.stdout
     assert "2.9 MB ready" in lines[-2] and lines[-1].startswith("ready: ")
     assert Path(lines[-1].removeprefix("ready: "), BIG_SHARD).read_bytes() == NEEDED[BIG_SHARD]
+
+
+def test_the_page_announces_downloads_streams_their_progress_and_switches_models(hub, tmp_path):
+    """The page's Hub controls over a real engine (nothing is loaded): the model picker announces the repo's size
+    before any download, a Hub LoRA is fetched with progress into the LoRA folder and selected, and a preset says
+    what it needs (here: the tiny model has none). The layout is built with them wired in."""
+    import gradio as gr
+
+    from ghostedit.engine import Engine
+    from ghostedit.ui.handlers import Handlers
+    from ghostedit.ui.hub import HubControls
+    from ghostedit.ui.layout import build_app
+    handlers = Handlers(Engine("tiny", device="cpu"), tmp_path / "loras")
+    assert isinstance(build_app(handlers.engine, tmp_path / "loras"), gr.Blocks)
+    controls = HubControls(handlers)
+    assert "tiny model has random weights" in controls.preset_notice("lightning-4")
+    hub.bytes_per_second = 60_000  # 0.7 s: the page sees progress
+    updates = list(controls.fetch_lora("someone/ghost-lora", "none", "none", "none"))
+    words = [update[0] for update in updates]
+    assert "someone/ghost-lora: 42.2 KB in 1 file" in words[0], words
+    assert any("%)" in w for w in words) and words[-1].startswith("Fetched `ghost.safetensors`")
+    assert updates[-1][1]["value"] == "ghost.safetensors" and (tmp_path / "loras" / "ghost.safetensors").is_file()
+    notice, steps, *slots = controls.switch_model(REPO)
+    assert handlers.engine.spec.source == REPO and steps["value"] == 40
+    assert "⬇ Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files" in notice and "still to download" in notice
+    # the fake Hub has no lightx2v repo: the preset says so before anything runs
+    assert "⚠️ lightx2v/Qwen-Image-Lightning (revision main) is not on the Hub" in controls.preset_notice("lightning-4")

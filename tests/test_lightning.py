@@ -69,6 +69,10 @@ def lightning_hub(tmp_path, monkeypatch):
 
 
 def test_preset_downloads_its_lora_sets_the_schedule_and_stacks_with_a_style_lora(lightning_hub, tmp_path):
+    from ghostedit.downloads import lora_download_words
+    reference = LIGHTNING["lightning-8"].lora_reference(model_variant("Qwen/Qwen-Image-Edit-2511"))
+    assert lora_download_words(reference) == (f"needs a download of 42.2 KB from "
+                                              f"lightx2v/Qwen-Image-Edit-2511-Lightning ({EDIT_2511_8})")
     style = ensure_tiny_lora("kohya", tmp_path)
     events = []
     config = OptimizationConfig.parse(f"lightning-8,lora={style}:0.5", model="Qwen/Qwen-Image-Edit-2511",
@@ -82,6 +86,7 @@ def test_preset_downloads_its_lora_sets_the_schedule_and_stacks_with_a_style_lor
     assert len(lightning_hub.downloads(EDIT_2511_8)) == 1
     OptimizationConfig.parse("lightning-8", model="Qwen/Qwen-Image-Edit-2511")  # from the cache now
     assert len(lightning_hub.downloads(EDIT_2511_8)) == 1
+    assert "is in the cache: no download" in lora_download_words(reference)
 
 
 def test_preset_arguments_run_the_lightning_stack_on_the_tiny_engine(lightning_hub, tmp_path, capsys):
