@@ -4,7 +4,10 @@ local cache, through huggingface_hub (modelscope's own snapshot API for ModelSco
 Before the first byte it says how big the download is (from the repo's file listing, only the files GhostEdit
 reads) and refuses if the disk cannot hold it. While it runs, progress (bytes, speed, ETA) goes to a callback,
 measured from the files growing in the cache, so it counts what huggingface_hub really wrote whatever transfer it
-used. An interrupted download resumes: huggingface_hub keeps the partial `.incomplete` files. Offline
+used. Interrupted downloads resume: a connection cut midway is resumed from its last byte by huggingface_hub
+(ranged requests, within the same run), and a run stopped outright (Ctrl+C, a crash) keeps every finished file, so
+the next run fetches only the rest. huggingface_hub 2.x writes each file to a temporary file private to its process
+and deletes it on failure, so a file cut off with its process starts again from its first byte. Offline
 (HF_HUB_OFFLINE=1, or the Hub unreachable), a complete copy in the cache is used as it is; an incomplete one is
 refused with the reason.
 """
@@ -88,15 +91,20 @@ class DownloadPlan:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
+    def bytes_finished(self) -> int:
+        """The bytes of the files already in the cache (what a new run does not fetch again)."""
+        return sum(f.size for f in self.files if (self.blobs / f.etag).exists())
+
     def bytes_on_disk(self) -> int:
-        """Finished blobs count whole, partial ones (`.incomplete`, resumed later) as far as they got."""
+        """Finished files whole, files being written (huggingface_hub's `<etag>.<id>.incomplete`) as far as they
+        got: the progress of a running download."""
         done = 0
         for f in self.files:
-            blob = self.blobs / f.etag
-            if blob.exists():
+            if (self.blobs / f.etag).exists():
                 done += f.size
-            elif (partial := self.blobs / f"{f.etag}.incomplete").exists():
-                done += min(partial.stat().st_size, f.size)
+            else:
+                partial = [p.stat().st_size for p in self.blobs.glob(f"{f.etag}*.incomplete") if p.exists()]
+                done += min(max(partial, default=0), f.size)
         return done
 
     @property
@@ -146,8 +154,8 @@ def hub_snapshot(repo: str, patterns, on_progress: ProgressCallback | None = Non
                                        tqdm_class=_silent_tqdm())
     except _network_errors() as error:
         raise DownloadError(f"the download of {repo} stopped ({type(error).__name__}: {error}); "
-                            f"{size_words(plan.bytes_on_disk())} of {size_words(plan.total_bytes)} are kept in "
-                            f"{hub_cache()}: run again to resume") from error
+                            f"the finished files ({size_words(plan.bytes_finished())} of {size_words(plan.total_bytes)}) are "
+                            f"kept in {hub_cache()}: run again to fetch the rest") from error
     return Path(folder)
 
 
@@ -167,7 +175,7 @@ def model_download_words(reference: str) -> str:
                 f"{hub_cache()} can load")
     except DownloadError as error:
         return f"⚠️ {error}"
-    missing = plan.total_bytes - plan.bytes_on_disk()
+    missing = plan.total_bytes - plan.bytes_finished()
     if missing <= 0:
         return f"{plan.summary}: in the cache, nothing to download"
     try:
@@ -189,7 +197,7 @@ def lora_download_words(reference: str) -> str:
         return f"{reference}: the Hub cannot be reached ({type(error).__name__}); only the cache can serve it"
     except DownloadError as error:
         return f"⚠️ {error}"
-    missing = plan.total_bytes - plan.bytes_on_disk()
+    missing = plan.total_bytes - plan.bytes_finished()
     if missing <= 0:
         return f"{found.filename} ({size_words(plan.total_bytes)}) is in the cache: no download"
     return f"needs a download of {size_words(missing)} from {found.repo} ({found.filename})"
@@ -218,7 +226,7 @@ def plan_download(repo: str, patterns, revision: str = "main") -> DownloadPlan:
 
 
 def check_disk_space(plan: DownloadPlan) -> None:
-    needed = plan.total_bytes - plan.bytes_on_disk()
+    needed = plan.total_bytes - plan.bytes_finished()
     if needed <= 0:
         return
     free = free_bytes(plan.blobs)

@@ -4,6 +4,7 @@ the cache, the disk-space refusal, LoRAs by repo id, repo:file and URL, and the 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -154,18 +155,30 @@ def test_a_lora_option_names_a_local_file_or_one_on_the_hub(hub, tmp_path, monke
     assert downloads.is_lora_reference(f"{hub.url}/a/b/resolve/main/c.safetensors")
 
 
-def test_cli_download_shows_size_and_progress_with_hf_endpoint(hub, tmp_path):
-    """The real environment variables, in a fresh process: HF_ENDPOINT pointed at the fake."""
-    hub.bytes_per_second = 500_000  # about 3 s (files in parallel): a progress line every second
+def test_cli_download_killed_midway_keeps_finished_files_for_the_next_run(hub, tmp_path):
+    """`ghostedit download` with the real environment variables (HF_ENDPOINT pointed at the fake), killed midway:
+    the next run announces the size, fetches only the files the first one did not finish, and shows progress."""
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "cli-cache"),
            "PYTHONPATH": str(Path(__file__).parents[1])}
-    out = subprocess.run([sys.executable, "-m", "ghostedit", "download", REPO], env=env, capture_output=True,
-                         text=True, timeout=60)
+    command = [sys.executable, "-m", "ghostedit", "download", REPO]
+    hub.bytes_per_second = 200_000  # per file: the VAE is done after 1.5 s, the big shard after 7.5 s
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    blobs = tmp_path / "cli-cache" / "models--Qwen--Qwen-Image-Edit-2509" / "blobs"
+    vae = blobs / hub.repos[REPO].etag("vae/diffusion_pytorch_model.safetensors")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not vae.exists():
+        time.sleep(0.05)
+    first.kill()
+    first.wait(timeout=30)
+    assert vae.exists() and not (blobs / hub.repos[REPO].etag(BIG_SHARD)).exists()
+    hub.bytes_per_second = 600_000  # the big shard again in about 2.5 s: a progress line every second
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files" in lines[0]
     assert any("B/s, " in line and " s left" in line for line in lines), out.stdout
     assert "2.9 MB ready" in lines[-2] and lines[-1].startswith("ready: ")
+    assert len(hub.downloads("vae/diffusion_pytorch_model.safetensors")) == 1  # kept, not fetched again
     assert Path(lines[-1].removeprefix("ready: "), BIG_SHARD).read_bytes() == NEEDED[BIG_SHARD]
 
 
