@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import safetensors.torch
+from safetensors import SafetensorError
 from huggingface_hub import constants
 
 from ghostedit import downloads
@@ -207,3 +208,21 @@ def test_the_page_announces_downloads_streams_their_progress_and_switches_models
     assert "⬇ Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files" in notice and "still to download" in notice
     # the fake Hub has no lightx2v repo: the preset says so before anything runs
     assert "⚠️ lightx2v/Qwen-Image-Lightning (revision main) is not on the Hub" in controls.preset_notice("lightning-4")
+
+
+def test_the_engine_downloads_a_repo_id_with_progress_events_then_loads_the_folder(hub):
+    """A repo id given to the engine: the download's plan and progress arrive as "download" events of the run (what
+    the CLI prints and the page's live status shows), then the folder goes to the local loader. The fake repo's
+    weights are random bytes, so that loader refuses them: the error is the loader's, after the download."""
+    from ghostedit.engine import Engine
+    from ghostedit.telemetry import RunRecorder
+    from ghostedit.ui.live import Live, live_status, progress_json
+    events = []
+    with pytest.raises(SafetensorError, match="deserializing header"):  # DiffSynth reading the random "weights"
+        Engine(REPO, device="cpu").load(recorder=RunRecorder("cpu", on_progress=events.append))
+    downloading = [event for event in events if event.stage == "download"]
+    assert downloading[0].message.startswith("downloading Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files")
+    assert downloading[-1].download["finished"] and downloading[-1].download["total_bytes"] == 2_900_067
+    assert "2.9 MB ready" in live_status(Live(downloading[-1], 1.0))
+    assert progress_json(Live(downloading[-1], 1.0))["download"]["done_bytes"] == 2_900_067
+    assert (Path(os.environ["HF_HUB_CACHE"]) / "models--Qwen--Qwen-Image-Edit-2509").is_dir()
