@@ -135,9 +135,9 @@ def model_folder(reference: str, on_progress: ProgressCallback | None = None, on
 
 
 def hub_snapshot(repo: str, patterns, on_progress: ProgressCallback | None = None, on_plan=None,
-                 revision: str = "main") -> Path:
+                 revision: str = "main", max_bytes: int | None = None) -> Path:
     """huggingface_hub's snapshot of the files of `repo` that match `patterns`, fetched with announced size, a disk
-    check and progress, or taken from the cache when offline."""
+    check and progress, or taken from the cache when offline. More than `max_bytes` is refused before it starts."""
     from huggingface_hub import snapshot_download
     if hub_offline():
         return _cached_snapshot(repo, patterns, revision, "HF_HUB_OFFLINE is set")
@@ -145,6 +145,8 @@ def hub_snapshot(repo: str, patterns, on_progress: ProgressCallback | None = Non
         plan = plan_download(repo, patterns, revision)
     except _network_errors() as error:
         return _cached_snapshot(repo, patterns, revision, f"the Hub cannot be reached ({type(error).__name__})")
+    if max_bytes is not None and plan.total_bytes > max_bytes:
+        raise DownloadError(f"{plan.summary}: more than the {size_words(max_bytes)} allowed here")
     if on_plan is not None:
         on_plan(plan)
     check_disk_space(plan)
@@ -412,8 +414,9 @@ def lora_file(reference: str, on_progress: ProgressCallback | None = None) -> Pa
     if not filename.endswith(".safetensors"):
         raise DownloadError(f"{filename} in {found.repo} is not a .safetensors file: only safetensors LoRAs are "
                             "fetched (other formats can run code when loaded)")
-    path = hub_snapshot(found.repo, (filename,), on_progress, on_plan=on_progress, revision=found.revision) / filename
-    from .optimize.lora import check_lora_file
+    from .optimize.lora import MAX_LORA_BYTES, check_lora_file
+    path = hub_snapshot(found.repo, (filename,), on_progress, on_plan=on_progress, revision=found.revision,
+                        max_bytes=MAX_LORA_BYTES) / filename
     check_lora_file(path, display_name=reference)
     return path
 

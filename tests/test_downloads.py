@@ -142,6 +142,9 @@ def test_lora_by_repo_id_file_and_url(hub):
         downloads.lora_file("https://example.com/x.safetensors")
     with pytest.raises(LoraError, match="holds no LoRA layers"):
         downloads.lora_file("someone/many-loras:d/not-a-lora.safetensors")
+    hub.repos["someone/many-loras"].listed_sizes["b.safetensors"] = 5 * 1024**3
+    with pytest.raises(DownloadError, match=r"5\.4 GB in 1 file .*: more than the 4\.3 GB allowed here"):
+        downloads.lora_file("someone/many-loras:b.safetensors")  # refused before the first byte
 
 
 def test_a_lora_option_names_a_local_file_or_one_on_the_hub(hub, tmp_path, monkeypatch):
@@ -203,6 +206,9 @@ def test_the_page_announces_downloads_streams_their_progress_and_switches_models
     assert "someone/ghost-lora: 42.2 KB in 1 file" in words[0], words
     assert any("%)" in w for w in words) and words[-1].startswith("Fetched `ghost.safetensors`")
     assert updates[-1][1]["value"] == "ghost.safetensors" and (tmp_path / "loras" / "ghost.safetensors").is_file()
+    for refused in ("/etc", "someone/huge-model"):  # the API is public: only the offered models
+        with pytest.raises(gr.Error):
+            controls.switch_model(refused)
     notice, steps, *slots = controls.switch_model(REPO)
     assert handlers.engine.spec.source == REPO and steps["value"] == 40
     assert "⬇ Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files" in notice and "still to download" in notice

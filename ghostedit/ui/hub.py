@@ -92,13 +92,19 @@ class HubControls:
 
     def __init__(self, handlers):
         self.handlers = handlers
+        # what the picker offers, the folder the app was started with included; nothing else is taken from a
+        # caller (the API is public: no path on the server, no repo of any size)
+        self.allowed = {value for _, value in model_choices(handlers.engine.spec.source)}
 
     def switch_model(self, source: str):
         """A new engine for `source` (nothing loads until the first run); the LoRA list follows its built-ins."""
         from ..engine import Engine
         from .handlers import builtin_loras, user_error
         handlers, old = self.handlers, self.handlers.engine
-        if source and source != old.spec.source:
+        if source not in self.allowed:
+            raise gr.Error(html.escape(f"{source!r} is not one of the models this app offers: "
+                                       f"{', '.join(sorted(self.allowed))}"), title="Cannot switch the model")
+        if source != old.spec.source:
             try:
                 engine = Engine(source, device=old.device, dtype=old.dtype_choice)
             except Exception as error:

@@ -116,9 +116,9 @@ def _inputs(ui: SimpleNamespace) -> None:
 def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
     with gr.Accordion("Model and presets", open=True):
         ui.model = gr.Dropdown(model_choices(engine.spec.source), value=engine.spec.source, label="Model",
-                               allow_custom_value=True, elem_id="model",  # checked by the engine: a folder path
+                               elem_id="model",
                                info="the Qwen-Image-Edit family (downloaded on the first run, with progress), the "
-                                    "tiny model, or the path of a local folder")
+                                    "tiny model, or the folder the app was started with (--model PATH)")
         ui.model_notice = gr.Markdown(elem_id="model_notice", elem_classes="ghost-note")
         with gr.Row(equal_height=True):
             ui.preset = gr.Dropdown(preset_choices(), value=NO_PRESET, label="Preset", elem_id="preset", scale=3,
