@@ -120,12 +120,6 @@ class DownloadPlan:
 
 # ---- models ----
 
-def is_hub_reference(text: str) -> bool:
-    """A Hugging Face repo id ("owner/name"), a ModelScope one ("modelscope:owner/name") or a Hub URL."""
-    text = text.removeprefix(MODELSCOPE_PREFIX).removeprefix("hf:")
-    return bool(REPO_ID.fullmatch(text.split(":")[0])) or text.startswith(("https://", "http://"))
-
-
 def model_folder(reference: str, on_progress: ProgressCallback | None = None, on_plan=None) -> Path:
     """The local folder of a model repo ("owner/name", "hf:owner/name" or "modelscope:owner/name"), downloaded
     first if the cache does not hold it. `on_plan` gets the DownloadPlan before anything is fetched."""
