@@ -104,6 +104,9 @@ class HubControls:
         if source not in self.allowed:
             raise gr.Error(html.escape(f"{source!r} is not one of the models this app offers: "
                                        f"{', '.join(sorted(self.allowed))}"), title="Cannot switch the model")
+        if source != old.spec.source and not isinstance(old, Engine):
+            raise gr.Error(f"this app serves a pool of {old.size} workers: start it again with --model to change "
+                           "the model", title="Cannot switch the model")
         if source != old.spec.source:
             try:
                 engine = Engine(source, device=old.device, dtype=old.dtype_choice)
