@@ -7,6 +7,9 @@ import argparse
 from .config import CFG_RANGE, LORA_MODES, MAX_INPUT_IMAGES, SEED_RANGE, EditRequest, LoraChoice, OptimizationConfig
 from .models.dtypes import DTYPES
 from .optimize import registry
+from .optimize.presets import LIGHTNING
+
+DEFAULT_CFG = 4.0
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +39,9 @@ def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool 
     parser.add_argument("--negative-prompt", default="", help="what the edit should avoid (used when --cfg > 1)")
     parser.add_argument("--steps", type=int, default=None,
                         help="denoising steps (default: the model's, tiny 4, real 40)")
-    parser.add_argument("--cfg", type=float, default=4.0,
+    parser.add_argument("--cfg", type=float, default=None,
                         help=f"true classifier-free guidance scale, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; "
-                             "1 runs one DiT forward per step instead of two (default 4)")
+                             "1 runs one DiT forward per step instead of two (default 4; a Lightning preset's 1)")
     parser.add_argument("--seed", type=int, default=0,
                         help=f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]} (default 0)")
     parser.add_argument("--width", type=int, default=None,
@@ -47,10 +50,35 @@ def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool 
     parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16")
 
 
-def request_from_args(args, default_steps: int) -> EditRequest:
+def request_from_args(args, default_steps: int, default_cfg: float = DEFAULT_CFG) -> EditRequest:
     return EditRequest(images=args.image, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                       steps=args.steps or default_steps, cfg_scale=args.cfg, seed=args.seed, width=args.width,
-                       height=args.height)
+                       steps=args.steps or default_steps, cfg_scale=default_cfg if args.cfg is None else args.cfg,
+                       seed=args.seed, width=args.width, height=args.height)
+
+
+def add_preset_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=tuple(LIGHTNING), default=None,
+                        help="; ".join(f"{preset.name}: {preset.words}" for preset in LIGHTNING.values())
+                             + ". Stacks with --lora (a style LoRA) and the other settings; --steps and --cfg, if "
+                               "given, win over the preset's")
+
+
+def preset_cfg(args, default: float) -> float:
+    """The CFG the --preset asks for (before anything is downloaded), else `default`."""
+    preset = LIGHTNING.get(getattr(args, "preset", None) or "")
+    return preset.cfg_scale if preset else default
+
+
+def apply_preset(args, model: str, config: OptimizationConfig, default_steps: int):
+    """The configuration, default steps and default CFG once --preset is applied: its LoRA (downloaded with
+    progress on first use) first in the stack, its schedule, its steps and CFG."""
+    if not getattr(args, "preset", None):
+        return config, default_steps, DEFAULT_CFG
+    from .downloads import printer
+    preset = LIGHTNING[args.preset]
+    lightning = OptimizationConfig.parse(preset.name, model=model, on_download=printer())
+    return (config.replace(loras=lightning.loras + config.loras, scheduler=lightning.value("scheduler")),
+            preset.steps, preset.cfg_scale)
 
 
 def add_toggle_arguments(parser: argparse.ArgumentParser, defaults_to_none: bool = False) -> None:
@@ -67,7 +95,9 @@ def add_toggle_arguments(parser: argparse.ArgumentParser, defaults_to_none: bool
                             default=None if defaults_to_none else [], metavar=group.upper(),
                             help=f"any of: {words}")
     parser.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE[:MODE]]",
-                        help="a LoRA .safetensors file; repeat to stack LoRAs (each with its own scale and mode)")
+                        help="a LoRA .safetensors file, or one on the Hugging Face Hub (owner/name, "
+                             "owner/name:FILE.safetensors or a Hub URL; downloaded with progress); repeat to stack "
+                             "LoRAs (each with its own scale and mode)")
     parser.add_argument("--lora-scale", type=float, default=1.0, help="scale of every --lora that gives none")
     parser.add_argument("--lora-mode", choices=LORA_MODES, default="fused",
                         help="mode of every --lora that gives none: fused into the weights, or runtime (PEFT layers)")
@@ -81,7 +111,8 @@ def settings_from_args(args) -> dict:
 
 
 def loras_from_args(args) -> tuple[LoraChoice, ...]:
-    return tuple(LoraChoice.parse(text, args.lora_scale, args.lora_mode) for text in args.lora)
+    from .downloads import printer
+    return tuple(LoraChoice.parse(text, args.lora_scale, args.lora_mode, on_download=printer()) for text in args.lora)
 
 
 def config_from_args(args) -> OptimizationConfig:

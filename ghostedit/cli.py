@@ -1,20 +1,30 @@
 """The `ghostedit` command: `edit` one image and print the telemetry, `bench` configurations, list the `options`
-this machine can run, or `serve` the app (the same as `python app.py`)."""
+this machine can run, `download` a model or LoRA ahead of time, or `serve` the app (the same as `python app.py`)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
-from .arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, config_from_args, \
-    model_and_device, request_from_args
+from .arguments import add_model_arguments, add_preset_argument, add_request_arguments, add_toggle_arguments, \
+    apply_preset, config_from_args, model_and_device, request_from_args
 from .parallel.mesh import MODE_HELP, MODES
+
+DOWNLOAD_LINE_SECONDS = 1.0
+_last_download_line = [float("-inf")]
 
 
 def print_progress(event) -> None:
-    if event.stage == "denoising" and event.step_seconds is not None:
+    if event.stage == "download":  # the plan, then a line every few seconds, and the end
+        now = time.monotonic()
+        finished = event.download is None or event.download["finished"]
+        if finished or now - _last_download_line[0] >= DOWNLOAD_LINE_SECONDS:
+            _last_download_line[0] = now
+            print(f"  [download] {event.message}", flush=True)
+    elif event.stage == "denoising" and event.step_seconds is not None:
         print(f"  step {event.step}/{event.total_steps}  {event.step_seconds:.3f} s/step  "
               f"elapsed {event.elapsed:.1f} s  ETA {event.eta:.1f} s  "
               f"{event.memory.label} {event.memory.allocated_gib:.2f} GiB (peak {event.peak.allocated_gib:.2f})",
@@ -58,8 +68,8 @@ def cmd_edit(args) -> int:
     if parallel.world_size_from_environment() > 1:  # started by torchrun: one edit on every process
         return _parallel_edit(args)
     engine = _engine(args)
-    result = engine.run(request_from_args(args, engine.spec.default_steps), config_from_args(args),
-                        on_progress=print_progress)
+    config, steps, cfg = apply_preset(args, engine.spec.source, config_from_args(args), engine.spec.default_steps)
+    result = engine.run(request_from_args(args, steps, cfg), config, on_progress=print_progress)
     _report_edit(args, result)
     return 0
 
@@ -67,11 +77,15 @@ def cmd_edit(args) -> int:
 def _parallel_edit(args) -> int:
     """Every rank runs the edit on its share of the mesh; rank 0 prints the telemetry and writes the image."""
     from . import parallel
+    from .arguments import DEFAULT_CFG, preset_cfg
     from .device import default_device
-    mesh = parallel.setup(args.parallel, args.cfg != 1.0, args.device or default_device())
+    cfg = args.cfg if args.cfg is not None else preset_cfg(args, DEFAULT_CFG)
+    mesh = parallel.setup(args.parallel, cfg != 1.0, args.device or default_device())
     try:
         engine = _engine(args)
-        result = engine.run(request_from_args(args, engine.spec.default_steps), config_from_args(args),
+        config, steps, cfg = apply_preset(args, engine.spec.source, config_from_args(args),
+                                          engine.spec.default_steps)
+        result = engine.run(request_from_args(args, steps, cfg), config,
                             on_progress=print_progress if mesh.is_writer else None)
         if mesh.is_writer:
             _report_edit(args, result)
@@ -108,6 +122,19 @@ def cmd_options(args) -> int:
     return 0
 
 
+def cmd_download(args) -> int:
+    """Fetches a model repo (or, with --lora, a LoRA file) into the cache ahead of time, with progress."""
+    from .downloads import DownloadError, lora_file, model_folder, printer
+    show = printer()
+    try:
+        where = lora_file(args.reference, show) if args.lora else model_folder(args.reference, show, show)
+    except DownloadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"ready: {where}")
+    return 0
+
+
 def cmd_serve(args) -> int:
     from .ui.serve import serve
     serve(args)
@@ -123,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(edit)
     add_request_arguments(edit)
     add_toggle_arguments(edit)
+    add_preset_argument(edit)
     edit.add_argument("--out", required=True, help="where to write the edited image (PNG, JPEG, WebP...)")
     edit.add_argument("--json", default=None, help="also write the telemetry as JSON here")
     edit.add_argument("--parallel", choices=MODES, default=os.environ.get("GHOSTEDIT_PARALLEL", "auto"),
@@ -132,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     options = commands.add_parser("options", help="which toggles can run on this machine, and why not")
     add_model_arguments(options)
     options.set_defaults(run=cmd_options)
+
+    download = commands.add_parser("download", help="fetch a model or LoRA from the Hub ahead of time, with progress",
+                                   description="Fetch a model repo (only the files GhostEdit reads) or a LoRA file "
+                                               "into the Hugging Face cache: size and free disk space checked first, "
+                                               "progress shown, an interrupted download resumed.")
+    download.add_argument("reference", help="owner/name or modelscope:owner/name; with --lora also "
+                                            "owner/name:FILE.safetensors or a Hub URL")
+    download.add_argument("--lora", action="store_true", help="the reference is a LoRA (one .safetensors file)")
+    download.set_defaults(run=cmd_download)
 
     from .bench.command import add_bench_command
     add_bench_command(commands)

@@ -64,14 +64,21 @@ class LoraChoice:
 
     @classmethod
     def from_file(cls, path: str | Path, scale: float = 1.0, mode: str = "fused") -> "LoraChoice":
-        path = Path(path).resolve()
+        # absolute, links kept: a Hub download is a link named after the file to a blob named after its hash
+        path = Path(os.path.abspath(path))
         return cls(path=str(path), sha256=file_sha256(path), scale=scale, mode=mode)
 
     @classmethod
-    def parse(cls, text: str, scale: float = 1.0, mode: str = "fused") -> "LoraChoice":
-        """FILE, FILE:SCALE or FILE:SCALE:MODE; the defaults fill what is left out."""
+    def parse(cls, text: str, scale: float = 1.0, mode: str = "fused", on_download=None) -> "LoraChoice":
+        """FILE, FILE:SCALE or FILE:SCALE:MODE; the defaults fill what is left out. FILE may be a LoRA on the Hugging
+        Face Hub (owner/name, owner/name:FILE.safetensors or a Hub URL): it is downloaded first, with progress to
+        `on_download` (downloads.py)."""
         found = LORA_SPEC.fullmatch(text)
-        return cls.from_file(found["path"], float(found["scale"] or scale), found["mode"] or mode)
+        path = found["path"]
+        from .downloads import is_lora_reference, lora_file
+        if is_lora_reference(path):
+            path = lora_file(path, on_download)
+        return cls.from_file(path, float(found["scale"] or scale), found["mode"] or mode)
 
     @property
     def name(self) -> str:
@@ -149,12 +156,14 @@ class OptimizationConfig:
         return any(toggle.is_lossy(self.value(toggle.name)) for toggle in registry.toggles())
 
     @classmethod
-    def parse(cls, text: str) -> "OptimizationConfig":
+    def parse(cls, text: str, model: str | None = None, on_download=None) -> "OptimizationConfig":
         """From the command line: "baseline", a named preset ("best", "exact"), or comma-separated settings such
         as "fp8=torchao,compile=regional,attention=auto,rewrites=real-rope+fused-qkv,lora=ghost.safetensors:0.8"
-        (lora= may repeat: the LoRAs stack; each is FILE[:SCALE[:MODE]]). A preset can be extended:
-        "best,lora=ghost.safetensors"."""
-        from .optimize.presets import PRESETS
+        (lora= may repeat: the LoRAs stack; each is FILE[:SCALE[:MODE]], FILE a local file or a LoRA on the Hub).
+        A preset can be extended: "best,lora=ghost.safetensors". A Lightning preset ("lightning-4", "lightning-8")
+        adds the Lightning LoRA made for `model` (downloaded on first use, progress to `on_download`) and the
+        Lightning schedule; the request's steps and CFG are the preset's (optimize/presets.py LIGHTNING)."""
+        from .optimize.presets import LIGHTNING, PRESETS
         settings, loras = {}, []
         for item in filter(None, (part.strip() for part in text.split(","))):
             if item in ("baseline", "stock"):
@@ -162,9 +171,13 @@ class OptimizationConfig:
             if item in PRESETS:
                 settings.update(cls.parse(PRESETS[item]).settings())
                 continue
+            if item in LIGHTNING:
+                loras.append(lightning_lora(LIGHTNING[item], model, on_download))
+                settings["scheduler"] = "lightning"
+                continue
             name, _, value = item.partition("=")
             if name == "lora":
-                loras.append(LoraChoice.parse(value))
+                loras.append(LoraChoice.parse(value, on_download=on_download))
             elif name in registry.groups():
                 settings[name] = tuple(filter(None, value.split("+")))
             elif name in registry.settings():
@@ -203,6 +216,18 @@ class OptimizationConfig:
                  and toggle.prepared_key(self.value(toggle.name)) != toggle.prepared_key(toggle.default)]
         parts += [f"lora-{lora.name}-runtime" for lora in self.runtime_loras]
         return " + ".join(parts) or "stock"
+
+
+def lightning_lora(preset, model: str | None, on_download=None) -> LoraChoice:
+    """The Lightning LoRA of `preset` for the model `model` (a repo id or folder), fused at scale 1."""
+    from .optimize.presets import PresetError, model_family
+    if model is None:
+        raise InvalidRequestError(f"{preset.name} picks the Lightning LoRA made for the model: name the model")
+    try:
+        family = model_family(model)
+    except PresetError as error:
+        raise InvalidRequestError(f"{preset.name}: {error}") from error
+    return LoraChoice.parse(preset.lora_reference(family), on_download=on_download)
 
 
 def resolved_settings(settings: dict) -> dict[str, str]:

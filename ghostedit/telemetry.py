@@ -118,6 +118,7 @@ class ProgressEvent:
     peak: MemorySample
     message: str = ""
     worker: str = ""  # the pool's worker running it, "worker 1 (cuda:1)" (engine/workers.py); "" without a pool
+    download: dict | None = None  # during a download: downloads.DownloadProgress.as_dict()
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -218,7 +219,14 @@ class RunRecorder:
         if self.cancel is not None and self.cancel.is_set():
             raise RunCancelled(f"cancelled after {self._steps_done} of {self.total_steps} steps")
 
-    def emit(self, stage: str, message: str = "", step_seconds: float | None = None) -> None:
+    def download_progress(self, item) -> None:
+        """A model download's plan (before the first byte) or progress (downloads.py), as "download" events."""
+        if hasattr(item, "as_dict"):
+            self.emit("download", item.words, download=item.as_dict())
+        else:
+            self.emit("download", f"downloading {item.summary}")
+
+    def emit(self, stage: str, message: str = "", step_seconds: float | None = None, download: dict | None = None) -> None:
         memory = self._sample()
         if self.on_progress is None:
             return
@@ -226,7 +234,7 @@ class RunRecorder:
         if step_seconds is not None and self.total_steps:
             eta = self.telemetry.denoise_seconds_per_step * (self.total_steps - self._steps_done)
         self.on_progress(ProgressEvent(stage, self._steps_done, self.total_steps, step_seconds,
-                                       self.elapsed(), eta, memory, self._peak, message))
+                                       self.elapsed(), eta, memory, self._peak, message, download=download))
 
     @contextlib.contextmanager
     def stage(self, name: str, message: str = "", into_prepare: bool = False):

@@ -43,6 +43,7 @@ class Engine:
         check_version()  # at start: GhostEdit's changes inside DiffSynth hold for one version
         self.spec: ModelSpec = resolve(source)
         self.device = device or default_device()
+        self.dtype_choice = dtype
         self.dtypes = component_dtypes(self.device, dtype)
         self.torch_dtype = self.dtypes["dit"]
         self.store = ModelStore(self.spec, self.device, self.dtypes, dit_only)

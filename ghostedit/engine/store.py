@@ -41,7 +41,8 @@ class ModelStore:
             with recorder.stage("load", f"loading {self.spec.description}"):
                 self.pipe = load_base_pipeline(
                     self.spec, self.device, self.dtypes, base_dit_on_gpu=wanted.base_on_gpu, dit_only=self.dit_only,
-                    text_encoder_on_gpu=wanted.where["text_encoder"] in (placements.GPU, placements.CPU))
+                    text_encoder_on_gpu=wanted.where["text_encoder"] in (placements.GPU, placements.CPU),
+                    on_download=recorder.download_progress)
                 self.placement = placements.decide(mode, self.device, self.sizes())
                 self._apply(self.placement, previous=None)
             self.load_count += 1

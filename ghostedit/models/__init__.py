@@ -85,10 +85,11 @@ def availability(spec: ModelSpec, device: str) -> Availability:
 
 
 def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype], base_dit_on_gpu: bool = True,
-                       dit_only: bool = False, text_encoder_on_gpu: bool = True):
+                       dit_only: bool = False, text_encoder_on_gpu: bool = True, on_download=None):
     """The unmodified pipeline every prepared configuration derives from, each component in its dtype (see
     dtypes.py; the pipeline's own dtype is the DiT's), the DiT in pinned host memory unless `base_dit_on_gpu`.
-    `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else."""
+    `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else. `on_download`: a
+    hub repo's download plan and progress (downloads.py)."""
     from ..diffsynth_patches import quiet_loader
     from .dtypes import apply_component_dtypes
     quiet_loader()
@@ -110,7 +111,7 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
                                                    text_encoder_in_host_memory=not text_encoder_on_gpu), spec.family)
     else:
         from .hub import load_pretrained_pipeline
-        pipe = load_pretrained_pipeline(spec, device, torch_dtype)
+        pipe = load_pretrained_pipeline(spec, device, torch_dtype, on_download)
         if not base_dit_on_gpu and device.startswith("cuda"):
             pipe.dit.to("cpu")  # DiffSynth's loader puts every weight on the device first
     apply_component_dtypes(pipe, dtypes)

@@ -1,8 +1,8 @@
 """The models GhostEdit runs exactly as their reference does (diffusers' pipeline named in the repo's model_index.json),
 one entry each, and how a folder is recognised as one of them from its own configs, never from its name.
 
-An entry says everything that differs between the models of the family: which DiffSynth pipeline computes it, the
-prompt template, how the input images reach the text encoder and the VAE (ConditionRule), whether the DiT runs with
+An entry says everything that differs between the models of the family: its released repo, the Lightning LoRA
+distilled for it, which DiffSynth pipeline computes it, the prompt template, how the input images reach the text encoder and the VAE (ConditionRule), whether the DiT runs with
 `zero_cond_t`, and the defaults of a request. A new model of a DiT family that DiffSynth runs (Qwen-Image-2.1, its
 QwenImage21Pipeline) is one more entry, with its own template and rule. What GhostEdit cannot run exactly is refused
 by `detect`, naming what is missing or different.
@@ -57,6 +57,8 @@ class Family:
     zero_cond_t: bool           # the DiT's timestep for condition tokens is 0 (transformer config)
     default_steps: int
     default_area: int           # output pixels when the request gives no size
+    repo: str | None = None     # the released Hugging Face repo id
+    lightning: tuple[str, str] | None = None  # lightx2v's Lightning LoRA: (repo, file with {steps})
 
     def default_size(self, image_sizes: list[tuple[int, int]]) -> tuple[int, int]:
         width, height = image_sizes[0 if self.condition.size_from == "first" else -1]
@@ -89,24 +91,33 @@ QWEN_IMAGE_EDIT = Family(
     name="Qwen-Image-Edit", pipeline_class="QwenImageEditPipeline", computation=QWEN_IMAGE,
     template=EDIT_TEMPLATE, max_images=1,
     condition=ConditionRule(vae_area=1024 * 1024, vl_area=None, size_from="first"),
-    zero_cond_t=False, default_steps=50, default_area=1024 * 1024)
+    zero_cond_t=False, default_steps=50, default_area=1024 * 1024, repo="Qwen/Qwen-Image-Edit",
+    lightning=("lightx2v/Qwen-Image-Lightning", "Qwen-Image-Edit-Lightning-{steps}steps-V1.0-bf16.safetensors"))
 QWEN_IMAGE_EDIT_2509 = Family(
     name="Qwen-Image-Edit-2509", pipeline_class="QwenImageEditPlusPipeline", computation=QWEN_IMAGE,
     template=EDIT_PLUS_TEMPLATE, max_images=3,
     condition=ConditionRule(vae_area=1024 * 1024, vl_area=384 * 384, size_from="last"),
-    zero_cond_t=False, default_steps=40, default_area=1024 * 1024)
-QWEN_IMAGE_EDIT_2511 = replace(QWEN_IMAGE_EDIT_2509, name="Qwen-Image-Edit-2511", zero_cond_t=True)
+    zero_cond_t=False, default_steps=40, default_area=1024 * 1024, repo="Qwen/Qwen-Image-Edit-2509",
+    lightning=("lightx2v/Qwen-Image-Lightning",
+               "Qwen-Image-Edit-2509/Qwen-Image-Edit-2509-Lightning-{steps}steps-V1.0-bf16.safetensors"))
+QWEN_IMAGE_EDIT_2511 = replace(
+    QWEN_IMAGE_EDIT_2509, name="Qwen-Image-Edit-2511", zero_cond_t=True, repo="Qwen/Qwen-Image-Edit-2511",
+    lightning=("lightx2v/Qwen-Image-Edit-2511-Lightning", "Qwen-Image-Edit-2511-Lightning-{steps}steps-V1.0-bf16.safetensors"))
 
 FAMILIES = (QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511)
 
 # The embedded tiny model and the synthetic one compute as 2509 does; the tiny one at a quarter of the sides
-TINY = replace(QWEN_IMAGE_EDIT_2509, name="tiny", default_steps=4, default_area=256 * 256,
+TINY = replace(QWEN_IMAGE_EDIT_2509, name="tiny", default_steps=4, default_area=256 * 256, repo=None, lightning=None,
                condition=replace(QWEN_IMAGE_EDIT_2509.condition, vae_area=256 * 256, vl_area=96 * 96))
-SYNTHETIC = replace(QWEN_IMAGE_EDIT_2509, name="synthetic")
+SYNTHETIC = replace(QWEN_IMAGE_EDIT_2509, name="synthetic", repo=None, lightning=None)
+
+RELEASED = {family.repo: family for family in FAMILIES}
 
 UNSUPPORTED_TRANSFORMER_OPTIONS = ("guidance_embeds", "use_additional_t_cond", "use_layer3d_rope")
 COMPONENTS = {"transformer": "config.json", "text_encoder": "config.json", "vae": "config.json",
               "scheduler": "scheduler_config.json", "processor": "preprocessor_config.json"}
+# The files `detect` reads: a repo's configs, without its weights
+CONFIG_FILES = ("model_index.json",) + tuple(f"{name}/{file}" for name, file in COMPONENTS.items())
 
 
 def read_json(folder: Path, relative: str) -> dict:

@@ -1,5 +1,60 @@
-"""Named configurations, written once: the fastest measured (BEST) and the fastest with exact attention (EXACT).
-The bench, the scripts and the docs name them ("best", "exact"); OptimizationConfig.parse reads them."""
+"""Named configurations, written once: the fastest measured (BEST) and the fastest with exact attention (EXACT);
+and the Lightning presets, which run the lightx2v Lightning LoRA distilled for the model (4 or 8 steps, CFG 1, its
+own schedule). The bench, the scripts and the docs name them ("best", "exact", "lightning-4", "lightning-8");
+OptimizationConfig.parse reads them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
 EXACT = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel"
 BEST = EXACT + ",attention=cudnn-fp8"
 PRESETS = {"best": BEST, "exact": EXACT}
+
+@dataclass(frozen=True)
+class LightningPreset:
+    name: str
+    steps: int
+    cfg_scale: float = 1.0  # distilled without guidance: one DiT forward a step
+
+    def lora_reference(self, family) -> str:
+        """The LoRA distilled for `family` (models/family.py) as `owner/name:FILE` for downloads.lora_file."""
+        repo, template = family.lightning
+        return f"{repo}:{template.format(steps=self.steps)}"
+
+    @property
+    def words(self) -> str:
+        return f"Lightning {self.steps} steps (CFG 1, Lightning schedule, lightx2v LoRA downloaded on first use)"
+
+
+LIGHTNING = {preset.name: preset for preset in (LightningPreset("lightning-4", 4), LightningPreset("lightning-8", 8))}
+
+
+class PresetError(ValueError):
+    """A preset that cannot apply to this model."""
+
+
+def model_family(source: str):
+    """Which edit model `source` is, as its models/family.py entry: a released repo by its id, a folder (or another
+    repo) by its own configs (family.detect). A model without a Lightning LoRA is refused."""
+    from ..models.family import RELEASED, UnsupportedModel, detect
+    if source in ("tiny", "synthetic"):
+        raise PresetError(f"the {source} model has random weights and no Lightning LoRA: Lightning presets need "
+                          f"{', '.join(RELEASED)} or a folder of one")
+    repo = source.removeprefix("modelscope:").removeprefix("hf:")
+    family = RELEASED.get(repo)
+    if family is None:
+        folder = Path(source).expanduser()
+        try:
+            family = detect(folder if folder.is_dir() else _hub_configs(repo))
+        except UnsupportedModel as error:
+            raise PresetError(f"{error}: no Lightning LoRA is known for it") from error
+    if family.lightning is None:
+        raise PresetError(f"{source} is {family.name}: no Lightning LoRA is known for it")
+    return family
+
+
+def _hub_configs(repo: str) -> Path:
+    from ..downloads import hub_snapshot
+    from ..models.family import CONFIG_FILES
+    return hub_snapshot(repo, CONFIG_FILES)

@@ -10,6 +10,7 @@ from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
 from .. import figures
 from .handlers import Handlers
+from .hub import NO_PRESET, HubControls, model_choices, preset_choices
 from .history import COLUMNS, OTHER_STAGE, History
 from .tables import column_widths
 from .live import stage_words
@@ -84,6 +85,7 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
         with gr.Tab("System") as system_tab:
             system = _system_section()
         _wire_edit(demo, handlers, edit, compare, history, browser_key, concurrency)
+        _wire_hub(demo, HubControls(handlers), handlers, edit, concurrency)
         _wire_system(demo, handlers, system, system_tab)
         tools.add_tools(handlers, on_gpu, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
@@ -155,6 +157,17 @@ def _inputs(ui: SimpleNamespace) -> None:
 
 
 def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
+    with gr.Accordion("Model and presets", open=True):
+        ui.model = gr.Dropdown(model_choices(engine.spec.source), value=engine.spec.source, label="Model",
+                               elem_id="model",
+                               info="the Qwen-Image-Edit family (downloaded on the first run, with progress), the "
+                                    "tiny model, or the folder the app was started with (--model PATH)")
+        ui.model_notice = gr.Markdown(elem_id="model_notice", elem_classes="ghost-note")
+        with gr.Row(equal_height=True):
+            ui.preset = gr.Dropdown(preset_choices(), value=NO_PRESET, label="Preset", elem_id="preset", scale=3,
+                                    info="Lightning: the lightx2v LoRA made for this model, stacked with yours")
+            ui.apply_preset = gr.Button("Apply preset", scale=1, size="sm", elem_id="apply_preset")
+        ui.preset_notice = gr.Markdown(elem_id="preset_notice", elem_classes="ghost-note")
     with gr.Accordion("Generation", open=True):
         with gr.Row():
             ui.steps = gr.Slider(*STEPS_RANGE, value=engine.spec.default_steps, step=1, label="Steps",
@@ -204,6 +217,10 @@ def _lora_slots(ui: SimpleNamespace, handlers: Handlers) -> None:
                 ui.controls[lora_parameter(slot, "scale")] = gr.Slider(
                     -2.0, 2.0, value=1.0, step=0.05, label="scale", elem_id=lora_parameter(slot, "scale"))
     ui.lora = ui.controls[lora_parameter(1)]
+    with gr.Row(equal_height=True):
+        ui.hub_lora = gr.Textbox(label="LoRA from the Hugging Face Hub", elem_id="hub_lora", scale=3,
+                                 placeholder="owner/name, owner/name:FILE.safetensors or a Hub URL (safetensors only)")
+        ui.fetch_lora = gr.Button("⬇ Fetch", scale=1, size="sm", elem_id="fetch_lora")
     ui.lora_message = gr.Markdown(elem_classes="ghost-note")
 
 
@@ -337,6 +354,24 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
     compare.reuse.click(handlers.reuse_settings, [compare.reuse_run, history],
                         reused + [edit.controls[name] for name in toggle_parameters()] + [compare.reuse_message],
                         **PRIVATE, **LIGHT)
+
+
+def _wire_hub(demo: gr.Blocks, hub: HubControls, handlers: Handlers, edit, concurrency: int) -> None:
+    """The model picker (on the GPU queue: an engine is not swapped under a run), presets and Hub LoRAs."""
+    slots = [edit.controls[lora_parameter(slot)] for slot in range(1, LORA_SLOTS + 1)]
+    scheduler = edit.controls[setting_parameter("scheduler")]
+
+    def then_panel_notice(event):
+        event.then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
+    then_panel_notice(edit.model.input(hub.switch_model, edit.model, [edit.model_notice, edit.steps, *slots],
+                                       api_name="switch_model", concurrency_limit=concurrency, **GPU_QUEUE))
+    demo.load(hub.model_notice, None, edit.model_notice, **PRIVATE, **LIGHT)
+    edit.preset.change(hub.preset_notice, edit.preset, edit.preset_notice, **PRIVATE, **LIGHT)
+    then_panel_notice(edit.apply_preset.click(
+        hub.apply_preset, [edit.preset, *slots], [edit.preset_notice, *slots, edit.steps, edit.cfg_scale, scheduler],
+        api_name="apply_preset", **LIGHT))
+    then_panel_notice(edit.fetch_lora.click(hub.fetch_lora, [edit.hub_lora, *slots], [edit.lora_message, *slots],
+                                            api_name="fetch_lora", **LIGHT))
 
 
 def _wire_system(demo: gr.Blocks, handlers: Handlers, system, system_tab) -> None:

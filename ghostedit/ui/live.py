@@ -12,6 +12,7 @@ from ..telemetry import ProgressEvent
 # Engine stage names in the words the page uses
 STAGE_WORDS = {
     "load": "loading the model",
+    "download": "downloading the model",
     "prepare": "preparing",
     "preparing": "preparing",
     "compile warm-up": "compiling",
@@ -99,6 +100,10 @@ def memory_words(label: str) -> str:
 def progress_bar(event: ProgressEvent | None) -> str:
     """A real progress bar over the current stage's steps; without steps (loading, preparing) an indeterminate one
     that still shows the run is working."""
+    if event is not None and event.download is not None and event.download["total_bytes"]:
+        done, total = event.download["done_bytes"], event.download["total_bytes"]
+        return (f'<progress class="ghost-progress" value="{done}" max="{total}" '
+                f'aria-label="downloading: {100 * done / total:.0f}%"></progress>\n\n')
     if event is None or not event.total_steps:
         return '<progress class="ghost-progress" aria-label="working"></progress>\n\n'
     return (f'<progress class="ghost-progress" value="{event.step}" max="{event.total_steps}" '
@@ -116,7 +121,7 @@ def live_status(live: Live, heading: str = "") -> str:
         title += f" · step {event.step}/{event.total_steps}"
     if event.worker:
         title += f" · on {event.worker}"
-    detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing") else ""
+    detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing", "download") else ""
     return (f"{heading}### ⏳ {title}{detail}\n{progress_bar(event)}"
             "| step | s/step | elapsed | ETA | memory now | peak |\n|---|---|---|---|---|---|\n"
             f"| {event.step}/{event.total_steps or '–'} | {_seconds(event.step_seconds)} | {elapsed:.1f} s | "
@@ -142,6 +147,7 @@ def progress_json(live: Live) -> dict:
                    "peak_gib": event.peak.allocated_gib},
         "message": event.message,
         "worker": event.worker or None,
+        "download": event.download,
     }
 
 

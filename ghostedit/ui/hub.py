@@ -1,0 +1,174 @@
+"""The page's Hub controls: pick the model from the supported family (its download announced before the first run),
+fetch a LoRA by repo id or URL, and apply a Lightning preset. A download's size is said before it starts and its
+progress (bytes, speed, time left) streams to the page while it runs (ghostedit/downloads.py does the work)."""
+from __future__ import annotations
+
+import html
+import queue
+import threading
+
+import gradio as gr
+
+from .. import downloads
+from ..config import lightning_lora
+from ..errors import GhostEditError
+from ..models.family import RELEASED
+from ..optimize.presets import LIGHTNING, PresetError, model_family
+from .settings import LORA_SLOTS, NO_LORA, LoraLibrary
+
+NO_PRESET = "none"
+TICK_SECONDS = 0.5
+
+
+def model_choices(current: str) -> list[tuple[str, str]]:
+    """The released family, the tiny model, and the current source if it is neither (a local folder)."""
+    choices = [(repo, repo) for repo in reversed(RELEASED)] + [("tiny (random weights, CPU)", "tiny")]
+    if current not in dict((value, label) for label, value in choices):
+        choices.append((current, current))
+    return choices
+
+
+def model_words(engine) -> str:
+    """What the chosen model is and, for a hub repo, what its download weighs against the free disk."""
+    spec = engine.spec
+    if spec.kind != "hub":
+        return f"Model: {spec.description}."
+    return downloads.model_download_words(spec.source) if engine.load_count == 0 else f"Model: {spec.description}."
+
+
+def preset_choices() -> list[tuple[str, str]]:
+    return [("no preset", NO_PRESET)] + [(preset.words, preset.name) for preset in LIGHTNING.values()]
+
+
+def preset_words(engine, name: str) -> str:
+    """Before a preset is applied: what it sets and what it must download first (or why it cannot apply)."""
+    if name in (None, NO_PRESET):
+        return ""
+    preset = LIGHTNING.get(name)
+    if preset is None:
+        return f"⚠️ unknown preset {html.escape(str(name))}"
+    try:
+        reference = preset.lora_reference(model_family(engine.spec.source))
+    except PresetError as error:
+        return f"⚠️ {html.escape(str(error))}"
+    return (f"{preset.steps} steps, CFG 1, Lightning schedule and the LoRA {reference.split(':')[-1]}: "
+            f"{html.escape(downloads.lora_download_words(reference))}. Press *Apply preset*.")
+
+
+def stream_download(work):
+    """Runs `work(on_progress)` in a thread; yields the progress words as they come (and every TICK_SECONDS), then
+    returns what `work` returned. Its error is raised here."""
+    events: queue.Queue = queue.Queue()
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = work(events.put)
+        except BaseException as error:  # noqa: BLE001 - raised again below, in the page's thread
+            outcome["error"] = error
+        finally:
+            events.put(None)
+
+    threading.Thread(target=run, name="ghostedit-download", daemon=True).start()
+    latest = "⏳ Looking the file up on the Hub…"
+    while True:
+        try:
+            item = events.get(timeout=TICK_SECONDS)
+        except queue.Empty:
+            yield latest
+            continue
+        if item is None:
+            break
+        latest = f"⬇ {item.summary}" if isinstance(item, downloads.DownloadPlan) else f"⬇ {item.words}"
+        yield latest
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+class HubControls:
+    """Event handlers for the model picker, the Hub LoRA fetcher and the presets, over the page's Handlers (whose
+    engine a model change replaces)."""
+
+    def __init__(self, handlers):
+        self.handlers = handlers
+        # what the picker offers, the folder the app was started with included; nothing else is taken from a
+        # caller (the API is public: no path on the server, no repo of any size)
+        self.allowed = {value for _, value in model_choices(handlers.engine.spec.source)}
+
+    def switch_model(self, source: str):
+        """A new engine for `source` (nothing loads until the first run); the LoRA list follows its built-ins."""
+        from ..engine import Engine
+        from .handlers import builtin_loras, user_error
+        handlers, old = self.handlers, self.handlers.engine
+        if source not in self.allowed:
+            raise gr.Error(html.escape(f"{source!r} is not one of the models this app offers: "
+                                       f"{', '.join(sorted(self.allowed))}"), title="Cannot switch the model")
+        if source != old.spec.source and not isinstance(old, Engine):
+            raise gr.Error(f"this app serves a pool of {old.size} workers: start it again with --model to change "
+                           "the model", title="Cannot switch the model")
+        if source != old.spec.source:
+            try:
+                engine = Engine(source, device=old.device, dtype=old.dtype_choice)
+            except Exception as error:
+                raise user_error(error) from error
+            old.free()
+            handlers.engine = engine
+            handlers.loras = LoraLibrary(handlers.loras.folder, builtin_loras(engine))
+        engine = handlers.engine
+        return (model_words(engine), gr.update(value=engine.spec.default_steps),
+                *[gr.update(choices=handlers.loras.choices(), value=NO_LORA)] * LORA_SLOTS)
+
+    def model_notice(self):
+        return model_words(self.handlers.engine)
+
+    def preset_notice(self, name: str) -> str:
+        return preset_words(self.handlers.engine, name)
+
+    def fetch_lora(self, reference: str, *slots):
+        """Downloads a LoRA from the Hub with progress, stores it in the LoRA folder and selects it in the first
+        free slot."""
+        reference = (reference or "").strip()
+        if not reference:
+            raise gr.Error("give a repo id (owner/name or owner/name:FILE.safetensors) or a Hub URL")
+        updates = [gr.skip()] * LORA_SLOTS
+        try:
+            path = yield from self._stream(lambda report: downloads.lora_file(reference, report), updates)
+            name = self.handlers.loras.add(path, path.name)
+        except GhostEditError as error:
+            raise gr.Error(html.escape(str(error)), title="Cannot fetch this LoRA") from error
+        yield (f"Fetched `{name}` into `{self.handlers.loras.folder}`.", *self._select(name, slots))
+
+    def apply_preset(self, name: str, *slots):
+        """Fetches the preset's Lightning LoRA (with progress), selects it in a free LoRA slot (a style LoRA stays
+        stacked), and sets the steps, the CFG and the schedule."""
+        preset = LIGHTNING.get(name)
+        skip = gr.skip()
+        if preset is None:
+            yield ("Pick a preset first.", *[skip] * (LORA_SLOTS + 3))
+            return
+        engine = self.handlers.engine
+        try:
+            choice = yield from self._stream(
+                lambda report: lightning_lora(preset, engine.spec.source, report), [skip] * (LORA_SLOTS + 3))
+            lora_name = self.handlers.loras.add(choice.path, choice.name + ".safetensors")
+        except GhostEditError as error:
+            raise gr.Error(html.escape(str(error)), title="Cannot apply this preset") from error
+        yield (f"{preset.words}: applied (`{lora_name}`).", *self._select(lora_name, slots),
+               gr.update(value=preset.steps), gr.update(value=preset.cfg_scale), gr.update(value="lightning"))
+
+    def _stream(self, work, skips):
+        stream = stream_download(work)
+        try:
+            while True:
+                yield (next(stream), *skips)
+        except StopIteration as done:
+            return done.value
+
+    def _select(self, name: str, slots) -> list:
+        """`name` in the slot that has it already, else the first free one, else slot 1."""
+        slots = list(slots) + [NO_LORA] * (LORA_SLOTS - len(slots))
+        if name not in slots:
+            free = next((i for i, value in enumerate(slots) if value in (None, "", NO_LORA)), 0)
+            slots[free] = name
+        return [gr.update(choices=self.handlers.loras.choices(), value=value) for value in slots]

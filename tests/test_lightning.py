@@ -1,0 +1,129 @@
+"""Lightning presets: the lightx2v LoRA that matches each edit model (its real repo and file names), the model told
+apart by its own configs, the preset parsed into the Lightning schedule with its LoRA (downloaded from a fake Hub
+with progress) stacked with a style LoRA, an edit on the tiny model with that stack, and the refusals."""
+import json
+
+import pytest
+import safetensors.torch
+from huggingface_hub import constants
+
+from ghostedit import cli
+from ghostedit.config import OptimizationConfig
+from ghostedit.errors import InvalidRequestError
+from ghostedit.models.tiny import ensure_tiny_lora, tiny_lora_state_dict
+from ghostedit.models.family import QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511, SCHEDULER
+from ghostedit.optimize.presets import LIGHTNING, PresetError, model_family
+from tests.fake_hub import FakeHub, Repo
+
+EDIT_2509_4 = "Qwen-Image-Edit-2509/Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16.safetensors"
+EDIT_2511_8 = "Qwen-Image-Edit-2511-Lightning-8steps-V1.0-bf16.safetensors"
+
+
+def test_each_model_gets_its_own_lightning_lora():
+    four, eight = LIGHTNING["lightning-4"], LIGHTNING["lightning-8"]
+    assert (four.steps, four.cfg_scale, eight.steps) == (4, 1.0, 8)
+    assert four.lora_reference(QWEN_IMAGE_EDIT_2509) == f"lightx2v/Qwen-Image-Lightning:{EDIT_2509_4}"
+    assert eight.lora_reference(QWEN_IMAGE_EDIT_2511) == f"lightx2v/Qwen-Image-Edit-2511-Lightning:{EDIT_2511_8}"
+    assert eight.lora_reference(QWEN_IMAGE_EDIT) == \
+        "lightx2v/Qwen-Image-Lightning:Qwen-Image-Edit-Lightning-8steps-V1.0-bf16.safetensors"
+
+
+def _model_configs(folder, pipeline: str, transformer: dict):
+    """The config files of a model folder in the released layout (no weights: presets read only configs)."""
+    configs = {"model_index.json": {"_class_name": pipeline},
+               "transformer/config.json": {"_class_name": "QwenImageTransformer2DModel", **transformer},
+               "text_encoder/config.json": {}, "vae/config.json": {}, "processor/preprocessor_config.json": {},
+               "scheduler/scheduler_config.json": SCHEDULER}
+    for name, config in configs.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("pipeline, transformer, family", [
+    ("QwenImageEditPipeline", {}, QWEN_IMAGE_EDIT),
+    ("QwenImageEditPlusPipeline", {}, QWEN_IMAGE_EDIT_2509),
+    ("QwenImageEditPlusPipeline", {"zero_cond_t": True}, QWEN_IMAGE_EDIT_2511),
+])
+def test_a_folder_is_told_apart_by_its_configs_not_its_name(tmp_path, pipeline, transformer, family):
+    folder = tmp_path / "Qwen-Image-Edit-2509"  # the name lies on purpose
+    _model_configs(folder, pipeline, transformer)
+    assert model_family(str(folder)) == family
+
+
+def test_models_without_a_lightning_lora_are_refused(tmp_path):
+    assert model_family("Qwen/Qwen-Image-Edit-2511") == QWEN_IMAGE_EDIT_2511
+    assert model_family("modelscope:Qwen/Qwen-Image-Edit") == QWEN_IMAGE_EDIT
+    with pytest.raises(PresetError, match="tiny model has random weights and no Lightning LoRA"):
+        model_family("tiny")
+    _model_configs(tmp_path, "QwenImagePipeline", {})
+    with pytest.raises(PresetError, match="names 'QwenImagePipeline'.*no Lightning LoRA is known for it"):
+        model_family(str(tmp_path))
+    with pytest.raises(InvalidRequestError, match="lightning-4 picks the Lightning LoRA made for the model"):
+        OptimizationConfig.parse("lightning-4")
+
+
+@pytest.fixture
+def lightning_hub(tmp_path, monkeypatch):
+    """lightx2v's two repos on a fake Hub, each file a LoRA keyed for the tiny DiT (no real weights here)."""
+    lora = safetensors.torch.save(tiny_lora_state_dict("peft"))
+    repos = {"lightx2v/Qwen-Image-Lightning": Repo({EDIT_2509_4: lora, "README.md": b"x"}),
+             "lightx2v/Qwen-Image-Edit-2511-Lightning": Repo({EDIT_2511_8: lora})}
+    with FakeHub(repos) as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        yield hub
+
+
+def test_preset_downloads_its_lora_sets_the_schedule_and_stacks_with_a_style_lora(lightning_hub, tmp_path):
+    from ghostedit.downloads import lora_download_words
+    reference = LIGHTNING["lightning-8"].lora_reference(model_family("Qwen/Qwen-Image-Edit-2511"))
+    assert lora_download_words(reference) == (f"needs a download of 42.2 KB from "
+                                              f"lightx2v/Qwen-Image-Edit-2511-Lightning ({EDIT_2511_8})")
+    style = ensure_tiny_lora("kohya", tmp_path)
+    events = []
+    config = OptimizationConfig.parse(f"lightning-8,lora={style}:0.5", model="Qwen/Qwen-Image-Edit-2511",
+                                      on_download=events.append)
+    assert config.value("scheduler") == "lightning"
+    lightning, styled = config.loras
+    assert lightning.path.endswith(EDIT_2511_8) and lightning.scale == 1.0
+    assert styled.path == str(style) and styled.scale == 0.5
+    assert events and events[-1].finished and events[-1].total_bytes == len(
+        lightning_hub.repos["lightx2v/Qwen-Image-Edit-2511-Lightning"].files[EDIT_2511_8])
+    assert len(lightning_hub.downloads(EDIT_2511_8)) == 1
+    OptimizationConfig.parse("lightning-8", model="Qwen/Qwen-Image-Edit-2511")  # from the cache now
+    assert len(lightning_hub.downloads(EDIT_2511_8)) == 1
+    assert "is in the cache: no download" in lora_download_words(reference)
+
+
+def test_preset_arguments_run_the_lightning_stack_on_the_tiny_engine(lightning_hub, tmp_path, capsys):
+    """`edit --preset lightning-4 --lora STYLE:0.5` as the CLI applies it for a 2509 model, run on the tiny engine
+    (the tiny model has no Lightning LoRA of its own; the fake Hub's file is keyed for the tiny DiT): the LoRA is
+    fetched with printed progress, the run has 4 steps at CFG 1 on the Lightning schedule with both LoRAs fused."""
+    from PIL import Image
+
+    from ghostedit.arguments import apply_preset, config_from_args, request_from_args
+    from ghostedit.engine import Engine
+    style = ensure_tiny_lora("kohya", tmp_path)
+    image = tmp_path / "in.png"
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(image)
+    args = cli.build_parser().parse_args([
+        "edit", "--preset", "lightning-4", "--lora", f"{style}:0.5", "--image", str(image), "--prompt", "make it blue",
+        "--width", "64", "--height", "64", "--out", str(tmp_path / "out.png")])
+    config, steps, cfg = apply_preset(args, "Qwen/Qwen-Image-Edit-2509", config_from_args(args), default_steps=40)
+    printed = capsys.readouterr().out
+    assert "[download] lightx2v/Qwen-Image-Lightning: 42.2 KB in 1 file" in printed and "42.2 KB ready" in printed
+    request = request_from_args(args, steps, cfg)
+    assert (request.steps, request.cfg_scale) == (4, 1.0)
+    result = Engine("tiny", device="cpu", dtype="float32").run(request, config)
+    assert len(result.telemetry.step_seconds) == 4
+    assert result.config.value("scheduler") == "lightning"
+    fused = [words for name, words in result.prepared_report.items() if name.startswith("LoRA ")]
+    assert len(fused) == 2 and any("scale 0.5" in words for words in fused), result.prepared_report
+
+
+def test_cli_refuses_a_preset_for_the_tiny_model(tmp_path):
+    with pytest.raises(InvalidRequestError, match="lightning-8: the tiny model has random weights"):
+        cli.main(["edit", "--model", "tiny", "--device", "cpu", "--preset", "lightning-8", "--image", "x.png",
+                  "--prompt", "p", "--out", str(tmp_path / "o.png")])
