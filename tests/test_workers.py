@@ -11,6 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
+from app_client import RUN_JSON, STATUS
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.device import UnavailableOptionError
 from ghostedit.engine.workers import WorkerPool, WorkerStoppedError, worker_devices
@@ -143,17 +144,17 @@ def test_app_with_two_workers_serves_two_edits_at_once(tmp_path):
             image=handle_file(house), steps=6, width=128, height=128, api_name="/edit", **EDITS[name])
             for name in EDITS]
         outputs = [job.result(timeout=600) for job in jobs]
-        live = [update for job in jobs for update in job.outputs() if update[3].get("state") == "running"]
-    workers = [run["telemetry"]["worker"] for _, _, _, run, _ in outputs]
+        live = [update for job in jobs for update in job.outputs() if update[RUN_JSON].get("state") == "running"]
+    workers = [output[RUN_JSON]["telemetry"]["worker"] for output in outputs]
     deadline = time.time() + 30  # the app was stopped (SIGTERM): its workers end with it
     while any(_running(worker["pid"]) for worker in workers) and time.time() < deadline:
         time.sleep(0.2)
     assert not any(_running(worker["pid"]) for worker in workers)
     assert {worker["index"] for worker in workers} == {0, 1}
     assert min(w["finished_at"] for w in workers) > max(w["started_at"] for w in workers)  # ran at the same time
-    assert {update[3]["worker"] for update in live} == {"worker 0 (cpu)", "worker 1 (cpu)"}  # while running
-    assert all(f"on {update[3]['worker']}" in update[0] for update in live)
-    for (status, _, summary, _, _), worker in zip(outputs, workers):
+    assert {update[RUN_JSON]["worker"] for update in live} == {"worker 0 (cpu)", "worker 1 (cpu)"}  # while running
+    assert all(f"on {update[RUN_JSON]['worker']}" in update[STATUS] for update in live)
+    for (status, _, summary, *_), worker in zip(outputs, workers):
         assert f"ran on worker {worker['index']}: cpu (CPU)" in status
         assert f"ran on worker {worker['index']}" in summary
 
