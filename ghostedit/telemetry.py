@@ -133,6 +133,7 @@ class RunTelemetry:
     dtypes: dict[str, str] = field(default_factory=dict)  # each component's dtype (models/dtypes.py)
     placement: dict[str, str] = field(default_factory=dict)  # where each component lives (engine/placement.py)
     notes: list[str] = field(default_factory=list)
+    step_cache: dict | None = None  # what a step cache computed and skipped (optimize/step_cache.py)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
 
@@ -165,6 +166,7 @@ class RunTelemetry:
             "peak_device_used_gib": peak.device_used_gib if peak else None,
             "peak_host_rss_gib": peak.host_rss_gib if peak else None,
             "notes": list(self.notes),
+            "step_cache": self.step_cache,
         }
 
 

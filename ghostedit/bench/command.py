@@ -24,7 +24,9 @@ def add_bench_command(commands) -> None:
     add_toggle_arguments(bench, defaults_to_none=True)
     bench.add_argument("--configs", nargs="+", default=["baseline"],
                        help='the configurations: "baseline", a preset ("best", "exact") or settings such as '
-                            '"fp8=torchao,compile=regional,attention=auto"')
+                            '"fp8=torchao,compile=regional,attention=auto"; pipeline level: one with a step cache '
+                            '("best,step-cache=fbcache-0.08") also runs without it unless listed, for the cache\'s '
+                            'own speed-up and PSNR/SSIM')
     bench.add_argument("--repeats", type=int, default=2,
                        help="pipeline: warm runs per configuration after the cold one (0: report the cold run); "
                             "dit: timed forwards")
@@ -102,6 +104,10 @@ def cmd_bench(args) -> int:
 
 
 def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
+    cached = [config.label for config in configs if config != pipeline.full_run(config)]
+    if cached:
+        raise SystemExit(f"{', '.join(cached)}: a step cache skips the blocks of whole denoising steps; one DiT "
+                         "forward has no steps to skip: bench it with --level pipeline")
     shapes = [_shape(text) for text in args.shapes] if args.shapes else [(args.width or 1024, 1)]
     width = height = shapes[0][0]
 
@@ -165,6 +171,6 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
                    repeats=args.repeats)
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
                            context)
-    print(markdown_table(rows, pipeline.COLUMNS))
+    print(pipeline.table(rows))
     print(f"wrote {out_dir}/table.md, results.json, chart.png")
     return 0
