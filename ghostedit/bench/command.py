@@ -10,6 +10,7 @@ from ..arguments import add_model_arguments, add_request_arguments, add_toggle_a
     request_from_args, settings_from_args
 from ..config import OptimizationConfig
 from ..models import default_source
+from ..optimize.toggles.step_cache import threshold_override
 from . import dit, pipeline
 from .output import environment, markdown_table, write_bar_charts, write_results
 
@@ -46,6 +47,11 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
                        help="use at most this much of the GPU (torch.cuda.set_per_process_memory_fraction): a "
                             "smaller card, emulated; placement plans with it")
+    bench.add_argument("--step-cache-threshold", type=float, default=None, metavar="T",
+                       help="pipeline level: every step-cache choice but fbcache-0 runs at this threshold. Random "
+                            "weights change the first block's output by ~90%% per step, so no offered threshold "
+                            "skips a step there: e.g. 0.95 measures served steps' speed on them (their quality "
+                            "means nothing)")
     bench.add_argument("--out-dir", default="bench-results")
     bench.add_argument("--title", default=None)
     bench.set_defaults(run=cmd_bench)
@@ -164,9 +170,11 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
         engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or memory
     context.update(load_peak_gib=load_peak.get("allocated_gib"), load_peak_reserved_gib=load_peak.get("reserved_gib"),
                    placement=engine.placement(configs[0]).describe())
-    rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
-                              on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
-                                                       f"{row['end_to_end_s']:.2f} s end to end", flush=True))
+    context.update(step_cache_threshold_override=args.step_cache_threshold)
+    with threshold_override(args.step_cache_threshold):
+        rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
+                                  on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
+                                                           f"{row['end_to_end_s']:.2f} s end to end", flush=True))
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
                    repeats=args.repeats)
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",

@@ -34,7 +34,10 @@ COLUMNS = {
     "psnr_db": "PSNR dB",
 }
 STEP_CACHE_COLUMNS = {
+    "cache_threshold": "cache threshold",
     "forwards_computed": "DiT forwards computed",
+    "served_step_s": "served step s",
+    "computed_step_s": "computed step s",
     "cache_speedup_e2e": "cache speedup (e2e)",
     "cache_psnr_db": "cache PSNR dB",
     "cache_ssim": "cache SSIM",
@@ -75,8 +78,25 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "stages_s": summaries[-1]["stages_s"],
         "notes": sorted({note for s in summaries for note in s["notes"]}),
         "step_cache": summaries[-1]["step_cache"],
+        **served_and_computed_steps(summaries[-1]),
         "image": warm[-1].image,
     }
+
+
+def served_and_computed_steps(summary: dict) -> dict:
+    """With a step cache: the median time of a step that every CFG pass took from the cache and of one that no pass
+    did (None where there was none), for the speed-up at other skip rates."""
+    found = summary["step_cache"]
+    if found is None:
+        return {}
+    passes = list(found["cached_steps"].values())
+    served = set.intersection(*map(set, passes))
+    partly = set.union(*map(set, passes))
+    steady = [(step, seconds) for step, seconds in enumerate(summary["step_s"]) if step not in summary["warm_up_steps"]]
+    served_s = [seconds for step, seconds in steady if step in served]
+    computed_s = [seconds for step, seconds in steady if step not in partly]
+    return {"served_step_s": statistics.median(served_s) if served_s else None,
+            "computed_step_s": statistics.median(computed_s) if computed_s else None}
 
 
 def with_full_runs(configs: list[OptimizationConfig]) -> list[OptimizationConfig]:
@@ -98,7 +118,8 @@ def compare_with_full_run(row: dict, full: dict) -> dict:
     """A step cache's own figures: its speed-up over its full run and its output against the full run's."""
     from ..metrics import compare_images
     versus = compare_images(row["image"], full["image"])
-    return {"full_run": full["config"], "forwards_computed": row["step_cache"]["forwards_computed"],
+    return {"full_run": full["config"], "cache_threshold": row["step_cache"]["threshold"],
+            "forwards_computed": row["step_cache"]["forwards_computed"],
             "cache_speedup_step": full["s_per_step"] / row["s_per_step"],
             "cache_speedup_e2e": full["end_to_end_s"] / row["end_to_end_s"],
             "cache_max_abs": versus["max_abs"], "cache_psnr_db": versus["psnr_db"], "cache_ssim": versus["ssim"],
