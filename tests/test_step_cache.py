@@ -85,6 +85,25 @@ def test_a_served_forward_is_the_first_block_plus_the_cached_change_each_cfg_pas
     assert isinstance(prepared.dit.transformer_blocks[0], type(engine.load().dit.transformer_blocks[0]))
 
 
+def test_the_step_cache_composes_with_regional_compile():
+    """The compiled blocks run behind the cache's wrappers as they are: no new compiled frame, the full result at
+    threshold 0, and served forwards. The configuration and shape of test_compile.py, so that a suite run finds
+    Inductor's code for them in its on-disk cache (about 30 s on this CPU; compiling cold, up to a minute)."""
+    from torch._dynamo.utils import counters
+    engine = dit_engine()
+    prepared, _ = engine.prepare(OptimizationConfig(compile="regional", rewrites=("real-rope",)))
+    inputs, model_fn = inputs_for(engine), prepared.pipe.model_fn
+    with torch.no_grad():
+        full = model_fn(dit=prepared.dit, **inputs)
+        frames = counters["frames"]["total"]
+        exact = FirstBlockCache(threshold=0).wrap(model_fn)(dit=prepared.dit, progress_id=0, **inputs)
+        cache = FirstBlockCache(threshold=0.01)
+        served = [cache.wrap(model_fn)(dit=prepared.dit, progress_id=step, **inputs) for step in range(2)][-1]
+    assert torch.equal(exact, full) and counters["frames"]["total"] == frames
+    assert cache.summary()["cached_steps"] == {"positive": [1]}
+    torch.testing.assert_close(served, full, rtol=0, atol=1e-5)
+
+
 def test_the_step_cache_composes_with_fp8(engine, house, skipping):
     fp8 = OptimizationConfig(fp8="storage")
     full = engine.run(request(house), fp8)
