@@ -19,6 +19,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "on a CPU the VAE and text encoder in float32)")
 
 
+def model_and_device(args) -> tuple[str, str]:
+    """The model source and device that --model and --device ask for, defaults filled by one rule
+    (models.default_source) for the app, `edit`, `options` and `bench` alike."""
+    from .device import default_device
+    from .models import default_source
+    device = args.device or default_device()
+    return args.model or default_source(device), device
+
+
 def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool = True) -> None:
     parser.add_argument("--image", action="append", required=image_required, default=None,
                         help=f"input image; repeat for up to {MAX_INPUT_IMAGES}, edited together")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from .arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, config_from_args, \
-    request_from_args
+    model_and_device, request_from_args
+from .parallel.mesh import MODE_HELP, MODES
 
 
 def print_progress(event) -> None:
@@ -27,7 +29,8 @@ def format_telemetry(result) -> str:
              f"CFG {result.request.cfg_scale:g}, attention ran: {result.attention_backend})",
              f"prepared pipeline: {'cache hit' if summary['cache_hit'] else 'built (cache miss)'}",
              "dtypes: " + ", ".join(f"{name} {dtype}" for name, dtype in summary["dtypes"].items()),
-             "placement: " + ", ".join(f"{name} in {where}" for name, where in summary["placement"].items())]
+             "placement: " + ", ".join(f"{name} in {where}" for name, where in summary["placement"].items()),
+             f"parallel: {summary['parallel']}"]
     lines += [f"  {name}: {words}" for name, words in result.prepared_report.items()]
     lines.append("stages:")
     lines += [f"  {name:<16}{seconds:8.3f} s" for name, seconds in summary["stages_s"].items()]
@@ -45,23 +48,44 @@ def format_telemetry(result) -> str:
 
 
 def _engine(args):
-    from .device import default_device
     from .engine import Engine
-    from .models import default_source
-    device = args.device or default_device()
-    return Engine(args.model or default_source(device), device=device, dtype=args.dtype)
+    source, device = model_and_device(args)
+    return Engine(source, device=device, dtype=args.dtype)
 
 
 def cmd_edit(args) -> int:
+    from . import parallel
+    if parallel.world_size_from_environment() > 1:  # started by torchrun: one edit on every process
+        return _parallel_edit(args)
     engine = _engine(args)
     result = engine.run(request_from_args(args, engine.spec.default_steps), config_from_args(args),
                         on_progress=print_progress)
+    _report_edit(args, result)
+    return 0
+
+
+def _parallel_edit(args) -> int:
+    """Every rank runs the edit on its share of the mesh; rank 0 prints the telemetry and writes the image."""
+    from . import parallel
+    from .device import default_device
+    mesh = parallel.setup(args.parallel, args.cfg != 1.0, args.device or default_device())
+    try:
+        engine = _engine(args)
+        result = engine.run(request_from_args(args, engine.spec.default_steps), config_from_args(args),
+                            on_progress=print_progress if mesh.is_writer else None)
+        if mesh.is_writer:
+            _report_edit(args, result)
+    finally:
+        parallel.teardown()
+    return 0
+
+
+def _report_edit(args, result) -> None:
     result.image.save(args.out)
     print(format_telemetry(result))
     print(f"saved {args.out}")
     if args.json:
         Path(args.json).write_text(json.dumps(result.telemetry.summary(), indent=2))
-    return 0
 
 
 def options_text(engine) -> str:
@@ -101,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_toggle_arguments(edit)
     edit.add_argument("--out", required=True, help="where to write the edited image (PNG, JPEG, WebP...)")
     edit.add_argument("--json", default=None, help="also write the telemetry as JSON here")
+    edit.add_argument("--parallel", choices=MODES, default=os.environ.get("GHOSTEDIT_PARALLEL", "auto"),
+                      help=MODE_HELP + "; the environment's GHOSTEDIT_PARALLEL sets the default")
     edit.set_defaults(run=cmd_edit)
 
     options = commands.add_parser("options", help="which toggles can run on this machine, and why not")

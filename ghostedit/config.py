@@ -83,7 +83,7 @@ class LoraChoice:
 
     @property
     def label(self) -> str:
-        return f"lora-{self.name}-{self.mode}@{self.scale:g}"
+        return f"lora-{self.name}-{self.mode} ×{self.scale:g}"  # "@0.8" read as a scale of 0 once cut short
 
 
 @dataclass(frozen=True, init=False)

@@ -7,6 +7,7 @@ attention layers and pipeline instrumentation) is listed too, as it relies on Di
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 
 from .device import package_version
@@ -38,6 +39,11 @@ PATCHES = {
         "diffsynth.models.qwen_image_dit", "QwenDoubleStreamAttention",
         "the joint-layout rewrite turns its instances into GhostEdit's JointAttention, which reads its projection "
         "and norm attributes (optimize/rewrites.py)"),
+    "quiet loader": Patch(
+        "diffsynth.models.model_loader", "print",
+        "DiffSynth's loader prints each model it loads or finds, and each it does not ('No ... models available. "
+        "This is not an error.'): a module-level `print` sends those lines to the 'ghostedit.diffsynth' logger at "
+        "debug level instead of the app's log"),
     "pipeline instrumentation": Patch(
         "diffsynth.pipelines.qwen_image", "QwenImagePipeline.unit_runner, QwenImagePipeline.model_fn",
         "swapped on a pipeline object for the length of a run, to time its units and route DiT calls through "
@@ -66,6 +72,15 @@ def replace(name: str, replacement):
         check_version()
         patch = PATCHES[name]
         module = importlib.import_module(patch.module)
-        _originals[name] = getattr(module, patch.attribute)
+        _originals[name] = getattr(module, patch.attribute, None)  # None: a builtin the module uses (print)
         setattr(module, patch.attribute, replacement)
     return _originals[name]
+
+
+def quiet_loader() -> None:
+    """DiffSynth's loader logs at debug level instead of printing (see "quiet loader")."""
+    replace("quiet loader", _log_loader_line)
+
+
+def _log_loader_line(*values, sep: str = " ", **_) -> None:
+    logging.getLogger("ghostedit.diffsynth").debug(sep.join(str(value) for value in values))

@@ -117,6 +117,7 @@ class ProgressEvent:
     memory: MemorySample
     peak: MemorySample
     message: str = ""
+    worker: str = ""  # the pool's worker running it, "worker 1 (cuda:1)" (engine/workers.py); "" without a pool
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -132,10 +133,13 @@ class RunTelemetry:
     cache_hit: bool | None = None
     dtypes: dict[str, str] = field(default_factory=dict)  # each component's dtype (models/dtypes.py)
     placement: dict[str, str] = field(default_factory=dict)  # where each component lives (engine/placement.py)
+    parallel: str = "single process"  # the ranks one edit ran on (ghostedit/parallel)
     notes: list[str] = field(default_factory=list)
+    loras: list[dict] = field(default_factory=list)  # each LoRA: format, layers matched, keys not applied and why
     step_cache: dict | None = None  # what a step cache computed and skipped (optimize/step_cache.py)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
+    worker: dict = field(default_factory=dict)  # the pool's worker that ran it (engine/workers.py); {} without a pool
 
     def add_stage(self, name: str, seconds: float) -> None:
         self.stages[name] = self.stages.get(name, 0.0) + seconds
@@ -154,6 +158,7 @@ class RunTelemetry:
             "cache_hit": self.cache_hit,
             "dtypes": dict(self.dtypes),
             "placement": dict(self.placement),
+            "parallel": self.parallel,
             "total_s": self.total_seconds,
             "stages_s": {name: self.stages[name] for name in STAGE_ORDER if name in self.stages},
             "prepare_steps_s": dict(self.prepare_steps),
@@ -166,6 +171,8 @@ class RunTelemetry:
             "peak_device_used_gib": peak.device_used_gib if peak else None,
             "peak_host_rss_gib": peak.host_rss_gib if peak else None,
             "notes": list(self.notes),
+            "loras": [dict(lora) for lora in self.loras],
+            "worker": dict(self.worker) or None,
             "step_cache": self.step_cache,
         }
 

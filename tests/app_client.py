@@ -5,7 +5,7 @@ import time
 from gradio_client import Client
 
 # /edit and /run_variants outputs, in order
-STATUS, BEFORE_AFTER, SUMMARY, RUN_JSON, TABLE = range(5)
+STATUS, BEFORE_AFTER, SUMMARY, RUN_JSON, TABLE, IMAGES = range(6)
 
 
 def client(app) -> Client:

@@ -8,7 +8,7 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 from PIL import Image
 
-from app_client import BEFORE_AFTER, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
+from app_client import BEFORE_AFTER, IMAGES, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
 from conftest import ASSETS
 
 SMALL = dict(steps=3, width=128, height=128)
@@ -71,7 +71,7 @@ def test_run_variants_fills_the_comparison(app):
                                  variants=["baseline", "lora-fused", "lora-runtime"], api_name="/run_variants")
     table = rows(result[TABLE])
     assert [row["configuration"] for row in table] == [
-        "stock", "lora-tiny_lora_peft-fused@1", "lora-tiny_lora_peft-runtime@1"]
+        "stock", "lora-tiny_lora_peft-fused ×1", "lora-tiny_lora_peft-runtime ×1"]
     assert table[0]["run"].endswith("(baseline)")
     fused, runtime = table[1:]
     assert float(fused["PSNR dB"]) < 40  # the LoRA changes the picture
@@ -113,7 +113,7 @@ def test_queue_runs_one_job_at_a_time_and_shows_the_place(app):
     assert second.result()[RUN_JSON]["state"] == "done"
 
 
-def test_cancel_stops_the_run_at_a_step(app):
+def test_cancel_stops_the_run_at_a_step_and_keeps_the_previous_result(app):
     session = client(app)
     job = session.submit(**inputs(steps=100), api_name="/edit")
     wait_until(lambda: reached(job, "step", 1))
@@ -121,6 +121,26 @@ def test_cancel_stops_the_run_at_a_step(app):
     final = job.result()
     assert final[RUN_JSON]["state"] == "cancelled" and "Cancelled" in final[STATUS]
     assert "of 100 steps" in final[RUN_JSON]["message"]
+    # neither the start nor the cancel clears the before/after pair (None would): the previous result stays up
+    assert all(out[BEFORE_AFTER] is not None for out in job.outputs())
+
+
+def test_several_images_per_run_with_consecutive_seeds(app):
+    final = client(app).predict(**inputs(steps=2, seed=41), count=2, api_name="/edit")
+    assert [row["seed"] for row in rows(final[TABLE])] == [41, 42]
+    assert [item["caption"].split(" ·")[0] for item in final[IMAGES]] == ["seed 41", "seed 42"]
+    assert all(Image.open(item["image"]).size == (128, 128) for item in final[IMAGES])
+    with pytest.raises(AppError, match="count must be a whole number from 1 to 8"):
+        client(app).predict(**inputs(), count=9, api_name="/edit")
+    with pytest.raises(AppError, match="one image per variant"):  # refused, not silently ignored
+        client(app).predict(**inputs(), count=2, variants=["baseline"], api_name="/run_variants")
+
+
+def test_the_log_is_quiet_and_names_the_share_option(app):
+    client(app).predict(**inputs(steps=1), api_name="/edit")  # the model is loaded by now
+    log = app.log.read_text()
+    assert "This is not an error" not in log and "Loaded model" not in log
+    assert "--share" in log and "share=True" not in log
 
 
 def test_lora_upload_is_saved_under_a_safe_name(app, tmp_path):
@@ -132,6 +152,9 @@ def test_lora_upload_is_saved_under_a_safe_name(app, tmp_path):
     assert "my_ghost_style.safetensors" in message
     result = client(app).predict(**inputs(lora="my_ghost_style.safetensors", lora_mode="runtime"), api_name="/edit")
     assert "24 layers matched" in result[RUN_JSON]["prepared_report"]["LoRA my_ghost_style"]
+    (lora,) = result[RUN_JSON]["telemetry"]["loras"]  # what the file held, for API clients
+    assert (lora["name"], lora["mode"], lora["formats"], lora["layers_matched"], lora["keys_not_applied"]) == \
+        ("my_ghost_style", "runtime", ["kohya/musubi-tuner"], 24, 0)
 
 
 def test_lora_upload_refuses_a_file_that_is_not_safetensors(app, tmp_path):

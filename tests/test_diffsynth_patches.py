@@ -21,5 +21,5 @@ def test_every_patch_names_what_it_changes_and_the_replacements_are_in_place():
 def test_another_diffsynth_version_is_refused_at_start(monkeypatch):
     monkeypatch.setattr(diffsynth_patches, "package_version", lambda name: "2.2.0")
     with pytest.raises(diffsynth_patches.DiffSynthVersionError,
-                       match=r"changes DiffSynth 2\.1\.12 in 5 places \(attention dispatcher, .*2\.2\.0 is installed"):
+                       match=r"changes DiffSynth 2\.1\.12 in 6 places \(attention dispatcher, .*2\.2\.0 is installed"):
         Engine("tiny", device="cpu")

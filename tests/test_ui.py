@@ -170,5 +170,131 @@ def test_edit_request_reads_zero_size_as_automatic(house):
 def test_outside_a_space_gpu_entry_points_are_unchanged():
     def edit(steps):
         return steps
-    assert gpu.on_gpu(edit) is edit  # `spaces` is not installed here
-    assert gpu.gpu_seconds(40) == 180 and gpu.gpu_seconds(40, runs=5) == gpu.GPU_SECONDS_MAX
+    assert gpu.on_gpu(edit, None) is edit  # `spaces` is not installed here (tests/test_space.py brings a stand-in)
+
+
+# ---- issue 15: what a newcomer found wrong or missing ----
+
+def fake_request(session="tests"):
+    from types import SimpleNamespace
+    return SimpleNamespace(session_hash=session)
+
+
+def no_progress(*args, **kwargs):
+    pass
+
+
+def test_failed_model_load_leaves_the_loading_status(tmp_path, house):
+    """The last status before the error toast says the run failed and why: not "Loading the model" with a frozen
+    timer."""
+    import gradio as gr
+
+    from ghostedit.engine import Engine
+    from ghostedit.ui.handlers import Handlers
+    empty_model_folder = tmp_path / "model"
+    empty_model_folder.mkdir()
+    handlers = Handlers(Engine(str(empty_model_folder), device="cpu"), tmp_path / "loras")
+    import base64
+    from conftest import ASSETS
+    data_url = "data:image/png;base64," + base64.b64encode((ASSETS / "house.png").read_bytes()).decode()
+    values = {"image": {"url": data_url}, "prompt": "make it night", "steps": 2, "cfg_scale": 4, "seed": 0,
+              "width": 128, "height": 128}
+    seen = []
+    with pytest.raises(gr.Error) as raised:
+        for update in handlers.edit(values, History(), fake_request(), no_progress):
+            seen.append(update)
+    statuses = [update[0] for update in seen]
+    assert any("Loading the model" in status for status in statuses)  # the load did start, and then failed
+    assert "Loading" not in statuses[-1] and "⏳" not in statuses[-1]
+    assert "❌" in statuses[-1] and raised.value.message in statuses[-1]
+    assert seen[-1][3]["state"] == "failed"
+
+
+def test_time_chart_counts_compiling_and_every_second_of_the_run(results):
+    history = History()
+    for result in results[:2]:
+        history.add(result)
+    compiled = history.runs[1]
+    compiled.telemetry = {**compiled.telemetry, "total_s": compiled.telemetry["total_s"] + 72.0,
+                          "stages_s": {**compiled.telemetry["stages_s"], "compile warm-up": 72.0}}
+    chart = history.stage_chart()
+    for run in history.runs:
+        bar = chart[chart["run"] == f"#{run.number}"]
+        assert bar["seconds"].sum() == pytest.approx(run.telemetry["total_s"], abs=0.01)
+    assert chart[(chart["run"] == f"#{compiled.number}") & (chart["stage"] == "compiling")]["seconds"].item() == 72.0
+    assert set(chart["run"]) == {"#1", "#2"}  # short axis labels, never cut; the configuration is in the tooltip
+    assert list(chart["configuration"].unique()) == [run.configuration for run in history.runs]
+
+
+def test_the_stage_legend_names_compiling():
+    from ghostedit.ui.layout import STAGE_COLORS, _stage_legend
+    assert "compiling" in STAGE_COLORS and "other" in STAGE_COLORS
+    assert "compiling</span>" in _stage_legend()
+
+
+def test_a_configuration_that_compiles_is_warned_about_before_it_runs(engine, tmp_path):
+    from ghostedit.ui.handlers import Handlers
+    handlers = Handlers(engine, tmp_path / "loras")
+    assert "compiles the DiT" in handlers.prepare_notice(OptimizationConfig(compile="regional"))
+    assert "compiles" not in handlers.prepare_notice(OptimizationConfig())
+
+
+def test_live_status_has_a_progress_bar(engine, house):
+    events = []
+    engine.run(request(house, steps=3), on_progress=events.append)
+    step = next(e for e in events if e.stage == "denoising" and e.step == 2)
+    assert '<progress class="ghost-progress" value="2" max="3"' in live.live_status(live.Live(step, 1.0))
+    loading = next(e for e in events if not e.total_steps)
+    assert "<progress" in live.live_status(live.Live(loading, 1.0))  # indeterminate while no steps are known
+
+
+def test_history_has_prompt_and_seed_and_gives_the_settings_back(results, tmp_path):
+    from ghostedit.ui.settings import reused_values
+    history = History()
+    for result in results:
+        history.add(result)
+    table = history.table()
+    assert list(table["prompt"]) == ["make it a haunted house"] * 3 and list(table["seed"]) == [0, 0, 1]
+    run = history.run(2)
+    values = reused_values(LoraLibrary(tmp_path), run.params, run.toggles)
+    assert values["fp8"] == "storage" and values["seed"] == 0 and values["steps"] == 2 and values["width"] == 128
+    assert values["lora"] == NO_LORA
+
+
+def test_reused_settings_bring_back_a_lora_of_the_library(engine, house, tmp_path):
+    from ghostedit.ui.settings import reused_values
+    library = LoraLibrary(tmp_path)
+    name = library.add(ensure_tiny_lora("peft"), "ghost.safetensors")
+    result = engine.run(request(house), OptimizationConfig(loras=(LoraChoice.from_file(library.path(name), 0.8,
+                                                                                         "runtime"),)))
+    history = History()
+    run = history.add(result)
+    values = reused_values(library, run.params, run.toggles)
+    assert (values["lora"], values["lora_mode"], values["lora_scale"]) == (name, "runtime", 0.8)
+    assert "runtime ×0.8" in history.table()["configuration"].item()
+
+
+def test_aspect_presets_and_several_seeds():
+    from ghostedit.errors import InvalidRequestError
+    from ghostedit.ui.settings import FROM_INPUT, image_count, preset_size, seeded_requests
+    assert preset_size(FROM_INPUT, 256 * 256) == (0, 0)
+    assert preset_size("1:1", 1024 * 1024) == (1024, 1024)
+    width, height = preset_size("16:9", 1024 * 1024)
+    assert width % 16 == height % 16 == 0 and abs(width / height - 16 / 9) < 0.03
+    assert abs(width * height - 1024 * 1024) / (1024 * 1024) < 0.03
+    assert image_count(None) == 1 and image_count(3) == 3
+    for bad in (0, 9, 1.5, "2", True):
+        with pytest.raises(InvalidRequestError, match="count"):
+            image_count(bad)
+    from PIL import Image
+    edit = EditRequest(images=[Image.new("RGB", (64, 64))], prompt="x", seed=4294967294)
+    assert [e.seed for e in seeded_requests(edit, 3)] == [4294967294, 4294967295, 0]
+
+
+def test_table_columns_are_as_wide_as_their_longest_word():
+    from ghostedit.ui.tables import CHAR_PX, column_widths
+    frame = pd.DataFrame({"run": ["#1 (baseline)"], "configuration": ["lora-tiny_lora_peft-runtime ×0.8"],
+                          "speedup s/step ×": [1.0]})
+    widths = column_widths(frame)
+    assert widths[1] >= len("lora-tiny_lora_peft-runtime") * CHAR_PX
+    assert widths[2] >= len("speedup") * CHAR_PX

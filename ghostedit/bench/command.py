@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 from ..arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, loras_from_args, \
-    request_from_args, settings_from_args
+    model_and_device, request_from_args, settings_from_args
 from ..config import OptimizationConfig
-from ..models import default_source
 from ..optimize.toggles.step_cache import threshold_override
 from . import dit, pipeline
 from .output import environment, markdown_table, write_bar_charts, write_results
@@ -52,8 +51,8 @@ def add_bench_command(commands) -> None:
                             "weights change the first block's output by ~90%% per step, so no offered threshold "
                             "skips a step there: e.g. 0.95 measures served steps' speed on them (their quality "
                             "means nothing)")
-    bench.add_argument("--out-dir", default="bench-results")
-    bench.add_argument("--title", default=None)
+    bench.add_argument("--out-dir", default="bench-results", help="folder for the results (default bench-results)")
+    bench.add_argument("--title", default=None, help="the title of the report and charts (default: names the model and device)")
     bench.set_defaults(run=cmd_bench)
 
 
@@ -86,12 +85,12 @@ def cap_gpu_memory(gib: float | None, device: str) -> None:
 
 
 def cmd_bench(args) -> int:
-    from ..device import UnavailableOptionError, default_device
+    from ..device import UnavailableOptionError
     from ..engine import Engine
 
-    device = args.device or default_device()
+    source, device = model_and_device(args)
     cap_gpu_memory(args.gpu_memory, device)
-    engine = Engine(args.model or default_source(device), device=device, dtype=args.dtype,
+    engine = Engine(source, device=device, dtype=args.dtype,
                     dit_only=args.level == "dit")
     configs = configurations(args)
     for config in configs:  # refuse up front, with the reason, rather than after an hour of benchmarking

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
+import sys
 import platform
 from pathlib import Path
 
@@ -39,7 +41,8 @@ def write_bar_charts(path: Path, title: str, labels: list[str], times: list[floa
 def environment() -> dict:
     """Where and when a bench ran: the figures it wrote are read with this (ghostedit/figures.py)."""
     import torch
-    info = {"date": datetime.date.today().isoformat(), "python": platform.python_version(), "torch": torch.__version__,
+    info = {"date": datetime.date.today().isoformat(), "command": shlex.join(["ghostedit", *sys.argv[1:]]),
+            "python": platform.python_version(), "torch": torch.__version__,
             "diffsynth": package_version("diffsynth"), "torchao": package_version("torchao"),
             "cpu": platform.processor() or platform.machine()}
     if torch.cuda.is_available():

@@ -20,7 +20,7 @@ from ..diffsynth_patches import check_version
 from ..device import Availability, UnavailableOptionError, default_device
 from ..models import ModelSpec, availability as model_availability, resolve
 from ..models.dtypes import component_dtypes, dtype_name
-from ..optimize import registry
+from ..optimize import lora as lora_layers, registry
 from ..tensors import storage_bytes, storage_pointers
 from ..telemetry import ProgressCallback, RunRecorder
 from . import placement as placements, report
@@ -99,8 +99,7 @@ class Engine:
     def _prepare(self, config: OptimizationConfig, recorder: RunRecorder) -> tuple[PreparedPipeline, bool]:
         self.check(config)
         base = self.load(config, recorder)
-        for lora in config.fused_loras:  # read and matched first: a LoRA that cannot apply leaves the cache as it was
-            self.loras.matched(lora, base.dit, self.device)
+        recorder.telemetry.loras = self._matched_loras(config, base)
         prepared = self.cache.get(config.cache_key)
         hit = prepared is not None
         if not hit:
@@ -110,6 +109,17 @@ class Engine:
         switch_fused_loras(prepared, config.fused_loras, base.dit, self.loras, recorder, self.device)
         prepared.owned_bytes = storage_bytes(prepared.dit, exclude=self._base_pointers)
         return prepared, hit
+
+    def _matched_loras(self, config: OptimizationConfig, base) -> list[dict]:
+        """Reads and matches every LoRA before anything is prepared (one that cannot apply leaves the cache as it
+        was); returns what each matched and what it left out, for the run's telemetry."""
+        described = []
+        for lora in config.loras:
+            found = self.loras.matched(lora, base.dit, self.device)
+            if lora.mode == "runtime":
+                lora_layers.check_runtime(found, lora.name)
+            described.append({"name": lora.name, "mode": lora.mode, "scale": lora.scale, **found.describe()})
+        return described
 
     def _build(self, config: OptimizationConfig, recorder: RunRecorder, base) -> PreparedPipeline:
         dit, words = prepare_dit(base.dit, config, recorder, self.device)

@@ -1,7 +1,8 @@
 """Fused LoRAs on a prepared pipeline, written into its weights in place. Switching LoRAs recomputes only the layers
 that the old and the new LoRAs touch (base weight + the sum of each LoRA's scaled delta, on the device, layer by
-layer from the base's weights wherever they live), re-quantizes FP8 layers, and writes the result into the tensors
-the prepared (and compiled) DiT already holds: nothing is prepared again and nothing recompiles.
+layer from the base's weights wherever they live; biases likewise where a file has `.diff_b`), re-quantizes FP8
+layers, and writes the result into the tensors the prepared (and compiled) DiT already holds: nothing is prepared
+again and nothing recompiles.
 
 A layer whose weight is still the base's own tensor (a bf16 DiT built on the base's weights) gets a tensor of its own
 when a LoRA first touches it and the base's tensor back when no LoRA does any more, so the base never changes.
@@ -23,6 +24,7 @@ CACHED_FILES = 8
 class FusedLoras:
     applied: tuple[tuple[str, float], ...] = ()   # (sha256, scale), in stack order
     layers: frozenset = frozenset()              # the layers that carry a delta now
+    biases: frozenset = frozenset()              # the layers whose bias carries a delta now (.diff_b)
 
 
 class LoraFiles:
@@ -36,8 +38,7 @@ class LoraFiles:
         if lora.sha256 not in self._matched:
             found = lora_layers.match_lora(base_dit, lora_layers.read_lora_file(lora.path))
             if device.startswith("cuda"):
-                for layer in found.layers.values():
-                    layer.down, layer.up = layer.down.pin_memory(), layer.up.pin_memory()
+                found.layers = {name: layer.pinned() for name, layer in found.layers.items()}
             self._matched[lora.sha256] = found
             while len(self._matched) > CACHED_FILES:
                 self._matched.popitem(last=False)
@@ -52,14 +53,19 @@ def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: Ru
     if current.applied == wanted:
         return
     matched = [(lora, files.matched(lora, base_dit, device)) for lora in loras]
-    layers = frozenset(name for _, found in matched for name in found.layers)
+    layers = frozenset(name for _, found in matched for name, layer in found.layers.items() if layer.kind != "bias")
+    biases = frozenset(name for _, found in matched for name, layer in found.layers.items() if layer.bias is not None)
     touched = sorted(current.layers | layers)
     with recorder.stage("LoRA switch", f"fusing {len(loras)} LoRA(s): {len(touched)} layers rewritten"):
         with torch.no_grad():
             for name in touched:
                 deltas = [(found.layers[name], lora.scale) for lora, found in matched if name in found.layers]
                 _write_layer(prepared.dit, name, base_dit.get_submodule(name).weight, deltas, device)
-    prepared.loras = FusedLoras(wanted, layers)
+            for name in sorted(current.biases | biases):
+                deltas = [(found.layers[name].bias, lora.scale) for lora, found in matched
+                          if name in found.layers and found.layers[name].bias is not None]
+                _write_bias(_linear(prepared.dit, name), base_dit.get_submodule(name).bias, deltas, device)
+    prepared.loras = FusedLoras(wanted, layers, biases)
     for key in [key for key in prepared.report if key.startswith("LoRA ") and key.endswith("(fused)")]:
         del prepared.report[key]
     for lora, found in matched:
@@ -75,12 +81,25 @@ def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str)
     # copies without waiting (pinned sources): the host queues layer after layer while the GPU works
     weight = base_weight.to(device, non_blocking=True, copy=True).float()  # never the base itself
     for layer, scale in deltas:
-        up, down = (factor.to(device, non_blocking=True).float() for factor in (layer.up, layer.down))
-        weight.addmm_(up, down, alpha=scale * layer.factor)
+        layer.add_to(weight, scale, device)
     if _shares_storage(linear.weight, base_weight):
         linear.weight = torch.nn.Parameter(weight.to(base_weight.dtype), requires_grad=False)
     else:
         lora_layers.write_weight_in_place(linear, weight)
+
+
+def _write_bias(linear, base_bias: torch.Tensor, deltas, device: str) -> None:
+    """The bias as the weight: the base's own tensor when no LoRA changes it, else base + the scaled deltas."""
+    if not deltas and type(linear.bias) is torch.nn.Parameter and base_bias.device == torch.device(device):
+        linear.bias = torch.nn.Parameter(base_bias, requires_grad=False)
+        return
+    bias = base_bias.to(device, non_blocking=True, copy=True).float()
+    for delta, scale in deltas:
+        bias.add_(delta.to(device, non_blocking=True).float(), alpha=scale)
+    if _shares_storage(linear.bias, base_bias):
+        linear.bias = torch.nn.Parameter(bias.to(base_bias.dtype), requires_grad=False)
+    else:
+        linear.bias.data.copy_(bias.to(linear.bias.dtype))
 
 
 def _linear(dit, name: str) -> torch.nn.Module:

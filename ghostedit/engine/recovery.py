@@ -10,6 +10,7 @@ import traceback
 
 import torch
 
+from .. import parallel
 from ..device import empty_cache
 from ..errors import GpuOutOfMemoryError
 from ..telemetry import GIB, RunCancelled
@@ -24,13 +25,15 @@ def recovering_memory(attempt, what: str, free, device: str):
     """`attempt()` and whether it was retried after running out of memory; `free()` drops the prepared pipelines
     and returns the bytes it freed."""
     result, error = _outcome(attempt)
-    retried = isinstance(error, torch.OutOfMemoryError)
+    # One rank of a parallel edit cannot start over alone: the others wait in its collectives, and a restarted run
+    # would meet them at another step with tensors of the same shapes
+    retried = isinstance(error, torch.OutOfMemoryError) and parallel.current() is None
     if retried:
         _free_after_out_of_memory(free)
         result, error = _outcome(attempt)
     if isinstance(error, torch.OutOfMemoryError):
         _free_after_out_of_memory(free)
-        error = GpuOutOfMemoryError(_message(what, error, device))
+        error = GpuOutOfMemoryError(_message(what, error, device, retried))
     if error is not None:
         gc.collect()
         empty_cache(device)
@@ -42,12 +45,14 @@ def _free_after_out_of_memory(free) -> None:
     logger.warning("out of memory: freed %.2f GiB of prepared pipelines", free() / GIB)
 
 
-def _message(what: str, error: torch.OutOfMemoryError, device: str) -> str:
+def _message(what: str, error: torch.OutOfMemoryError, device: str, retried: bool) -> str:
     memory = "GPU memory" if device.startswith("cuda") else "memory"
     wanted = re.search(r"Tried to allocate ([\d.]+ \w+)", str(error))
     needed = f" (it needed another {wanted[1]})" if wanted else ""
-    return (f"out of {memory} while {what}{needed}: GhostEdit freed every cached pipeline and tried once more, "
-            "and it still did not fit. Try a smaller output size, fewer input images, FP8 weights or memory=low")
+    tried = ("GhostEdit freed every cached pipeline and tried once more, and it still did not fit" if retried else
+             "one rank of a parallel edit cannot try again alone, so the edit stops")
+    return (f"out of {memory} while {what}{needed}: {tried}. Try a smaller output size, fewer input images, "
+            "FP8 weights or memory=low")
 
 
 def _outcome(attempt):

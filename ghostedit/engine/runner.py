@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from .. import images as image_utils
+from .. import images as image_utils, parallel
 from ..config import SIZE_RANGE, EditRequest
 from ..errors import error_summary
 from ..optimize import compile as compile_blocks, lora as lora_layers, registry
@@ -63,7 +63,9 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
                                     for note in image_utils.image_notes(image))
     sequence_length = sum(w * h // 256 for w, h in [(width, height)] + [image.size for image in inputs])
     contexts, ran = dit_contexts(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder)
-    with contexts, _Instrumented(prepared, recorder):
+    recorder.telemetry.parallel = parallel.describe()
+    with contexts, _Instrumented(prepared, recorder), parallel.edit_context(prepared.pipe, prepared.dit,
+                                                                             request.cfg_scale):
         image = prepared.pipe(prompt=request.prompt, negative_prompt=request.negative_prompt,
                               cfg_scale=request.cfg_scale, edit_image=inputs, edit_image_auto_resize=False,
                               height=height, width=width, seed=request.seed, num_inference_steps=request.steps,

@@ -77,7 +77,9 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
     """The unmodified pipeline every prepared configuration derives from, each component in its dtype (see
     dtypes.py; the pipeline's own dtype is the DiT's), the DiT in pinned host memory unless `base_dit_on_gpu`.
     `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else."""
+    from ..diffsynth_patches import quiet_loader
     from .dtypes import apply_component_dtypes
+    quiet_loader()
     torch_dtype = dtypes["dit"]
     if spec.kind == "synthetic" and dit_only:
         from diffsynth.pipelines.qwen_image import QwenImagePipeline

@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..device import Availability, needs_cuda, synchronize
 from ..errors import error_summary
+from ..parallel import ulysses
 from ..telemetry import median_ms
 from . import fp8_attention
 
@@ -110,7 +111,15 @@ def _refuse_masks(backend: str, attention_mask, enable_fp8_attention) -> None:
 
 
 def _dispatching_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False):
-    """Drop-in for DiffSynth's `qwen_image_flash_attention`: the same signature, output [b, s, h*d]."""
+    """Drop-in for DiffSynth's `qwen_image_flash_attention`: the same signature, output [b, s, h*d]. Under
+    sequence parallel (parallel/ulysses.py) the joined text and image go through its all-to-all first."""
+    if ulysses.active():
+        return joint_attention(ulysses.split_joined(q, k, v), num_heads, attention_mask, enable_fp8_attention)
+    return _local_attention(q, k, v, num_heads, attention_mask, enable_fp8_attention)
+
+
+def _local_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attention=False):
+    """Attention of joined q, k, v in [b, h, s, d] with the active backend, on this process's heads and tokens."""
     backend = _active_backend
     if backend == "diffsynth":
         return _diffsynth_attention(q, k, v, num_heads, attention_mask=attention_mask,
@@ -126,12 +135,24 @@ def joint_attention(streams, num_heads: int, attention_mask=None, enable_fp8_att
     """Attention over streams joined along the sequence, in order, each stream's (q, k, v) in
     [batch, seq, heads, head_dim]; output [batch, seq, heads * head_dim]. The FP8 backend quantizes each stream
     before the join, q and k with the given FP8 scales (from rewrites.qk_bounds); the others get the joined
-    tensors."""
+    tensors. Under sequence parallel, streams are (text, this rank's image shard), redistributed by Ulysses'
+    all-to-all around the attention."""
+    def attend(local_streams, local_heads):
+        return _local_joint_attention(local_streams, local_heads, attention_mask, enable_fp8_attention, q_scale,
+                                      k_scale)
+    if ulysses.active():
+        if attention_mask is not None:
+            raise RuntimeError("sequence parallel does not take attention masks (entity prompts)")
+        return ulysses.joint_attention(streams, attend)
+    return attend(streams, num_heads)
+
+
+def _local_joint_attention(streams, num_heads: int, attention_mask, enable_fp8_attention, q_scale, k_scale):
     if _active_backend == "cudnn-fp8":
         _refuse_masks(_active_backend, attention_mask, enable_fp8_attention)
         return fp8_attention.joint_attention(streams, q_scale, k_scale).flatten(2)
     q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) for parts in zip(*streams))
-    return _dispatching_attention(q, k, v, num_heads, attention_mask, enable_fp8_attention)
+    return _local_attention(q, k, v, num_heads, attention_mask, enable_fp8_attention)
 
 
 def install() -> None:

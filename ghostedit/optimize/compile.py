@@ -3,6 +3,7 @@ share one compiled graph, so compiling costs one block's worth, not the whole mo
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -20,6 +21,10 @@ INDUCTOR_OPTIONS = {
 def availability(mode: str, device: str) -> Availability:
     if mode == "off":
         return Availability.yes()
+    if os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true"):  # ui/space.py compiles ahead of time there
+        return Availability.no("on ZeroGPU every edit runs in a fresh process, so a just-in-time compile would be "
+                               "redone in each one: this Space compiles the stock configuration's DiT blocks ahead "
+                               "of time at start-up instead")
     if device.startswith("cuda"):
         try:
             import triton  # noqa: F401

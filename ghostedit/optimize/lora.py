@@ -1,24 +1,23 @@
-"""LoRA for the Qwen DiT: read a safetensors file, match it to the DiT's linear layers, then either fuse it into the
-weights (no runtime cost) or attach it as PEFT adapter layers (the scale changes per run with no reload).
+"""LoRA for the Qwen DiT: read a safetensors file (its tensors and its header's metadata), match each layer it
+changes to a linear layer of the DiT, then either fuse it into the weights (no runtime cost) or attach it as PEFT
+adapter layers (the scale changes per run with no reload).
 
-Key styles understood: PEFT/diffusers (`<layer>.lora_A.weight` / `.lora_B.weight`, optional `.default`, optional
-`transformer.` or `diffusion_model.` prefix) and kohya (`lora_unet_<layer_with_underscores>.lora_down.weight` /
-`.lora_up.weight` / `.alpha`). The update of a layer is delta W = scale * factor * B @ A, with factor = alpha / rank
-when the file gives an alpha and 1 otherwise (DiffSynth's and diffusers' convention for files without alpha).
-Nothing here changes a tensor in place that the base model owns: fused weights are new tensors.
+Formats are recognized by lora_formats.py. A layer's update is one of: low rank, delta W = scale * alpha / rank *
+up @ down (alpha / rank = 1 when the file gives no alpha: diffusers' and DiffSynth's convention); a full-weight
+delta (`.diff`, and `.diff_b` for the bias); LoKr or LoHa (fused only). Every key that is not applied is reported
+with the reason. Nothing here changes a tensor in place that the base model owns: fused weights are new tensors.
 """
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
 from ..errors import GhostEditError
+from . import lora_formats
 
 ADAPTER_NAME = "ghostedit"
 MAX_LORA_BYTES = 4 * 1024**3      # the largest Qwen-Image LoRAs in use are under 2 GB
@@ -27,9 +26,6 @@ MAX_HEADER_BYTES = 100 * 1024**2  # the safetensors library's own limit
 _FOREIGN_MAGIC = {b"PK\x03\x04": "a zip archive (PyTorch .pt/.ckpt/.bin files are zipped pickles)",
                   b"\x80\x02": "a Python pickle", b"\x80\x03": "a Python pickle", b"\x80\x04": "a Python pickle",
                   b"\x80\x05": "a Python pickle", b"GGUF": "a GGUF file"}
-_KEY = re.compile(r"^(?P<layer>.+?)\.(?P<kind>lora_A|lora_B|lora_down|lora_up)(?:\.default)?\.weight$")
-_ALPHA = re.compile(r"^(?P<layer>.+?)\.alpha$")
-_KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")
 
 
 class LoraError(GhostEditError, ValueError):
@@ -37,28 +33,81 @@ class LoraError(GhostEditError, ValueError):
 
 
 @dataclass
+class LoraFile:
+    tensors: dict[str, torch.Tensor]
+    metadata: dict[str, str]          # the safetensors header's metadata, kept (diffusers stores alpha there)
+
+
+@dataclass
 class LoraLayer:
-    down: torch.Tensor   # A: [rank, in_features]
-    up: torch.Tensor     # B: [out_features, rank]
-    factor: float        # alpha / rank, or 1
+    """One layer's update. `kind`: low-rank (down, up), full (diff), lokr or loha (factors in `parts`), or bias (a
+    bias delta alone); any kind may carry a bias delta. `factor` is alpha / rank for low rank."""
+    kind: str = "low-rank"
+    down: torch.Tensor | None = None   # A: [rank, in_features]
+    up: torch.Tensor | None = None     # B: [out_features, rank]
+    factor: float = 1.0
+    diff: torch.Tensor | None = None
+    bias: torch.Tensor | None = None   # .diff_b
+    parts: dict = field(default_factory=dict)
+    alpha: float | None = None
+
+    def add_to(self, weight: torch.Tensor, scale: float, device) -> None:
+        """weight += scale * delta W, in float32 on `device` (copies from pinned memory do not wait)."""
+        if self.kind == "low-rank":
+            up, down = (f.to(device, non_blocking=True).float() for f in (self.up, self.down))
+            weight.addmm_(up, down, alpha=scale * self.factor)
+        elif self.kind != "bias":
+            weight.add_(self._dense(device), alpha=scale)
 
     def delta(self, scale: float, device: torch.device | str = "cpu") -> torch.Tensor:
-        """scale * factor * up @ down, computed on `device` (where the weight it is added to lives)."""
-        up, down = self.up.to(device, torch.float32), self.down.to(device, torch.float32)
-        return (scale * self.factor) * (up @ down)
+        """scale * delta W as a new float32 tensor on `device`."""
+        if self.kind == "low-rank":
+            return (scale * self.factor) * (self.up.to(device).float() @ self.down.to(device).float())
+        return scale * self._dense(device)
+
+    def _dense(self, device) -> torch.Tensor:
+        if self.kind == "full":
+            return self.diff.to(device, non_blocking=True).float()
+        if self.kind == "lokr":
+            return lora_formats.kronecker_delta(self.parts, self.alpha, device)
+        return lora_formats.hadamard_delta(self.parts, self.alpha, device)
+
+    def pinned(self) -> "LoraLayer":
+        """The same layer with its tensors in pinned host memory (copies to the GPU then do not wait)."""
+        return LoraLayer(self.kind, _pinned(self.down), _pinned(self.up), self.factor, _pinned(self.diff),
+                         _pinned(self.bias), {name: _pinned(t) for name, t in self.parts.items()}, self.alpha)
+
+
+def _pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.pin_memory() if tensor is not None else None
 
 
 @dataclass
 class MatchedLora:
     layers: dict[str, LoraLayer]
-    unmatched: list[str] = field(default_factory=list)
+    not_applied: dict[str, str] = field(default_factory=dict)   # key -> reason
+    formats: tuple[str, ...] = ()
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def report(self) -> str:
-        text = f"{len(self.layers)} layers matched"
-        if self.unmatched:
-            text += f", {len(self.unmatched)} LoRA layers matched nothing in this model"
+        text = f"{', '.join(self.formats)}: {len(self.layers)} layers matched"
+        if self.not_applied:
+            text += f", {len(self.not_applied)} keys not applied ({'; '.join(self._reasons())})"
         return text
+
+    def _reasons(self) -> list[str]:
+        counts: dict[str, int] = {}
+        for reason in self.not_applied.values():
+            counts[reason] = counts.get(reason, 0) + 1
+        return [f"{count} x {reason}" for reason, count in counts.items()]
+
+    def describe(self) -> dict:
+        """For telemetry and the API: the formats, the layers matched and every key not applied with why."""
+        return {"formats": list(self.formats), "layers_matched": len(self.layers),
+                "kinds": sorted({layer.kind for layer in self.layers.values()}),
+                "keys_not_applied": len(self.not_applied), "not_applied": dict(sorted(self.not_applied.items())),
+                "not_applied_reasons": self._reasons()}
 
 
 def check_lora_file(path: str | Path, display_name: str | None = None) -> int:
@@ -89,10 +138,11 @@ def check_lora_file(path: str | Path, display_name: str | None = None) -> int:
             keys = list(lora.keys())
     except SafetensorError as error:
         raise LoraError(_safetensors_problem(name, error)) from error
-    layers = {found["layer"] for key in keys if (found := _KEY.match(key))}
+    roles = [role for key in keys if not isinstance(role := lora_formats.key_role(key), str)]
+    layers = {role.layer for role in roles}
     if not layers:
-        raise LoraError(f"{name} is a safetensors file but holds no LoRA layers (no lora_A/lora_B or "
-                        f"lora_down/lora_up weights among its {len(keys)} tensors)")
+        raise LoraError(f"{name} is a safetensors file but holds no LoRA layers (no lora_A/lora_B, lora_down/lora_up, "
+                        f".diff, LoKr or LoHa weights among its {len(keys)} tensors)")
     return len(layers)
 
 
@@ -104,54 +154,96 @@ def _safetensors_problem(name: str, error: SafetensorError) -> str:
     return f"{name} has an invalid safetensors header ({text})"
 
 
-def read_lora_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """Reads tensors from a safetensors file only, after check_lora_file: its header is parsed, no code in the file
-    is ever run."""
+def read_lora_file(path: str | Path) -> LoraFile:
+    """Reads tensors and the header's metadata from a safetensors file only, after check_lora_file: its header is
+    parsed, no code in the file is ever run."""
     check_lora_file(path)
     try:
-        return load_file(str(path), device="cpu")
+        with safe_open(str(path), framework="pt", device="cpu") as lora:
+            return LoraFile({key: lora.get_tensor(key) for key in lora.keys()}, dict(lora.metadata() or {}))
     except (SafetensorError, OSError, ValueError) as error:
         raise LoraError(f"{Path(path).name} is not a readable safetensors LoRA file ({error})") from error
 
 
-def match_lora(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> MatchedLora:
-    """Pairs each LoRA layer with a linear layer of `model`, checking shapes; zero matches is an error."""
+def match_lora(model: torch.nn.Module, lora: LoraFile | dict[str, torch.Tensor]) -> MatchedLora:
+    """Pairs each layer the file changes with a linear layer of `model`, checking shapes; every key not applied
+    is kept with the reason. Zero matches is an error."""
+    if not isinstance(lora, LoraFile):
+        lora = LoraFile(lora, {})
+    parsed = lora_formats.parse_lora(lora.tensors, lora.metadata)
     linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     by_underscored = {name.replace(".", "_"): name for name in linears}
-    pieces: dict[str, dict] = {}
-    for key, tensor in state_dict.items():
-        if found := _KEY.match(key):
-            kind = {"lora_A": "down", "lora_down": "down", "lora_B": "up", "lora_up": "up"}[found["kind"]]
-            pieces.setdefault(found["layer"], {})[kind] = tensor
-        elif found := _ALPHA.match(key):
-            pieces.setdefault(found["layer"], {})["alpha"] = tensor
-    matched, unmatched = {}, []
-    for lora_name, parts in pieces.items():
-        target = _resolve_layer_name(lora_name, linears, by_underscored)
-        if target is None or "down" not in parts or "up" not in parts:
-            unmatched.append(lora_name)
+    modules = dict(model.named_modules())
+    matched, not_applied = {}, dict(parsed.not_applied)
+    for lora_name, parts in parsed.layers.items():
+        target = _resolve_layer_name(lora_name, linears, by_underscored, lora_name in parsed.underscored)
+        keys = parsed.keys[lora_name]
+        if target is None:
+            reason = "matched no linear layer of this model"
+            other = _resolve_layer_name(lora_name, modules, {}, False)
+            if other is not None:
+                reason = f"{other} is a {type(modules[other]).__name__}, not a linear layer: not applied"
+            not_applied.update({key: reason for key in keys})
             continue
-        matched[target] = _checked_layer(target, linears[target], parts)
+        if target in matched:
+            not_applied.update({key: f"{target} is changed by other keys of this file already: not applied twice"
+                                for key in keys})
+            continue
+        try:
+            matched[target] = _checked_layer(target, linears[target], parts, parsed.alphas.get(lora_name))
+        except _Incomplete as missing:
+            not_applied.update({key: str(missing) for key in keys})
     if not matched:
-        raise LoraError(f"the LoRA matched 0 layers of this model ({len(pieces)} LoRA layers, e.g. "
-                        f"{next(iter(pieces), 'none')!r}): it was made for another model")
-    return MatchedLora(matched, sorted(unmatched))
+        raise LoraError(f"the LoRA matched 0 layers of this model ({len(parsed.layers)} LoRA layers, e.g. "
+                        f"{next(iter(parsed.layers), 'none')!r}): it was made for another model")
+    return MatchedLora(matched, not_applied, tuple(sorted(parsed.formats)), lora.metadata)
 
 
-def _resolve_layer_name(lora_name: str, linears: dict, by_underscored: dict) -> str | None:
-    for prefix in _KOHYA_PREFIXES:
-        if lora_name.startswith(prefix):
-            return by_underscored.get(lora_name[len(prefix):])
+class _Incomplete(Exception):
+    """A layer whose file gives only part of an update (B without A...): reported, not applied."""
+
+
+def _resolve_layer_name(lora_name: str, modules: dict, by_underscored: dict, underscored: bool) -> str | None:
+    if underscored:
+        return by_underscored.get(lora_name)
     parts = lora_name.split(".")
-    for start in range(len(parts)):  # drop wrapper prefixes such as "transformer." or "diffusion_model."
+    for start in range(len(parts)):  # drop wrapper prefixes such as "model." or "base_model.model."
         candidate = ".".join(parts[start:])
-        if candidate in linears:
+        if candidate in modules:
             return candidate
     return None
 
 
-def _checked_layer(name: str, linear: torch.nn.Linear, parts: dict) -> LoraLayer:
+def _checked_layer(name: str, linear: torch.nn.Linear, parts: dict, metadata_alpha: float | None) -> LoraLayer:
+    for part, tensor in parts.items():
+        if part != "alpha" and not torch.isfinite(tensor).all():  # an alpha is checked by _alpha
+            raise LoraError(f"LoRA layer for {name} holds NaN or infinite values")
+    alpha = _alpha(name, parts["alpha"]) if "alpha" in parts else metadata_alpha
+    bias = _checked_bias(name, linear, parts.get("diff_b"))
+    if "down" in parts or "up" in parts:
+        layer = _low_rank(name, linear, parts, alpha)
+    elif "diff" in parts:
+        layer = LoraLayer("full", diff=_checked_full(name, linear, parts["diff"]))
+    elif any(part.startswith("lokr_") for part in parts):
+        layer = LoraLayer("lokr", parts={k: v for k, v in parts.items() if k.startswith("lokr_")}, alpha=alpha)
+    elif any(part.startswith("hada_") for part in parts):
+        layer = LoraLayer("loha", parts={k: v for k, v in parts.items() if k.startswith("hada_")}, alpha=alpha)
+    elif bias is not None:
+        layer = LoraLayer("bias")
+    else:
+        raise _Incomplete(f"{name}: an alpha with no weights: not applied")
+    if layer.kind in ("lokr", "loha"):
+        _checked_product(name, linear, layer)
+    layer.bias = bias
+    return layer
+
+
+def _low_rank(name: str, linear: torch.nn.Linear, parts: dict, alpha: float | None) -> LoraLayer:
+    if "down" not in parts or "up" not in parts:
+        raise _Incomplete(f"{name}: {'up (B)' if 'up' in parts else 'down (A)'} without its pair: not applied")
     down, up = parts["down"], parts["up"]
+    if down.dim() == 4 and down.shape[2:] == (1, 1) and up.dim() == 4:  # 1x1-convolution layout of some trainers
+        down, up = down.flatten(1), up.flatten(1)
     if down.dim() != 2 or up.dim() != 2 or down.shape[0] != up.shape[1]:
         raise LoraError(f"LoRA layer for {name} has inconsistent shapes: A {tuple(down.shape)}, B {tuple(up.shape)}")
     if down.shape[1] != linear.in_features or up.shape[0] != linear.out_features:
@@ -160,9 +252,34 @@ def _checked_layer(name: str, linear: torch.nn.Linear, parts: dict) -> LoraLayer
     rank = down.shape[0]
     if rank == 0:
         raise LoraError(f"LoRA layer for {name} has rank 0")
-    if not (torch.isfinite(down).all() and torch.isfinite(up).all()):
-        raise LoraError(f"LoRA layer for {name} holds NaN or infinite values")
-    return LoraLayer(down, up, _alpha(name, parts["alpha"]) / rank if "alpha" in parts else 1.0)
+    return LoraLayer("low-rank", down, up, alpha / rank if alpha is not None else 1.0)
+
+
+def _checked_full(name: str, linear: torch.nn.Linear, diff: torch.Tensor) -> torch.Tensor:
+    if tuple(diff.shape) != tuple(linear.weight.shape):
+        raise LoraError(f"the .diff of {name} has shape {tuple(diff.shape)} but the model's weight is "
+                        f"{tuple(linear.weight.shape)}: it was made for another model size")
+    return diff
+
+
+def _checked_bias(name: str, linear: torch.nn.Linear, bias: torch.Tensor | None) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    if linear.bias is None or tuple(bias.shape) != tuple(linear.bias.shape):
+        raise LoraError(f"the .diff_b of {name} has shape {tuple(bias.shape)} but the model's layer has "
+                        f"{'no bias' if linear.bias is None else f'a bias of {tuple(linear.bias.shape)}'}")
+    return bias
+
+
+def _checked_product(name: str, linear: torch.nn.Linear, layer: LoraLayer) -> None:
+    try:
+        shape = tuple(layer.delta(1.0).shape)
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise LoraError(f"the {layer.kind} layer for {name} cannot be applied: "
+                        f"{error if not isinstance(error, KeyError) else f'factor {error} is missing'}") from error
+    if shape != tuple(linear.weight.shape):
+        raise LoraError(f"the {layer.kind} layer for {name} makes a {shape} update but the model's weight is "
+                        f"{tuple(linear.weight.shape)}: it was made for another model size")
 
 
 def _alpha(name: str, alpha: torch.Tensor) -> float:
@@ -171,13 +288,14 @@ def _alpha(name: str, alpha: torch.Tensor) -> float:
     return float(alpha)
 
 
-def fuse_lora(model: torch.nn.Module, lora: MatchedLora, scale: float) -> int:
-    """Merges the LoRA into the linear weights, as new tensors (the model's old weights stay untouched)."""
-    for name, layer in lora.layers.items():
-        linear = model.get_submodule(name)
-        merged = linear.weight.float() + layer.delta(scale, linear.weight.device)
-        linear.weight = torch.nn.Parameter(merged.to(linear.weight.dtype), requires_grad=False)
-    return len(lora.layers)
+def check_runtime(lora: MatchedLora, name: str) -> None:
+    """Runtime mode attaches low-rank PEFT layers: a file with any other kind of update is refused with why."""
+    other = sorted({layer.kind for layer in lora.layers.values() if layer.kind != "low-rank"} |
+                   ({"bias"} if any(layer.bias is not None for layer in lora.layers.values()) else set()))
+    if other:
+        kinds = ", ".join("bias deltas (.diff_b)" if kind == "bias" else kind for kind in other)
+        raise LoraError(f"{name} cannot run in runtime mode: it holds {kinds} updates, and runtime mode attaches "
+                        "low-rank (A/B) layers only. Use the fused mode for this LoRA")
 
 
 def attach_runtime_loras(model: torch.nn.Module, loras: list[tuple[str, MatchedLora]]) -> int:

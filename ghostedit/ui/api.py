@@ -4,13 +4,15 @@ around the handlers, which take the values as one dict."""
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import Callable, Literal
 
 import gradio as gr
+from gradio.data_classes import FileData
 
 from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from ..optimize import registry
-from .settings import LORA_SLOTS, lora_parameter, setting_parameter, variants
+from .settings import (LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA, lora_parameter, lora_parameters,
+                       setting_parameter, variants)
 
 REQUEST_PARAMETERS = {
     "image": "the image to edit (a file)",
@@ -23,6 +25,8 @@ REQUEST_PARAMETERS = {
     "seed": f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]}",
     "width": f"output width, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
     "height": f"output height, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
+    "count": f"how many images to make, 1 to {MAX_IMAGES_PER_RUN}, with seeds seed, seed+1, ... (default 1); each "
+             "joins the comparison",
 }
 
 
@@ -44,6 +48,61 @@ def parameter_descriptions() -> dict[str, str]:
             described[setting_parameter(setting)] = (f"{toggle.help}. One of: " + "; ".join(
                 f"{choice.value} ({choice.label})" for choice in toggle.choices) + f". Default {toggle.default}")
     return described
+
+
+def edit_parameters() -> list[str]:
+    """The parameters of /edit in order: the request, the LoRA slots, then one per setting of the registry."""
+    return list(REQUEST_PARAMETERS) + lora_parameters() + [setting_parameter(setting)
+                                                           for setting in registry.settings()]
+
+
+def parameter_types(default_steps: int) -> dict[str, tuple[object, object]]:
+    """{API parameter: (type hint, default)} for typed endpoints (gr.api, MCP tools): a toggle takes one of its
+    values (a JSON-schema enum), a group a list of its flags. inspect.Parameter.empty: required."""
+    required = inspect.Parameter.empty
+    types = {"image": (FileData, required), "image_2": (FileData | None, None), "image_3": (FileData | None, None),
+             "prompt": (str, required), "negative_prompt": (str, ""), "steps": (int, default_steps),
+             "cfg_scale": (float, 4.0), "seed": (int, 0), "width": (int, 0), "height": (int, 0),
+             "count": (int, 1)}
+    for slot in range(1, LORA_SLOTS + 1):
+        types[lora_parameter(slot)] = (str, NO_LORA)
+        types[lora_parameter(slot, "mode")] = (Literal["fused", "runtime"], "fused")
+        types[lora_parameter(slot, "scale")] = (float, 1.0)
+    for setting in registry.settings():
+        if setting in registry.groups():
+            flags = tuple(flag.name for flag in registry.groups()[setting])
+            types[setting_parameter(setting)] = (list[Literal[flags]], [])
+        else:
+            toggle = registry.get(setting)
+            types[setting_parameter(setting)] = (Literal[toggle.values], toggle.default)
+    return types
+
+
+def typed_tool(body: Callable, name: str, summary: str, names: list[str], default_steps: int,
+               returns: tuple[str, object]) -> Callable:
+    """A function named `name` with one typed parameter per name, required ones first (then the request), which
+    calls `body(values, request)`; its docstring says what each argument means and which values it takes (Args)
+    and what comes back (Returns), as Gradio's API page and MCP tool list read them. `returns`: (words, type)."""
+    described, types = parameter_descriptions(), parameter_types(default_steps)
+    names = sorted(names, key=lambda parameter: types[parameter][1] is not inspect.Parameter.empty)
+
+    def call(*arguments, **keywords):
+        bound = call.__signature__.bind(*arguments, **keywords)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        return body(values, values.pop("request"))
+
+    parameters = [inspect.Parameter(parameter, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=types[parameter][1],
+                                    annotation=types[parameter][0]) for parameter in names]
+    parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                        annotation=gr.Request))
+    words, result = returns
+    call.__signature__ = inspect.Signature(parameters, return_annotation=result)
+    call.__annotations__ = {**{parameter.name: parameter.annotation for parameter in parameters}, "return": result}
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = (summary + "\n\nArgs:\n" + "\n".join(f"    {parameter}: {described[parameter]}"
+                                                         for parameter in names) + f"\n\nReturns:\n    {words}")
+    return call
 
 
 def endpoint(method: Callable, summary: str, names: list[str], extra: dict[str, str] | None = None) -> Callable:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import html
 import random
+import secrets
 import tempfile
 import threading
 import traceback
+from collections import OrderedDict
 from pathlib import Path
 
 import gradio as gr
@@ -15,14 +17,20 @@ from PIL import Image
 
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
-from ..errors import GhostEditError
+from ..errors import GhostEditError, InvalidRequestError
 from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live
 from .history import COMPARISON_RULE, History
-from .settings import (NO_LORA, LoraLibrary, edit_request, panel_config, toggle_choices, toggle_parameters,
-                       uploaded_images, variant_configs, variants)
+from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
+                       seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
+                       variants)
+from .tables import column_widths, readable
 from .system import cache_table, hardware_markdown, options_json, options_table, system_report
+
+
+MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
+REUSED_REQUEST = ["prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width", "height"]
 
 
 def user_error(error: BaseException) -> gr.Error:
@@ -57,6 +65,7 @@ class Handlers:
         self.upload_folder = Path(get_upload_folder())
         self._cancel_events: dict[str, threading.Event] = {}
         self._exports = Path(tempfile.mkdtemp(prefix="ghostedit-exports-"))
+        self._browser_histories: OrderedDict[str, History] = OrderedDict()
 
     # ---- choices shown on the page ----
 
@@ -71,22 +80,31 @@ class Handlers:
     # Values arrive as sent, unprocessed by Gradio (layout._wire_edit), as {API parameter: value}: the engine's
     # objects check every one. layout.py gives these methods their API signature (api.py).
     def edit(self, values: dict, history: History, request: gr.Request, progress):
+        """`count` images of one edit, with seeds seed, seed+1, ...: each joins the history, all show in the run's
+        gallery."""
         try:
             config = panel_config(self.loras, values)
             self.engine.check(config)
-            edit = self._edit_request(values)
+            edits = seeded_requests(self._edit_request(values), image_count(values.get("count")))
         except Exception as error:
             raise user_error(error) from error
-        result = yield from self._stream(edit, config, request, progress, heading="")
-        if result is None:
-            return
-        record = history.add(result)
-        yield (live.done_status(result), _before_after(result), live.run_summary(result),
-               live.result_json(result, record.number), history.table(), history)
+        images = []
+        for index, edit in enumerate(edits, 1):
+            heading = f"**Image {index} of {len(edits)}** (seed {edit.seed})\n\n" if len(edits) > 1 else ""
+            result = yield from self._stream(edit, config, request, progress, heading)
+            if result is None:
+                return
+            record = history.add(result)
+            images.append((result.image, f"seed {edit.seed} · run #{record.number}"))
+            yield (live.done_status(result, heading), _before_after(result), live.run_summary(result),
+                   live.result_json(result, record.number), history.table(), images, history)
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
         words = variants()
         try:
+            if image_count(values.get("count")) != 1:
+                raise InvalidRequestError("Run variants makes one image per variant, with the seed given: set "
+                                          "“Images per run” (count) to 1")
             panel = panel_config(self.loras, values)
             runs, notes = variant_configs(values.get("variants"), panel)
             for name, config in runs:  # refuse before the first run, not after an hour of them
@@ -97,7 +115,7 @@ class Handlers:
             edit = self._edit_request(values)
         except Exception as error:
             raise user_error(error) from error
-        finished = []
+        finished, images = [], []
         for index, (name, config) in enumerate(runs, 1):
             heading = f"**Variant {index} of {len(runs)}: {words[name]}** ({config.label})\n\n"
             result = yield from self._stream(edit, config, request, progress, heading)
@@ -107,13 +125,14 @@ class Handlers:
             if name == "baseline":
                 history.set_baseline(record.number)
             finished.append(live.result_json(result, record.number))
+            images.append((result.image, record.label))
             status = live.done_status(result, heading)
             if index == len(runs):
                 status = f"### ✅ Ran {len(runs)} variants: see the comparison below\n" + "\n".join(
                     f"- {note}" for note in notes)
             yield (status, _before_after(result), live.run_summary(result),
                    {"state": "done" if index == len(runs) else "running", "runs": finished, "notes": notes},
-                   history.table(), history)
+                   history.table(), images, history)
 
     def _edit_request(self, values: dict):
         images = uploaded_images([values.get(name) for name in ("image", "image_2", "image_3")], self.upload_folder)
@@ -125,23 +144,29 @@ class Handlers:
         cancel = threading.Event()
         self._cancel_events[request.session_hash] = cancel
         notice = self.prepare_notice(config)
-        skip = gr.skip()
-        yield (heading + "### ⏳ Starting…\n" + notice, None, "", {"state": "starting"}, skip, skip)
+        skip = gr.skip()  # the previous result stays up until this run's replaces it, and after a cancel
+        yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip, {"state": "starting"},
+               skip, skip, skip)
         try:
             for item in live.stream_run(self.engine, edit, config, cancel):
                 if not isinstance(item, live.Live):
                     return item
                 if item.event is not None and item.event.stage == "done":
                     continue  # the result follows at once
-                if item.event is not None and item.event.stage == "denoising" and item.event.total_steps:
-                    progress((item.event.step, item.event.total_steps), desc="denoising", unit="steps")
-                yield live.live_status(item, heading), skip, skip, live.progress_json(item), skip, skip
+                if item.event is not None and item.event.total_steps:
+                    progress((item.event.step, item.event.total_steps), desc=live.stage_words(item.event.stage),
+                             unit="steps")
+                yield live.live_status(item, heading), skip, skip, live.progress_json(item), skip, skip, skip
         except RunCancelled as cancelled:
-            yield (heading + f"### ⏹ Cancelled ({cancelled})", None, "", {"state": "cancelled",
-                                                                          "message": str(cancelled)}, skip, skip)
+            yield (heading + f"### ⏹ Cancelled ({cancelled}): the result shown is the last finished run's", skip, skip,
+                   {"state": "cancelled", "message": str(cancelled)}, skip, skip, skip)
             return None
         except Exception as error:
-            raise user_error(error) from error
+            failure = user_error(error)
+            # the live status must not stay at its last stage ("Loading the model", a frozen timer) under the toast
+            yield (heading + f"### ❌ {failure.title}\n{failure.message}", skip, skip,
+                   {"state": "failed", "message": failure.message}, skip, skip, skip)
+            raise failure from error
         finally:
             self._cancel_events.pop(request.session_hash, None)
 
@@ -165,14 +190,22 @@ class Handlers:
         notice = []
         if self.engine.load_count == 0:
             notice.append("The model loads on the first run.")
+        compiles = config.value("compile") != "off"
         if expected == 0:
             notice.append(f"**{config.label}** is prepared and warm: the run goes straight to encoding and denoising.")
         elif expected is None:
             notice.append(f"First use of **{config.label}**: it is prepared before the run "
                           "(not measured yet on this machine).")
+            if compiles:
+                notice.append(f"⚠️ **This run compiles the DiT** (torch.compile {config.value('compile')}) before "
+                              "its first step at each output size: expect about a minute on a GPU and several on a "
+                              "CPU, shown as “compiling” in the time chart; later runs at that size reuse it.")
         else:
             notice.append(f"First use of **{config.label}**: preparing took {expected:.1f} s last time on this "
                           "machine.")
+            if compiles:
+                notice.append(f"⚠️ **This run compiles the DiT** (torch.compile {config.value('compile')}): "
+                              f"that is counted in the {expected:.1f} s.")
         return " ".join(notice)
 
     def panel_notice(self, *values) -> str:
@@ -197,27 +230,66 @@ class Handlers:
             raise user_error(error) from error
         return self.lora_dropdown(name), f"Saved as `{name}` in `{self.loras.folder}`."
 
+    # ---- the history of a browser, kept across page reloads ----
+
+    def restore_history(self, browser_key: str | None):
+        """On page load: the history of this browser (its key is kept in the browser's storage, gr.BrowserState),
+        and the key, a new one for a browser seen for the first time. Histories live in this server's memory (each
+        holds its runs' images), for the MAX_BROWSERS browsers seen last."""
+        if not browser_key or browser_key not in self._browser_histories:
+            browser_key = browser_key or secrets.token_urlsafe(24)
+            self._browser_histories[browser_key] = History()
+        self._browser_histories.move_to_end(browser_key)
+        while len(self._browser_histories) > MAX_BROWSERS:
+            self._browser_histories.popitem(last=False)
+        history = self._browser_histories[browser_key]
+        return browser_key, history, readable(history.table())
+
+    def remember_history(self, browser_key: str | None, history: History) -> None:
+        if browser_key:
+            self._browser_histories[browser_key] = history
+
+    def reuse_settings(self, number, history: History):
+        """The panel's values of an earlier run, in the order of layout's reuse outputs (the request values, then
+        the toggles)."""
+        run = history.run(number)
+        if run is None:
+            raise gr.Error("pick a run of the history first")
+        values = reused_values(self.loras, run.params, run.toggles)
+        missing = [lora["name"] for lora in run.toggles["loras"]
+                   if lora["name"] not in {Path(value).stem for _, value in self.loras.choices()}]
+        note = f"Settings of run {run.label} are back in the panel." + (
+            f" Not found in the LoRA folder any more: {', '.join(missing)}." if missing else "")
+        return [values[name] for name in REUSED_REQUEST + list(toggle_parameters())] + [note]
+
+    def aspect_size(self, preset: str):
+        return preset_size(preset, self.engine.spec.default_area)
+
     # ---- the comparison ----
 
     def compare_views(self, history: History, request: gr.Request):
-        """Gallery, charts, baseline picker and exports for the session's history."""
+        """Gallery, charts, baseline picker, exports, the table's column widths and the runs to reuse, for the
+        session's history."""
         folder = self._exports / (request.session_hash or "api")
         csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
         return (history.gallery(), history.stage_chart(), history.memory_chart(),  # bars in data order: run order
                 gr.update(choices=[(run.label, run.number) for run in history.runs], value=history.baseline_number),
                 gr.update(value=csv_path, interactive=csv_path is not None),
                 gr.update(value=json_path, interactive=json_path is not None),
-                _comparison_caption(history))
+                _comparison_caption(history),
+                gr.update(column_widths=column_widths(history.table())),  # here: the API's table stays plain data
+                gr.update(choices=[(run.label, run.number) for run in reversed(history.runs)],
+                          value=history.runs[-1].number if history.runs else None))
 
     @staticmethod
     def set_baseline(number, history: History):
         history.set_baseline(None if number is None else int(number))
-        return history.table(), history
+        return readable(history.table()), history
 
     @staticmethod
     def clear_history(history: History):
         history.clear()
-        return history.table(), history
+        return readable(history.table()), history
 
     # ---- the system ----
 
@@ -228,7 +300,8 @@ class Handlers:
 
     def system_views(self):
         report = system_report(self.engine)
-        return hardware_markdown(report), options_table(report), cache_table(report["cached_pipelines"])
+        return (hardware_markdown(report), readable(options_table(report)),
+                readable(cache_table(report["cached_pipelines"])))
 
     def free_cache(self) -> dict:
         """Drops every prepared pipeline (the base weights stay loaded) and says how much memory that freed."""
@@ -238,7 +311,7 @@ class Handlers:
     def free_cache_views(self):
         freed = self.free_cache()
         return (f"Freed {freed['freed_gib']:.3f} GiB of prepared pipelines (the base weights stay loaded).",
-                cache_table(freed["cached_pipelines"]))
+                readable(cache_table(freed["cached_pipelines"])))
 
     def api_options(self) -> dict:
         """Every toggle's choices with availability and reason, the LoRA choices, and the model's defaults."""

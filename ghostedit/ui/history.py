@@ -13,8 +13,9 @@ from PIL import Image
 from .live import stage_words
 
 MAX_RUNS = 50  # a session keeps its latest runs; each holds its output image
+OTHER_STAGE = "other"  # the part of a run's time outside every timed stage
 
-COLUMNS = ("run", "configuration", "steps", "size", "end-to-end s", "denoise s/step", "compile warm-up s",
+COLUMNS = ("run", "configuration", "prompt", "seed", "steps", "size", "end-to-end s", "denoise s/step", "compile warm-up s",
            "load + prepare s", "peak memory GiB", "cache", "speedup e2e ×", "speedup s/step ×", "PSNR dB", "SSIM")
 
 COMPARISON_RULE = ("Speedup, PSNR and SSIM compare each run with the baseline run when both edited the same input "
@@ -118,6 +119,8 @@ class History:
         return {
             "run": f"#{run.number}" + (" (baseline)" if run.number == self.baseline_number else ""),
             "configuration": run.configuration,
+            "prompt": run.params["prompt"],
+            "seed": run.params["seed"],
             "steps": run.params["steps"],
             "size": f"{run.params['width']}×{run.params['height']}",
             "end-to-end s": round(telemetry["total_s"], 3),
@@ -137,14 +140,25 @@ class History:
         return self.runs[0].telemetry["memory_kind"] if self.runs else ""
 
     def stage_chart(self) -> pd.DataFrame:
-        """Seconds per stage per run (long format, for a stacked bar chart)."""
-        rows = [{"run": run.label, "stage": stage_words(stage), "seconds": seconds}
-                for run in self.runs for stage, seconds in run.telemetry["stages_s"].items()]
-        return pd.DataFrame(rows, columns=["run", "stage", "seconds"])
+        """Seconds per stage per run (long format, for a stacked bar chart): every stage, compiling included, and
+        what no stage accounts for as "other", so that each bar is as tall as the run's end-to-end time. The x
+        labels are the short run numbers (a configuration's label is too long for an axis); the configuration is
+        in the tooltip and the table."""
+        rows = []
+        for run in self.runs:
+            stages = {stage_words(stage): seconds for stage, seconds in run.telemetry["stages_s"].items()}
+            stages[OTHER_STAGE] = max(0.0, run.telemetry["total_s"] - sum(stages.values()))
+            rows += [{"run": f"#{run.number}", "configuration": run.configuration, "stage": stage,
+                      "seconds": round(seconds, 3)} for stage, seconds in stages.items()]
+        return pd.DataFrame(rows, columns=["run", "configuration", "stage", "seconds"])
 
     def memory_chart(self) -> pd.DataFrame:
-        rows = [{"run": run.label, "peak GiB": run.telemetry["peak_allocated_gib"]} for run in self.runs]
-        return pd.DataFrame(rows, columns=["run", "peak GiB"])
+        rows = [{"run": f"#{run.number}", "configuration": run.configuration,
+                 "peak GiB": run.telemetry["peak_allocated_gib"]} for run in self.runs]
+        return pd.DataFrame(rows, columns=["run", "configuration", "peak GiB"])
+
+    def run(self, number) -> RunRecord | None:
+        return next((run for run in self.runs if number is not None and run.number == int(number)), None)
 
     def gallery(self) -> list[tuple[Image.Image, str]]:
         return [(run.image, f"{run.label} · {run.telemetry['total_s']:.2f} s") for run in self.runs]

@@ -10,11 +10,14 @@ from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
 from .. import figures
 from .handlers import Handlers
-from .history import COLUMNS, History
+from .history import COLUMNS, OTHER_STAGE, History
+from .tables import column_widths
+from .live import stage_words
+from ..telemetry import STAGE_ORDER
 from ..optimize import registry
-from . import api
-from .settings import (DEFAULT_VARIANTS, LORA_SLOTS, NO_LORA, lora_parameter, lora_parameters, setting_parameter,
-                       variants)
+from . import api, tools
+from .settings import (ASPECT_PRESETS, DEFAULT_VARIANTS, FROM_INPUT, LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA,
+                       lora_parameter, lora_parameters, setting_parameter, toggle_parameters, variants)
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EXAMPLES = [
@@ -22,8 +25,11 @@ EXAMPLES = [
     ("portrait.png", "give the person a wizard hat and a glowing cape"),
     ("mountains.png", "cover the mountains in snow under a pink sunset"),
 ]
-COLUMN_WIDTHS = ["8%", "16%"] + [f"{76 / (len(COLUMNS) - 2):.2f}%"] * (len(COLUMNS) - 2)
-GPU_QUEUE = dict(concurrency_limit=1, concurrency_id="gpu")  # edits and variant batches: one GPU job at a time
+# one colour per stage, every stage in the legend (compiling too, before any run compiled), in the order they run
+STAGE_COLORS = dict(zip([stage_words(stage) for stage in STAGE_ORDER] + [OTHER_STAGE],
+                        ["#64748b", "#a855f7", "#f472b6", "#ef4444", "#f59e0b", "#eab308", "#6366f1", "#10b981",
+                         "#cbd5e1"]))
+GPU_QUEUE = dict(concurrency_id="gpu")  # edits and variant batches: one job at a time per GPU (worker)
 LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job
 PRIVATE = dict(api_visibility="private")
 
@@ -31,29 +37,63 @@ CSS = """
 #status {min-height: 8em}
 #prepare_notice {font-size: 0.92em}
 .ghost-note {font-size: 0.9em; opacity: 0.85}
+.ghost-progress {width: 100%; height: 0.9em; accent-color: var(--color-accent)}
+.ghost-legend {display: flex; flex-wrap: wrap; gap: 0.3em 1em; font-size: 0.85em}
+.ghost-legend-item {white-space: nowrap}
+.ghost-swatch {display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; border-radius: 2px}
 """
 
+# In-page behaviour Gradio has no component for. Run on Enter in the instruction (Shift+Enter: a new line) or
+# Ctrl/Cmd+Enter anywhere; the theme chosen with the page's switch is kept in this browser.
+PAGE_SCRIPT = """
+() => {
+  if (localStorage.getItem('ghostedit-theme') === 'dark') document.body.classList.add('dark');
+  document.addEventListener('keydown', (event) => {
+    if (event.key !== 'Enter' || event.isComposing) return;
+    const inPrompt = event.target.closest && event.target.closest('#prompt');
+    if (event.ctrlKey || event.metaKey || (inPrompt && !event.shiftKey)) {
+      event.preventDefault();
+      document.querySelector('#run').click();
+    }
+  }, true);
+}
+"""
+TOGGLE_THEME = """
+() => {
+  const dark = document.body.classList.toggle('dark');
+  localStorage.setItem('ghostedit-theme', dark ? 'dark' : 'light');
+}
+"""
+CLOSE_TOASTS = "() => document.querySelectorAll('[data-testid=toast-close]').forEach((button) => button.click())"
 
-def build_app(engine, lora_dir: Path) -> gr.Blocks:
+
+def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
+    """`concurrency`: edits served at once, one per worker of a pool (engine/workers.py); 1 for a plain Engine."""
     handlers = Handlers(engine, lora_dir)
     with gr.Blocks(title="GhostEdit", analytics_enabled=False) as demo:
-        gr.Markdown(_intro(engine))
+        gr.Markdown(_intro(engine, concurrency))
         history = gr.State(History())
+        # this browser's key to its history on the server: the history survives a page reload
+        browser_key = gr.BrowserState(None, storage_key="ghostedit-history")
+        with gr.Row():
+            gr.Button("🌓 Dark / light", size="sm", scale=0, min_width=140, elem_id="theme_toggle").click(
+                None, js=TOGGLE_THEME, **PRIVATE)
         with gr.Tab("Edit & compare"):
             edit = _edit_section(handlers, engine)
             compare = _compare_section()
         with gr.Tab("System") as system_tab:
             system = _system_section()
-        _wire_edit(demo, handlers, edit, compare, history)
+        _wire_edit(demo, handlers, edit, compare, history, browser_key, concurrency)
         _wire_system(demo, handlers, system, system_tab)
-        gr.api(handlers.api_options, api_name="options", **LIGHT)
-        gr.api(handlers.system, api_name="system", **LIGHT)
+        tools.add_tools(handlers, on_gpu, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
     return demo
 
 
-def _intro(engine) -> str:
+def _intro(engine, concurrency: int) -> str:
     memory = "GPU memory" if engine.device.startswith("cuda") else "host memory (RSS: there is no GPU)"
+    device = (f"{concurrency} workers, one edit at a time on each (the status names the one that ran an edit)"
+              if concurrency > 1 else engine.device)
     text = f"""# 👻 GhostEdit
 Edit an image with an instruction (Qwen-Image-Edit), switch the speed options on and off (LoRA fusion, FP8,
 attention backend, torch.compile, steps) and see what each one costs: every run is timed stage by stage and
@@ -64,7 +104,7 @@ machine cannot run says why). **3.** Run and watch stage, step, seconds per step
 **4.** Change a toggle and run again, or use *Run variants*: the table shows the speedup and the image
 difference (PSNR, SSIM) against the baseline run.
 
-<span class="ghost-note">Model: {engine.spec.description} · device: {engine.device} · memory figures:
+<span class="ghost-note">Model: {engine.spec.description} · device: {device} · memory figures:
 {memory}.</span>"""
     if engine.spec.kind == "tiny":
         text += ("\n\n<span class=\"ghost-note\">The tiny model has random weights: it runs the real "
@@ -85,6 +125,8 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
             ui.status = gr.Markdown("Ready: the live status of a run shows here.", elem_id="status")
             ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="pil", interactive=False,
                                        elem_id="result", max_height=560, format="png")
+            ui.images = gr.Gallery(label="This run's images (one per seed)", columns=4, height=220,
+                                   object_fit="contain", format="png", elem_id="run_images")
         with gr.Column(scale=1):
             ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
             with gr.Accordion("Run telemetry (JSON)", open=False):
@@ -92,7 +134,7 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
     ui.toggles = [ui.controls[name] for name in lora_parameters()] + [ui.controls[setting_parameter(setting)]
                                                                       for setting in registry.settings()]
     ui.request = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
-                  ui.width, ui.height]
+                  ui.width, ui.height, ui.count]
     ui.panel = ui.request + ui.toggles  # the order of api.edit_parameters()
     return ui
 
@@ -105,6 +147,7 @@ def _inputs(ui: SimpleNamespace) -> None:
             ui.image_2 = gr.Image(label="Image 2", type="filepath", elem_id="input_image_2", height=180)
             ui.image_3 = gr.Image(label="Image 3", type="filepath", elem_id="input_image_3", height=180)
     ui.prompt = gr.Textbox(label="Instruction", lines=2, elem_id="prompt",
+                           info="Enter or Ctrl+Enter runs; Shift+Enter starts a new line",
                            placeholder="What should change? e.g. make it night and add snow")
     ui.negative_prompt = gr.Textbox(label="Negative prompt (optional)", elem_id="negative_prompt")
     gr.Examples([[str(ASSETS / "examples" / name), prompt] for name, prompt in EXAMPLES],
@@ -121,11 +164,15 @@ def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
             ui.seed = gr.Number(value=0, precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1], label="Seed",
                                 elem_id="seed", scale=3)
             ui.seed_button = gr.Button("🎲 Random seed", scale=1, size="sm")
+        ui.aspect = gr.Radio(list(ASPECT_PRESETS), value=FROM_INPUT, label="Aspect ratio",
+                             info="sets the size below at the model's usual area", elem_id="aspect")
         with gr.Row():
             ui.width = gr.Slider(0, SIZE_RANGE[1], value=0, step=16, label="Output width",
                                  info="0: from the input's aspect ratio", elem_id="width")
             ui.height = gr.Slider(0, SIZE_RANGE[1], value=0, step=16, label="Output height",
                                   info="0: from the input's aspect ratio", elem_id="height")
+        ui.count = gr.Slider(1, MAX_IMAGES_PER_RUN, value=1, step=1, label="Images per run",
+                             info="seeds seed, seed+1, …; each image joins the comparison", elem_id="count")
     ui.controls = {}
     with gr.Accordion("LoRAs", open=True):
         _lora_slots(ui, handlers)
@@ -134,7 +181,7 @@ def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
             ui.controls[setting_parameter(setting)] = _toggle_control(setting, handlers)
     ui.prepare_notice = gr.Markdown(elem_id="prepare_notice")
     with gr.Row():
-        ui.run = gr.Button("Run", variant="primary", elem_id="run", scale=3)
+        ui.run = gr.Button("Run (Ctrl+Enter)", variant="primary", elem_id="run", scale=3)
         ui.cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=1)
 
 
@@ -183,23 +230,41 @@ def _compare_section() -> SimpleNamespace:
         ui.run_variants = gr.Button("Run variants", variant="primary", elem_id="run_variants", scale=1,
                                     min_width=160)
     ui.table = gr.Dataframe(History().table(), headers=list(COLUMNS), interactive=False, wrap=True,
-                            column_widths=COLUMN_WIDTHS, elem_id="history", label="Runs of this browser session",
-                            max_height=420)
+                            column_widths=column_widths(History().table()),
+                            elem_id="history", label="Runs of this browser (kept across page reloads)",
+                            max_height=420, elem_classes="ghost-table", pinned_columns=1)
     ui.caption = gr.Markdown("No runs yet: every run joins this comparison.", elem_classes="ghost-note")
+    with gr.Row(equal_height=True):
+        ui.reuse_run = gr.Dropdown([], label="Run of the history", elem_id="reuse_run", scale=3)
+        ui.reuse = gr.Button("Reuse these settings", elem_id="reuse", scale=1)
+    ui.reuse_message = gr.Markdown(elem_classes="ghost-note", elem_id="reuse_message")
     with gr.Row(equal_height=True):
         ui.baseline = gr.Dropdown([], label="Baseline run", elem_id="baseline", scale=3)
         ui.download_csv = gr.DownloadButton("Export CSV", interactive=False, elem_id="export_csv", scale=1)
         ui.download_json = gr.DownloadButton("Export JSON", interactive=False, elem_id="export_json", scale=1)
         ui.clear = gr.Button("Clear history", elem_id="clear_history", scale=1)
     with gr.Row():
-        ui.time_plot = gr.BarPlot(x="run", y="seconds", color="stage", y_lim=[0, None], x_label_angle=-15,
-                                  title="Time per run, by stage (seconds)", height=340, elem_id="time_plot")
-        ui.memory_plot = gr.BarPlot(x="run", y="peak GiB", y_lim=[0, None], x_label_angle=-15,
-                                    title="Peak memory per run (GiB)", height=340, elem_id="memory_plot")
+        # x: the run numbers, short enough never to be cut; the configuration is in the tooltip and the table
+        # Gradio's legend is one line that a narrow screen cuts: this one wraps (and names every stage)
+        ui.time_plot = gr.BarPlot(x="run", y="seconds", color="stage", y_lim=[0, None], color_map=STAGE_COLORS,
+                                  colors_in_legend=[],
+                                  tooltip=["run", "configuration", "stage", "seconds"], x_title="run (see the table)",
+                                  title="Seconds per run, by stage", height=340,
+                                  elem_id="time_plot", min_width=300)
+        ui.memory_plot = gr.BarPlot(x="run", y="peak GiB", y_lim=[0, None], tooltip=["run", "configuration", "peak GiB"],
+                                    x_title="run (see the table)", title="Peak memory per run (GiB)", height=340,
+                                    elem_id="memory_plot", min_width=300)
+    gr.HTML(_stage_legend(), elem_id="stage_legend")
     ui.gallery = gr.Gallery(label="Outputs side by side", columns=6, fit_columns=False, height=260,
                             object_fit="contain", format="png",
                             elem_id="outputs_gallery")
     return ui
+
+
+def _stage_legend() -> str:
+    items = "".join(f'<span class="ghost-legend-item"><span class="ghost-swatch" style="background:{color}"></span>'
+                    f'{stage}</span>' for stage, color in STAGE_COLORS.items())
+    return f'<div class="ghost-legend" aria-label="stages of the time chart">Stages: {items}</div>'
 
 
 def _system_section() -> SimpleNamespace:
@@ -208,55 +273,70 @@ def _system_section() -> SimpleNamespace:
         ui.refresh = gr.Button("Refresh", scale=0)
     ui.hardware = gr.Markdown(elem_id="hardware")
     ui.options = gr.Dataframe(label="Every option on this machine", interactive=False, wrap=True,
-                              elem_id="backends")
+                              elem_id="backends", elem_classes="ghost-table", max_height=600)
     gr.Markdown("### Prepared pipelines in the cache\nEach configuration used is prepared once (LoRA fused, FP8 "
                 "quantized, compiled…) and kept for the next run, within a memory budget.")
-    ui.cache = gr.Dataframe(label="Cached pipelines", interactive=False, wrap=True, elem_id="cache")
+    ui.cache = gr.Dataframe(label="Cached pipelines", interactive=False, wrap=True, elem_id="cache",
+                            elem_classes="ghost-table")
     with gr.Row():
         ui.free = gr.Button("Free cached pipelines", variant="stop", scale=0, elem_id="free_cache")
         ui.free_message = gr.Markdown()
     return ui
 
 
-def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history) -> None:
-    outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, history]
+def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, browser_key, concurrency: int) -> None:
+    outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, edit.images, history]
     compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
-                       compare.download_csv, compare.download_json, compare.caption]
-    names = list(api.REQUEST_PARAMETERS) + list(lora_parameters()) + [setting_parameter(setting)
-                                                                       for setting in registry.settings()]
-    edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles. "
+                       compare.download_csv, compare.download_json, compare.caption, compare.table,
+                       compare.reuse_run]
+    names = api.edit_parameters()
+
+    def after_history_changed(event):
+        """The views of the history, and the history kept for this browser."""
+        return (event.then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
+                .then(handlers.remember_history, [browser_key, history], None, **PRIVATE, **LIGHT))
+
+    edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles, "
+                                  "`count` times with seeds seed, seed+1, .... "
                                   "Streams the live status and progress (stage, step, s/step, elapsed, ETA, memory) "
                                   "at every step, then returns the before/after pair, the run summary, the run's "
-                                  "telemetry (JSON) and the session's comparison table.", names))
+                                  "telemetry (JSON), the session's comparison table and the run's images.", names),
+                     handlers.engine.spec, runs_for=lambda arguments: arguments.get("count") or 1)
     variants_fn = on_gpu(api.endpoint(handlers.run_variants, "Runs the same edit under several configurations in one "
                                       "go: the stock baseline, the baseline plus one panel setting each, or the "
                                       "whole panel. Streams like /edit; each finished variant joins the comparison "
                                       "table.", names + ["variants"], {"variants": api.variants_description()}),
-                         runs_for=lambda arguments: len(arguments.get("variants") or [1]))
+                         handlers.engine.spec, runs_for=lambda arguments: len(arguments.get("variants") or [1]))
     for button, fn, inputs, name in ((edit.run, edit_fn, edit.panel + [history], "edit"),
                                      (compare.run_variants, variants_fn, edit.panel + [compare.variants, history],
                                       "run_variants")):
+        button.click(None, js=CLOSE_TOASTS, **PRIVATE)  # an earlier run's error is not this run's
         # preprocess=False: the values reach the handler as sent, and the engine's checks are the only ones (with
         # messages that name the parameter). Gradio's gr.Image would open an upload with Pillow before GhostEdit's
         # safe reader sees it, and would open any file on the server named by a payload without FileData's "meta".
-        (button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result], preprocess=False,
-                      **GPU_QUEUE)
-         .then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
-         .then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT))
+        after_history_changed(button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result],
+                                           preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE)).then(
+            handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
     edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)
     edit.seed_button.click(handlers.random_seed, None, edit.seed, queue=False, **PRIVATE)
+    edit.aspect.input(handlers.aspect_size, edit.aspect, [edit.width, edit.height], queue=False, **PRIVATE)
     edit.lora_upload.upload(handlers.upload_lora, edit.lora_upload, [edit.lora, edit.lora_message],
                             api_name="upload_lora", **LIGHT)
     for toggle in edit.toggles:
         toggle.change(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden",
                       **PRIVATE, **LIGHT)
-    demo.load(handlers.lora_dropdown, None, edit.lora, **PRIVATE, **LIGHT).then(
-        handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
-    compare.baseline.input(handlers.set_baseline, [compare.baseline, history], [compare.table, history],
-                           **PRIVATE, **LIGHT).then(handlers.compare_views, history, compare_outputs,
-                                                    **PRIVATE, **LIGHT)
-    compare.clear.click(handlers.clear_history, history, [compare.table, history], **PRIVATE, **LIGHT).then(
-        handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
+    after_history_changed(
+        demo.load(handlers.lora_dropdown, None, edit.lora, **PRIVATE, **LIGHT)
+        .then(handlers.restore_history, browser_key, [browser_key, history, compare.table], **PRIVATE, **LIGHT)
+    ).then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
+    after_history_changed(compare.baseline.input(handlers.set_baseline, [compare.baseline, history],
+                                                 [compare.table, history], **PRIVATE, **LIGHT))
+    after_history_changed(compare.clear.click(handlers.clear_history, history, [compare.table, history],
+                                              **PRIVATE, **LIGHT))
+    reused = [edit.prompt, edit.negative_prompt, edit.steps, edit.cfg_scale, edit.seed, edit.width, edit.height]
+    compare.reuse.click(handlers.reuse_settings, [compare.reuse_run, history],
+                        reused + [edit.controls[name] for name in toggle_parameters()] + [compare.reuse_message],
+                        **PRIVATE, **LIGHT)
 
 
 def _wire_system(demo: gr.Blocks, handlers: Handlers, system, system_tab) -> None:

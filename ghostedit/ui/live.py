@@ -96,6 +96,15 @@ def memory_words(label: str) -> str:
     return label
 
 
+def progress_bar(event: ProgressEvent | None) -> str:
+    """A real progress bar over the current stage's steps; without steps (loading, preparing) an indeterminate one
+    that still shows the run is working."""
+    if event is None or not event.total_steps:
+        return '<progress class="ghost-progress" aria-label="working"></progress>\n\n'
+    return (f'<progress class="ghost-progress" value="{event.step}" max="{event.total_steps}" '
+            f'aria-label="{stage_words(event.stage)}: step {event.step} of {event.total_steps}"></progress>\n\n')
+
+
 def live_status(live: Live, heading: str = "") -> str:
     """Markdown for the live view: stage, step i/N, s/step, elapsed, ETA, current and peak memory."""
     event, elapsed = live.event, live.elapsed
@@ -105,8 +114,10 @@ def live_status(live: Live, heading: str = "") -> str:
     title = stage_words(event.stage).capitalize()
     if event.total_steps:
         title += f" · step {event.step}/{event.total_steps}"
+    if event.worker:
+        title += f" · on {event.worker}"
     detail = f" — {event.message}" if event.message and event.stage in ("load", "preparing") else ""
-    return (f"{heading}### ⏳ {title}{detail}\n"
+    return (f"{heading}### ⏳ {title}{detail}\n{progress_bar(event)}"
             "| step | s/step | elapsed | ETA | memory now | peak |\n|---|---|---|---|---|---|\n"
             f"| {event.step}/{event.total_steps or '–'} | {_seconds(event.step_seconds)} | {elapsed:.1f} s | "
             f"{_seconds(event.eta)} | {_gib(event.memory.allocated_gib)} | {_gib(event.peak.allocated_gib)} |\n\n"
@@ -130,6 +141,7 @@ def progress_json(live: Live) -> dict:
         "memory": {"label": event.memory.label, "now_gib": event.memory.allocated_gib,
                    "peak_gib": event.peak.allocated_gib},
         "message": event.message,
+        "worker": event.worker or None,
     }
 
 
@@ -139,7 +151,13 @@ def done_status(result, heading: str = "") -> str:
     cache = "prepared pipeline from the cache" if summary["cache_hit"] else "pipeline prepared for this run"
     return (f"{heading}### ✅ Done in {summary['total_s']:.2f} s\n"
             f"{per_step:.3f} s per denoising step · {cache} · peak {_gib(summary['peak_allocated_gib'])} "
-            f"({summary['memory_kind']})")
+            f"({summary['memory_kind']}){ran_on(summary)}")
+
+
+def ran_on(summary: dict) -> str:
+    """Which worker of a pool ran the edit (engine/workers.py); nothing without a pool."""
+    worker = summary.get("worker")
+    return f" · ran on worker {worker['index']}: {worker['device']} ({worker['name']})" if worker else ""
 
 
 def run_summary(result) -> str:
@@ -147,7 +165,8 @@ def run_summary(result) -> str:
     summary = result.telemetry.summary()
     request = result.request
     lines = [f"**{result.config.label}** · {result.width}×{result.height} · {request.steps} steps · "
-             f"CFG {request.cfg_scale:g} · seed {request.seed} · attention ran: {result.attention_backend}", ""]
+             f"CFG {request.cfg_scale:g} · seed {request.seed} · attention ran: {result.attention_backend}"
+             f"{ran_on(summary)}", ""]
     if summary["cache_hit"]:
         lines.append("**Prepared pipeline: cache hit** (prepared by an earlier run, reused as is)")
     else:
@@ -167,8 +186,18 @@ def run_summary(result) -> str:
                       f"{len(summary['step_s'])}: {' '.join(f'{s:.3f}' for s in summary['step_s'])})"]
     lines.append(f"Peak {memory_words(summary['memory_kind'])}: **{_gib(summary['peak_allocated_gib'])}**")
     lines += ["", "What each toggle did:"] + [f"- {name}: {words}" for name, words in result.prepared_report.items()]
+    lines += [lora_line(lora) for lora in summary["loras"]]
     lines += [f"\n⚠️ {note}" for note in summary["notes"]]
     return "\n".join(lines)
+
+
+def lora_line(lora: dict) -> str:
+    """One LoRA in a line: its format, what matched, and what was not applied and why (the keys: API telemetry)."""
+    line = (f"- LoRA **{lora['name']}** ({lora['mode']}, scale {lora['scale']:g}): {', '.join(lora['formats'])}, "
+            f"{lora['layers_matched']} layers matched")
+    if lora["keys_not_applied"]:
+        line += f"; ⚠️ {lora['keys_not_applied']} keys not applied: {'; '.join(lora['not_applied_reasons'])}"
+    return line
 
 
 def result_json(result, run_number: int) -> dict:

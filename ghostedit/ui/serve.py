@@ -10,25 +10,50 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to listen on (0.0.0.0 to serve your network)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
+                        help="port to listen on (default 7860, or $GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     parser.add_argument("--lora-dir", default=None,
                         help="folder of LoRA .safetensors files, created if missing (default: loras/ in the working "
                              "directory)")
+    parser.add_argument("--mcp", action="store_true", default=os.environ.get("GHOSTEDIT_MCP", "") == "1",
+                        help="also serve the edit, options and system endpoints as MCP tools at "
+                             "/gradio_api/mcp/ (needs gradio[mcp]; on a Space: GHOSTEDIT_MCP=1)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="edits served at once, one engine per worker: on CUDA the first N GPUs (default: every "
+                             "visible GPU), on the CPU N CPU workers (default 1)")
 
 
 def serve(args: argparse.Namespace) -> None:
-    from ..device import default_device
+    from ..arguments import model_and_device
+    from ..engine.workers import worker_devices
     from ..loras import default_folder
-    from ..models import default_source
     from . import create_app, launch_options
 
-    device = args.device or default_device()
-    demo = create_app(args.model or default_source(device), args.lora_dir or default_folder(), device=device,
-                      dtype=args.dtype)
+    source, device = model_and_device(args)
+    try:
+        worker_devices(device, args.workers)  # a --workers this machine cannot serve stops here, with the reason
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    if args.mcp:
+        check_mcp()
+    demo = create_app(source, args.lora_dir or default_folder(), device=device, dtype=args.dtype,
+                      workers=args.workers)
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
-                prevent_thread_lock=True, **launch_options())
+                prevent_thread_lock=True, mcp_server=args.mcp, **launch_options())
     print(f"GhostEdit is serving on {demo.local_url}" + (f" and {demo.share_url}" if demo.share_url else
           " (add --share for a public gradio.live link)"), flush=True)
+    if args.mcp:
+        from .tools import keep_agent_tools
+        print(f"MCP tools {', '.join(keep_agent_tools(demo))} at (Streamable HTTP) "
+              f"{demo.share_url or demo.local_url}gradio_api/mcp/", flush=True)
     demo.block_thread()
+
+
+def check_mcp() -> None:
+    """--mcp needs Gradio's MCP extra; without it Gradio would log an error and serve no tools, so refuse."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError as error:
+        raise SystemExit(f"--mcp needs the MCP package ({error}): pip install \"gradio[mcp]==6.31.0\"") from None

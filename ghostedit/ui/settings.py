@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..config import EditRequest, LoraChoice, OptimizationConfig, resolved_settings
+from ..config import SEED_RANGE, EditRequest, LoraChoice, OptimizationConfig, resolved_settings
 from ..device import Availability
 from ..optimize import registry
 from ..errors import InvalidRequestError
@@ -17,6 +17,9 @@ from ..loras import list_loras, resolve_lora, save_uploaded_lora
 NO_LORA = "none"
 BUILTIN_PREFIX = "built-in/"
 LORA_SLOTS = 3  # LoRAs the page stacks (the API takes the same: lora, lora_2, lora_3)
+MAX_IMAGES_PER_RUN = 8
+FROM_INPUT = "from the input"
+ASPECT_PRESETS = (FROM_INPUT, "1:1", "4:3", "3:4", "3:2", "2:3", "16:9", "9:16")
 
 
 def lora_parameter(slot: int, part: str = "") -> str:
@@ -157,6 +160,51 @@ def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, se
     return EditRequest(images=[image for image in images if image is not None], prompt=prompt or "",
                        negative_prompt=negative_prompt or "", steps=steps, cfg_scale=cfg_scale, seed=seed,
                        width=width or None, height=height or None)
+
+
+def reused_values(library: LoraLibrary, params: dict, toggles: dict) -> dict:
+    """{API parameter: value} that put a earlier run's settings back in the panel (a run's `params` and `toggles`
+    as history.RunRecord keeps them). A LoRA no longer in the library is left out, and said so by the caller."""
+    values = {name: params[name] for name in ("prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width",
+                                              "height")}
+    values.update({setting_parameter(setting): value for setting, value in toggles.items() if setting != "loras"})
+    by_name = {Path(value).stem: value for _, value in library.choices() if value != NO_LORA}
+    found = [lora for lora in toggles["loras"] if lora["name"] in by_name]
+    for slot in range(1, LORA_SLOTS + 1):
+        lora = found[slot - 1] if slot <= len(found) else None
+        values[lora_parameter(slot)] = by_name[lora["name"]] if lora else NO_LORA
+        values[lora_parameter(slot, "mode")] = lora["mode"] if lora else "fused"
+        values[lora_parameter(slot, "scale")] = lora["scale"] if lora else 1.0
+    return values
+
+
+def preset_size(preset: str, area: int) -> tuple[int, int]:
+    """(width, height) of an aspect-ratio preset at the model's default output area, multiples of 16; (0, 0), the
+    input's own aspect ratio, for FROM_INPUT."""
+    if preset == FROM_INPUT:
+        return 0, 0
+    if preset not in ASPECT_PRESETS:
+        raise InvalidRequestError(f"unknown aspect ratio {preset!r}: choose from {', '.join(ASPECT_PRESETS)}")
+    across, down = (int(side) for side in preset.split(":"))
+    width = (area * across / down) ** 0.5
+    return max(16, round(width / 16) * 16), max(16, round(width * down / across / 16) * 16)
+
+
+def image_count(value) -> int:
+    """How many images one run makes (the API's `count`); None means one."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
+            or not 1 <= value <= MAX_IMAGES_PER_RUN:
+        raise InvalidRequestError(f"count must be a whole number from 1 to {MAX_IMAGES_PER_RUN}; got {value!r}")
+    return int(value)
+
+
+def seeded_requests(edit: EditRequest, count: int) -> list[EditRequest]:
+    """`count` requests for the same edit with seeds seed, seed+1, ... (wrapping past the largest seed)."""
+    span = SEED_RANGE[1] - SEED_RANGE[0] + 1
+    return [edit if index == 0 else replace(edit, seed=SEED_RANGE[0] + (edit.seed - SEED_RANGE[0] + index) % span)
+            for index in range(count)]
 
 
 def variant_configs(names: list[str], panel: OptimizationConfig) -> tuple[list[tuple[str, OptimizationConfig]], list]:

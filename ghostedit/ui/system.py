@@ -10,6 +10,7 @@ import psutil
 import torch
 
 from ..device import package_version
+from ..engine.workers import WorkerPool
 from ..telemetry import GIB, MemoryProbe, nvml_module
 from ..optimize import registry
 
@@ -61,6 +62,7 @@ def system_report(engine) -> dict:
         "placement": engine.placement().describe(),
         "memory": memory_now(engine.device),
         "cached_pipelines": engine.cached(),
+        "workers": engine.describe_workers() if isinstance(engine, WorkerPool) else None,
     }
 
 
@@ -77,6 +79,11 @@ def hardware_markdown(report: dict) -> str:
         lines.append(f"**GPU:** none: GhostEdit runs on the CPU ({hw['cpu']}, {hw['cpu_cores']} cores), and the "
                      "memory it reports is the app's host memory (RSS)")
     lines.append(f"**Host:** {hw['ram_gib']} GiB RAM · Python {hw['python']}")
+    if report.get("workers"):
+        lines.append(f"**Workers:** {len(report['workers'])} edits at once, one per worker: " + "; ".join(
+            f"worker {w['worker']} on {w['device']} ({w['name']}, pid {w['pid']}, {w['runs']} runs, "
+            + ("busy" if w["busy_s"] is not None else "idle") + ("" if w["alive"] else ", restarting") + ")"
+            for w in report["workers"]))
     installed = [f"{name} {ver}" for name, ver in report["libraries"].items() if ver]
     missing = [name for name, ver in report["libraries"].items() if not ver]
     lines.append("**Libraries:** " + ", ".join(installed))
@@ -93,7 +100,8 @@ def options_table(report: dict) -> pd.DataFrame:
 
 
 def cache_table(cached: list[dict]) -> pd.DataFrame:
-    rows = [{"configuration": entry["config"], "memory GiB (beyond base weights)": round(entry["owned_gib"], 3),
+    rows = [{"configuration": entry["config"] + (f" on {entry['worker']}" if "worker" in entry else ""),
+             "memory GiB (beyond base weights)": round(entry["owned_gib"], 3),
              "prepare s": round(entry["prepare_s"], 3),
              "what each toggle did": "; ".join(f"{k}: {v}" for k, v in entry["report"].items())}
             for entry in cached]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements behind docs/benchmarks.md: three runs of under 10 minutes each (one device call each) on the
 # GPU machine, every figure written by `ghostedit bench` (scripts/gpu/README.md says how to carry the wheels there).
-#   scripts/gpu/bench.sh speed     issue 17's table, with an empty compile cache at the start:
+#   scripts/gpu/bench.sh speed     issue 17's table (or one part of it: dit, ready, e2e), with an empty compile
+#             cache at the start:
 #     dit     one DiT forward: stock and the best configuration at 512, 768, 1024 and 1328 px and a 3-image edit,
 #             plus EXACT, with CFG batching and a CUDA graph measured on the fastest
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
@@ -42,24 +43,32 @@ bench() {  # bench PHASE ARGS...: one process; its log kept beside its results
     tee -a "$RESULTS/$phase/$phase.log"
 }
 
-speed() {
+dit() {
   rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled"
   local shapes=(512 768 "$SIDE" 1328 "$SIDE:3")
   [ -z "${DRY_RUN:-}" ] || shapes=(64 "$SIDE" "$SIDE:3")
   bench dit --level dit --shapes "${shapes[@]}" --text-tokens 256 --repeats 6 --experiments \
     --configs baseline "$BEST" "$EXACT"
+}
+
+ready() {
   for label in never-compiled package-only; do  # the best configuration's first use in a new process
     rm -rf "$TORCHINDUCTOR_CACHE_DIR"
     [ $label = package-only ] || rm -rf "$GHOSTEDIT_HOME/compiled"
     bench "ready-$label" --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
   done
   bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
+}
+
+e2e() {
   bench e2e-4 --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 2 --one-at-a-time \
     --configs baseline "$BEST" "$BEST,scheduler=lightning"
   bench e2e-40 --width "$SIDE" --height "$SIDE" --steps 40 --cfg 4 --repeats 0 --one-at-a-time \
     --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"} \
     ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"}
 }
+
+speed() { dit; ready; e2e; }
 
 cards() {
   for card in 24 48; do
@@ -78,9 +87,10 @@ all() {
 }
 
 case ${1:-} in
-  speed|cards|all) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|cards|all" >&2; exit 2 ;;
+  speed|dit|ready|e2e|cards|all) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|cards|all" >&2; exit 2 ;;
 esac
-if [ -n "${OUT:-}" ]; then
+if [ -n "${OUT:-}" ]; then  # the edited images (2 MB each, random weights) stay behind: the device tool takes few bytes
+  find "$RESULTS" -name 'output-*.png' -delete
   tar czf "$OUT/$1.tar.gz" -C "$RESULTS" .
 fi

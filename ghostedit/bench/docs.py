@@ -1,0 +1,237 @@
+"""The measured-figure blocks of README.md and docs/benchmarks.md, generated from the committed bench results
+(docs/benchmarks/<part>/results.json and the profile and attention JSONs), each with its device, torch, date and
+command. `python -m ghostedit.bench.docs` rewrites the blocks after a bench run; tests/test_figures.py fails when a
+block differs from what the results say or when a figure appears outside a block."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from ..config import OptimizationConfig
+from ..figures import RESULTS, results
+from .output import markdown_table
+
+ROOT = RESULTS.parent.parent
+FILES = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
+# The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
+PHASES = {"dit": "dit", "ready-never-compiled": "ready", "ready-package-only": "ready", "ready-restart": "ready",
+          "e2e-4": "e2e", "e2e-40": "e2e", "card-24": "cards", "card-48": "cards", "card-full": "all",
+          "lora-switch": "all"}
+READY = {"ready-never-compiled": "a process that never compiled it (empty compile cache, no package)",
+         "ready-package-only": "its compiled package only (what a new machine gets)",
+         "ready-restart": "a restarted process (compile cache on disk)"}
+
+
+def source(part: str) -> str:
+    environment = results(part)["environment"]
+    return (f"{environment['gpu']}, torch {environment['torch']}, {environment['date']}, "
+            f"`scripts/gpu/bench.sh {PHASES[part]}` (`docs/benchmarks/{part}/`)")
+
+
+def name(row: dict) -> str:
+    """"stock", "best", "exact" for the named configurations, the configuration's label otherwise."""
+    named = {OptimizationConfig().text: "stock", **{OptimizationConfig.parse(preset).text: preset
+                                                     for preset in ("best", "exact")}}
+    return named.get(row["text"], row["config"])
+
+
+def dit_shapes() -> str:
+    found = results("dit")
+    rows = []
+    for shape in dict.fromkeys(row["shape"] for row in found["rows"]):
+        by = {name(row): row for row in found["rows"] if row["shape"] == shape}
+        rows.append({"shape": shape, "tokens": by["stock"]["sequence"], "stock": by["stock"]["ms_per_forward"],
+                     "best": by["best"]["ms_per_forward"], "exact": by["exact"]["ms_per_forward"],
+                     "best x": by["best"]["speedup"], "exact x": by["exact"]["speedup"],
+                     "best error": by["best"]["rel_error"], "exact error": by["exact"]["rel_error"]})
+    table = markdown_table(rows, {"shape": "shape", "tokens": "image + text tokens", "stock": "stock ms",
+                                  "best": "best ms", "exact": "exact ms", "best x": "best speedup",
+                                  "exact x": "exact speedup", "best error": "best rel. error",
+                                  "exact error": "exact rel. error"})
+    experiments = found["experiments"]
+    side = found["size"][0]
+    return (f"One DiT forward, {found['text_tokens']} text tokens, median of {found['repeats']} after warm-up, all "
+            f"shapes in one process (shapes after the first reuse the compiled code with dynamic shapes). "
+            f"Measured on {source('dit')}.\n\n{table}\n\nAt {side}x{side} on {experiments['config']}: true CFG's "
+            f"two forwards {experiments['cfg_two_forwards_ms']:.1f} ms, batched into one "
+            f"{experiments['cfg_batched_ms']:.1f} ms ({experiments['cfg_batching_gain']:.2f}x); the transformer "
+            f"blocks {experiments['block_loop_ms']:.1f} ms as a Python loop, {experiments['cuda_graph_loop_ms']:.1f} "
+            f"ms replayed as one CUDA graph ({experiments['cuda_graph_gain']:.2f}x).\n")
+
+
+def ready() -> str:
+    rows = []
+    for part, what in READY.items():
+        row = results(part)["rows"][0]
+        rows.append({"process": what, "prepare": row["prepare_s"], "first": row["first_call_s"],
+                     "ready": row["prepare_s"] + row["first_call_s"], "ms": row["ms_per_forward"]})
+    table = markdown_table(rows, {"process": "the best configuration's first use in", "prepare": "prepare s",
+                                  "first": "first forward s (compile)", "ready": "ready s", "ms": "ms / forward"})
+    return f"One DiT forward at 1024x1024. Measured on {source('ready-restart')}.\n\n{table}\n"
+
+
+def end_to_end() -> str:
+    parts = []
+    for part in ("e2e-4", "e2e-40"):
+        found = results(part)
+        rows = [{"configuration": name(row), "step": row["s_per_step"], "total": row["end_to_end_s"],
+                 **{stage: row["stages_s"].get(stage) for stage in ("text encoding", "image encoding", "decoding")},
+                 "speedup": row["speedup_e2e"], "psnr": row["psnr_db"], "warmup": row["warmup_s"],
+                 "peak": row["peak_gib"]} for row in found["rows"]]
+        table = markdown_table(rows, {"configuration": "configuration", "step": "s / step", "total": "end to end s",
+                                      "text encoding": "text encoding s", "image encoding": "image encoding s",
+                                      "decoding": "decoding s", "speedup": "speedup", "psnr": "PSNR dB vs stock",
+                                      "warmup": "first-use compile s (apart)", "peak": "peak GiB"})
+        side = found["size"][0]
+        parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, median of "
+                     f"{max(found['repeats'], 1)} after warm-up. Measured on {source(part)}.\n\n{table}\n")
+    return "\n".join(parts)
+
+
+def memory() -> str:
+    full = results("card-full")
+    rows = [{"configuration": name(row), "step": row["s_per_step"], "peak": row["peak_gib"],
+             "reserved": row["peak_reserved_gib"], "dit": row["placement"]["dit"]} for row in full["rows"]]
+    table = markdown_table(rows, {"configuration": "configuration (as the page offers it)", "step": "s / step",
+                                  "peak": "peak GiB allocated", "reserved": "peak GiB reserved",
+                                  "dit": "base DiT lives in"})
+    cards = []
+    for part in ("card-48", "card-24"):
+        found = results(part)
+        row = found["rows"][0]
+        cards.append({"card": f"{found['gpu_memory_gib']:g} GiB (emulated)", "configuration": name(row),
+                      "load": found["load_peak_gib"], "peak": row["peak_gib"], "step": row["s_per_step"],
+                      "text encoder": found["placement"]["text_encoder"]["where"]})
+    cards_table = markdown_table(cards, {"card": "card", "configuration": "configuration", "load": "load peak GiB",
+                                         "peak": "edit peak GiB", "step": "s / step",
+                                         "text encoder": "text encoder lives in"})
+    return (f"The full-size model at 1024x1024, {full['steps']} steps, CFG {full['cfg_scale']:g}: every "
+            f"configuration the page offers, one after another in one process on the whole card (memory mode "
+            f"auto). Measured on {source('card-full')}.\n\n{table}\n\nThe best configuration on smaller cards, "
+            f"emulated with `--gpu-memory` (`torch.cuda.set_per_process_memory_fraction`), 4 steps, CFG 1. Measured "
+            f"on {source('card-24')}.\n\n{cards_table}\n")
+
+
+def lora_switch() -> str:
+    found = results("lora-switch")
+    rows = [{"switch": row["switch"], "seconds": row["switch_s"], "frames": row["new_compiled_frames"]}
+            for row in found["rows"]]
+    table = markdown_table(rows, {"switch": "fused LoRA switch", "seconds": "s", "frames": "recompiled frames"})
+    runtime = found["runtime_scale"]
+    return (f"The best configuration at 1024x1024, LoRAs of rank {found['rank']} on {found['layers']} layers, "
+            f"fused in place into the compiled FP8 DiT. Measured on {source('lora-switch')}.\n\n{table}\n\n"
+            f"A runtime LoRA's scale: set in {runtime['set_scales_s']:.3f} s with "
+            f"{runtime['new_compiled_frames']} recompiled frames.\n")
+
+
+def _committed_on(path: Path) -> str:
+    """The date a result without its own date was committed (the profile and attention scripts write none)."""
+    return subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path)], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def profile() -> str:
+    path = RESULTS / "profile" / "profile.json"
+    found = json.loads(path.read_text())
+    variant = next(iter(found["variants"].values()))
+    families = variant["families_ms"]
+    rows = [{"kernels": "FP8 GEMMs", "ms": families["gemm"], "ideal": found["ideal"]["gemm_ms"]},
+            {"kernels": "attention", "ms": families["attention"], "ideal": found["ideal"]["attention_ms"]},
+            {"kernels": "Inductor's fused glue (quantization, norms, modulation, RoPE, gates)",
+             "ms": families["inductor"], "ideal": ""},
+            {"kernels": "other", "ms": families["other"], "ideal": ""},
+            {"kernels": "sum of kernels", "ms": variant["total_kernel_ms"], "ideal": ""},
+            {"kernels": "measured forward", "ms": variant["ms_per_forward"], "ideal": ""}]
+    table = markdown_table(rows, {"kernels": "kernels per forward", "ms": "ms",
+                                  "ideal": "at the ceiling ms (the FP8 GEMM and bf16 attention rates of the brief)"})
+    top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
+    return (f"torch.profiler over three forwards of {found['config']} at 1024x1024 "
+            f"(`scripts/gpu/profile_dit.py`, {found['gpu']}, torch {found['torch']}, committed "
+            f"{_committed_on(path)}, `docs/benchmarks/profile/`).\n\n{table}\n\nLargest kernels:\n{top}\n")
+
+
+def attention() -> str:
+    path = RESULTS / "attention" / "attention.json"
+    found = json.loads(path.read_text())
+    rows = [{"backend": backend, "ms": row["ms"], "tflops": row["tflops"], "error": row["rel_error_vs_fp32"]}
+            for backend, row in found["backends"].items()]
+    table = markdown_table(rows, {"backend": "backend", "ms": "ms", "tflops": "TFLOP/s",
+                                  "error": "rel. error vs fp32"})
+    shape = found["shape"]
+    return (f"Attention alone, {shape['heads']} heads x {shape['head_dim']}, {shape['tokens']} tokens "
+            f"(`scripts/gpu/attention_probe.py`, {found['gpu']}, torch {found['torch']}, committed "
+            f"{_committed_on(path)}, `docs/benchmarks/attention/`).\n\n{table}\n")
+
+
+def headline() -> str:
+    """README's summary: the best configuration against stock, each figure from its part."""
+    dit = {(name(row), row["shape"]): row for row in results("dit")["rows"]}
+    e2e4 = {name(row): row for row in results("e2e-4")["rows"]}
+    e2e40 = {name(row): row for row in results("e2e-40")["rows"]}
+    ready_new = results("ready-never-compiled")["rows"][0]
+    ready_restart = results("ready-restart")["rows"][0]
+    switches = [row["switch_s"] for row in results("lora-switch")["rows"]]
+    big = "1024x1024"
+    return "\n".join([
+        f"Full-size synthetic model, {results('dit')['environment']['gpu']}, torch "
+        f"{results('dit')['environment']['torch']}, {results('dit')['environment']['date']} "
+        "([docs/benchmarks.md](docs/benchmarks.md) has every table and command):",
+        f"- one DiT forward at {big}: stock {dit['stock', big]['ms_per_forward']:.0f} ms, best "
+        f"{dit['best', big]['ms_per_forward']:.0f} ms ({dit['best', big]['speedup']:.2f}x);",
+        f"- a 4-step edit (CFG 1) end to end: stock {e2e4['stock']['end_to_end_s']:.2f} s, best "
+        f"{e2e4['best']['end_to_end_s']:.2f} s; 40 steps with true CFG: stock {e2e40['stock']['end_to_end_s']:.1f} "
+        f"s, best {e2e40['best']['end_to_end_s']:.1f} s;",
+        f"- the best configuration ready in {ready_new['prepare_s'] + ready_new['first_call_s']:.1f} s on a machine "
+        f"that never compiled it, {ready_restart['prepare_s'] + ready_restart['first_call_s']:.1f} s after a "
+        "restart;",
+        f"- switching fused LoRAs on it: {min(switches):.2f}-{max(switches):.2f} s, nothing recompiled.", ""])
+
+
+def targets() -> str:
+    """Issue 16's and 17's targets against what the committed results measured."""
+    dit = {(name(row), row["shape"]): row for row in results("dit")["rows"]}
+    e2e4 = {name(row): row for row in results("e2e-4")["rows"]}
+    e2e40 = {name(row): row for row in results("e2e-40")["rows"]}
+    new, restart = (results(part)["rows"][0] for part in ("ready-never-compiled", "ready-restart"))
+    switches = [row["switch_s"] for row in results("lora-switch")["rows"]]
+    card24 = results("card-24")
+    checks = [("one DiT forward at 1024x1024, best (ms)", 170, min(dit["best", "1024x1024"]["ms_per_forward"],
+                                                                  restart["ms_per_forward"])),
+              ("4 steps CFG 1 end to end, best (s)", 0.9, e2e4["best"]["end_to_end_s"]),
+              ("40 steps CFG 4 end to end, best (s)", 14, e2e40["best"]["end_to_end_s"]),
+              ("ready on a machine that never compiled it (s)", 15, new["prepare_s"] + new["first_call_s"]),
+              ("ready after a restart (s)", 5, restart["prepare_s"] + restart["first_call_s"]),
+              ("slowest fused LoRA switch (s)", 2, max(switches)),
+              ("24 GiB card: load and edit peak (GiB)", 22, max(card24["load_peak_gib"],
+                                                                card24["rows"][0]["peak_gib"]))]
+    rows = [{"target": what, "at most": limit, "measured": measured, "met": "yes" if measured <= limit else "no"}
+            for what, limit, measured in checks]
+    return markdown_table(rows, {"target": "target", "at most": "at most", "measured": "measured",
+                                 "met": "met"}) + "\n"
+
+
+SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
+            "end-to-end": end_to_end, "lora-switch": lora_switch, "profile": profile, "attention": attention}
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """(name, body) of each generated block in a document."""
+    return [(match["name"], match["body"]) for match in BLOCK.finditer(text)]
+
+
+def rewrite(text: str) -> str:
+    return BLOCK.sub(lambda match: match[1] + SECTIONS[match["name"]]() + match[4], text)
+
+
+def main() -> None:
+    for path in FILES:
+        path.write_text(rewrite(path.read_text()))
+        print(f"wrote the figure blocks of {path.relative_to(ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

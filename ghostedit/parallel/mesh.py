@@ -1,0 +1,108 @@
+"""The process mesh of one edit on several processes: read from the torchrun environment (WORLD_SIZE, RANK,
+LOCAL_RANK), a torch.distributed process group (NCCL on GPUs, gloo on the CPU) and a 2-D device mesh
+("cfg", "ulysses"): the CFG dimension splits the conditional and unconditional passes, the Ulysses dimension splits
+each pass's token sequence. The mesh is a property of the process, set once at start; None in a single process."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..errors import InvalidRequestError
+
+# What --parallel (or GHOSTEDIT_PARALLEL) takes: how the processes split the work
+MODES = ("auto", "cfg", "ulysses", "cfg+ulysses")
+MODE_HELP = ("how the torchrun processes share one edit: cfg: the conditional and unconditional passes on two "
+             "ranks; ulysses: each pass's token sequence split over all ranks (all-to-all around attention); "
+             "cfg+ulysses: both, CFG 2 x Ulysses N/2; auto: cfg+ulysses for true CFG on an even number of "
+             "ranks, else ulysses (default auto; a single process ignores it)")
+
+
+@dataclass(frozen=True)
+class ParallelMesh:
+    world_size: int
+    rank: int
+    cfg_degree: int           # 1 or 2
+    ulysses_degree: int
+    backend: str              # "nccl" or "gloo"
+    device_mesh: DeviceMesh
+
+    @property
+    def cfg_rank(self) -> int:
+        """0: this rank runs the conditional pass; 1: the unconditional one."""
+        return self.device_mesh.get_local_rank("cfg")
+
+    @property
+    def ulysses_rank(self) -> int:
+        return self.device_mesh.get_local_rank("ulysses")
+
+    def group(self, dimension: str):
+        return self.device_mesh.get_group(dimension)
+
+    @property
+    def is_writer(self) -> bool:
+        """The rank that writes the image and prints the telemetry (every rank holds the same final latent)."""
+        return self.rank == 0
+
+    def describe(self) -> str:
+        return (f"{self.world_size} ranks ({self.backend}): CFG parallel {self.cfg_degree} x "
+                f"Ulysses {self.ulysses_degree}")
+
+
+_mesh: ParallelMesh | None = None
+
+
+def current() -> ParallelMesh | None:
+    """The mesh this process runs its edits on; None in a single process (the engine runs as usual)."""
+    return _mesh
+
+
+def world_size_from_environment() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def degrees(mode: str, world_size: int, true_cfg: bool) -> tuple[int, int]:
+    """(CFG degree, Ulysses degree) for this mode on `world_size` ranks; a split that cannot be made is refused
+    with the reason."""
+    if mode not in MODES:
+        raise InvalidRequestError(f"unknown parallel mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "auto":
+        mode = "cfg+ulysses" if true_cfg and world_size % 2 == 0 else "ulysses"
+    if mode == "ulysses":
+        return 1, world_size
+    if not true_cfg:
+        raise InvalidRequestError("CFG parallel needs true CFG (cfg > 1): with cfg 1 there is one pass per step; "
+                                  "use --parallel ulysses")
+    if mode == "cfg" and world_size != 2:
+        raise InvalidRequestError(f"CFG parallel alone runs on 2 ranks, not {world_size}: use cfg+ulysses")
+    if world_size % 2:
+        raise InvalidRequestError(f"cfg+ulysses needs an even number of ranks, not {world_size}")
+    return 2, world_size // 2
+
+
+def setup(mode: str, true_cfg: bool, device: str) -> ParallelMesh:
+    """The process group (created once, from the torchrun environment) and this process's mesh for `mode`; the
+    mesh becomes `current()`. Called again (a test's second mode), it builds a new mesh on the same group."""
+    global _mesh
+    world_size = world_size_from_environment()
+    cfg_degree, ulysses_degree = degrees(mode, world_size, true_cfg)
+    on_gpu = device.startswith("cuda")
+    if not dist.is_initialized():
+        if on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if on_gpu else "gloo")
+    device_mesh = init_device_mesh("cuda" if on_gpu else "cpu", (cfg_degree, ulysses_degree),
+                                   mesh_dim_names=("cfg", "ulysses"))
+    _mesh = ParallelMesh(world_size, dist.get_rank(), cfg_degree, ulysses_degree, dist.get_backend(), device_mesh)
+    return _mesh
+
+
+def teardown() -> None:
+    """Forgets the mesh and closes the process group (at the end of a torchrun process)."""
+    global _mesh
+    _mesh = None
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 18: one edit on one GPU and on two (ghostedit/parallel), for docs/benchmarks.md. On the 2-GPU machine
+# (nvidia-h200-x2), after the wheels are carried there as for scripts/gpu/bench.sh. Each phase is one process group
+# and fits one device call (each compiles the configuration, unless the machine kept $TORCHINDUCTOR_CACHE_DIR):
+#   scripts/gpu/parallel_bench.sh one       the best configuration in one process on one GPU (label 1gpu)
+#   scripts/gpu/parallel_bench.sh cfg       torchrun on 2 GPUs, CFG parallel: one pass of each step per GPU
+#   scripts/gpu/parallel_bench.sh ulysses   torchrun on 2 GPUs, Ulysses: each pass's tokens split over the GPUs
+#   scripts/gpu/parallel_bench.sh both      torchrun on $NPROC (4 or 8) GPUs, CFG 2 x Ulysses $NPROC/2
+#   scripts/gpu/parallel_bench.sh table     table.md from the phases run so far (rows against 1gpu)
+#   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, table
+#   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses
+#                                           code paths with $CONFIG through a fake process group
+#                                           (scripts/gpu/parallel_smoke.py; its image is garbage)
+# The edit: ${SIDE}x${SIDE} (1024), $STEPS steps (40), CFG $CFG (4), configuration $CONFIG (best), model $MODEL
+# (synthetic: the real architecture with random weights); a 2-step edit first (load, prepare, compile), then
+# $REPEATS timed edits. Results in $RESULTS/parallel (default ./bench-results); with $OUT set (the device tool's
+# folder) also packed as $OUT/parallel-<phase>.tar.gz: unpack them into one folder and run the table phase there
+# (RESULTS=that-folder DRY_RUN=1 scripts/gpu/parallel_bench.sh table works on any machine).
+# DRY_RUN=1 rehearses on a CPU: the tiny model, 128 px, 3 steps, float32, two gloo processes.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ -n "${DRY_RUN:-}" ] || QUIET_SETUP=1 source scripts/gpu/setup.sh
+RESULTS=${RESULTS:-bench-results}
+PYTHON=${PYTHON:-python3}
+if [ -n "${DRY_RUN:-}" ]; then
+  MODEL=${MODEL:-tiny} SIDE=${SIDE:-128} STEPS=${STEPS:-3} CONFIG=${CONFIG:-baseline} DEVICE=${DEVICE:-cpu}
+  DTYPE=${DTYPE:-float32}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+fi
+MODEL=${MODEL:-synthetic}
+SIDE=${SIDE:-1024}
+STEPS=${STEPS:-40}
+CFG=${CFG:-4}
+CONFIG=${CONFIG:-best}    # ghostedit/optimize/presets.py
+REPEATS=${REPEATS:-1}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-}
+NPROC=${NPROC:-4}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-parallel-inductor-cache}
+DIR=$RESULTS/parallel
+mkdir -p "$DIR"
+
+edit() {  # edit LABEL PROCESSES MODE: one timed configuration; its log kept beside its results
+  local label=$1 processes=$2 mode=$3 begin
+  begin=$(date +%s)
+  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$processes" \
+    scripts/gpu/parallel_bench.py run --label "$label" --parallel "$mode" --model "$MODEL" --device "$DEVICE" \
+    ${DTYPE:+--dtype "$DTYPE"} --config "$CONFIG" --side "$SIDE" --steps "$STEPS" --cfg "$CFG" \
+    --repeats "$REPEATS" --out-dir "$DIR" 2>&1 |
+    { grep -v "^Loading\|^Loaded\|^Using\|^No \|register_constant\|Configuration class" || true; } |
+    tee "$DIR/$label.log"
+  echo "== $label: $processes process(es), wall $(( $(date +%s) - begin )) s" | tee -a "$DIR/$label.log"
+}
+
+table() {
+  "$PYTHON" scripts/gpu/parallel_bench.py table --out-dir "$DIR"
+}
+
+case ${1:-} in
+  one) edit 1gpu 1 auto ;;
+  cfg) edit 2gpu-cfg 2 cfg ;;
+  ulysses) edit 2gpu-ulysses 2 ulysses ;;
+  both) edit "${NPROC}gpu-cfg-ulysses" "$NPROC" cfg+ulysses ;;
+  table) table ;;
+  smoke) "$PYTHON" scripts/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
+           --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
+  all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; table ;;
+  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|table|all|smoke" >&2; exit 2 ;;
+esac
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/parallel-$1.tar.gz" -C "$RESULTS" parallel
+fi

@@ -1,0 +1,1 @@
+"""Stand-in for spaces.zero.torch (tests only)."""

@@ -1,0 +1,47 @@
+"""Measured figures are generated from the committed bench results: each figure block of README.md and
+docs/benchmarks.md equals what its results say now, no measured figure stands outside a block, and the UI's
+source holds none (it reads them through ghostedit/figures.py)."""
+import re
+from pathlib import Path
+
+import pytest
+
+from ghostedit.bench import docs
+
+ROOT = Path(__file__).resolve().parent.parent
+# A number with the unit of a measurement: milliseconds, seconds (per step), GiB, TFLOP/s, or a speedup
+FIGURE = re.compile(r"\b\d+(\.\d+)?\s?(ms|s/step|s per step|GiB|TFLOP/s)\b|\b\d+\.\d+x\b|\b\d+(\.\d+)? s\b")
+
+
+@pytest.mark.parametrize("path", docs.FILES, ids=lambda path: path.name)
+def test_every_block_is_what_the_results_say(path):
+    text = path.read_text()
+    found = docs.blocks(text)
+    assert found, f"{path.name} has no figure block"
+    for name, body in found:
+        assert body == docs.SECTIONS[name](), (
+            f"the '{name}' block of {path.name} differs from the committed results: run python -m ghostedit.bench.docs")
+
+
+@pytest.mark.parametrize("path", docs.FILES, ids=lambda path: path.name)
+def test_no_figure_outside_a_block(path):
+    outside = docs.BLOCK.sub("", path.read_text())
+    stray = [line for line in outside.splitlines() if FIGURE.search(line)]
+    assert not stray, f"measured figures in {path.name} with no results behind them: {stray}"
+
+
+def test_the_ui_types_no_figure():
+    for source in sorted((ROOT / "ghostedit" / "ui").glob("*.py")):
+        strings = re.findall(r"\"[^\"\n]*\"|'[^'\n]*'", source.read_text())
+        stray = [string for string in strings if FIGURE.search(string)]
+        assert not stray, f"{source.name} types measured figures: {stray}"
+
+
+def test_a_changed_result_changes_its_block(monkeypatch):
+    committed = docs.results
+    changed = {**committed("lora-switch"), "rows": [dict(row) for row in committed("lora-switch")["rows"]]}
+    changed["rows"][0]["switch_s"] = 99.5
+    monkeypatch.setattr(docs, "results", lambda part: changed if part == "lora-switch" else committed(part))
+    committed_page = docs.FILES[1].read_text()
+    assert "99.500" not in committed_page
+    assert "99.500" in docs.rewrite(committed_page)  # so the committed page no longer matches its results
