@@ -1,11 +1,14 @@
 """The step cache (First-Block Cache, toggle `step-cache`) on the tiny model: threshold 0 gives the full run's image
 bit for bit; a threshold skips steps, each CFG pass on its own, and the telemetry counts the forwards and blocks
 that ran; every edit starts with an empty cache; it composes with FP8; the pipeline bench measures it against its
-full run; the registry gives it a lossy label, a CLI flag and an API option, and prepares nothing for it.
+full run; it composes with regional compile, CFG parallel and Ulysses; the registry gives it a lossy label, a CLI
+flag and an API option, and prepares nothing for it.
 
 The tiny model's random weights change the first block's output by about 100% from one step to the next, so no
 offered threshold skips there; the tests that need skipped steps raise the threshold as the bench's
 --step-cache-threshold does (random weights say little about a cache's quality with real weights)."""
+import json
+
 import pytest
 import torch
 
@@ -148,3 +151,45 @@ def test_the_registry_declares_it_once_lossy_run_time_and_in_the_cli_and_api(eng
     edit_help = build_parser()._subparsers._group_actions[0].choices["edit"].format_help()
     assert "--step-cache" in edit_help and "fbcache-0.08" in edit_help
     assert all(engine.options()["step-cache"][value].ok for value in toggle.values)
+
+
+def _parallel_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    import os
+    import numpy as np
+    from test_parallel import _request
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    from ghostedit.engine import Engine
+    from ghostedit.parallel import mesh as meshes
+    engine = Engine("tiny", device="cpu", dtype="float32")
+    try:
+        for mode in ("ulysses", "cfg"):
+            meshes.setup(mode, True, "cpu")
+            with toggle_file.threshold_override(SKIP_ALL_BUT_FIRST):
+                result = engine.run(_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
+            np.save(f"{out_dir}/{mode}-{rank}.npy", np.asarray(result.image, dtype=np.int16))
+            with open(f"{out_dir}/{mode}-{rank}.txt", "w") as steps:
+                json.dump(result.telemetry.step_cache["cached_steps"], steps)
+    finally:
+        meshes.teardown()
+
+
+def test_ranks_of_cfg_parallel_and_ulysses_serve_the_same_steps_as_one_process(tmp_path):
+    """Ulysses ranks decide together (their shards' sums added), or one rank would wait in an all-to-all the other
+    skipped; a CFG-parallel rank caches its own pass. Within 1 level of 255 of one process, as test_parallel.py."""
+    import numpy as np
+    import torch.multiprocessing
+    from test_parallel import SIZE, _free_port, _request
+    from ghostedit.engine import Engine
+    with toggle_file.threshold_override(SKIP_ALL_BUT_FIRST):
+        single = Engine("tiny", device="cpu", dtype="float32").run(
+            _request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
+    torch.multiprocessing.spawn(_parallel_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    later = list(range(1, SIZE["steps"]))
+    expected = {"ulysses-0": {"positive": later, "negative": later}, "ulysses-1": {"positive": later, "negative": later},
+                "cfg-0": {"positive": later}, "cfg-1": {"negative": later}}
+    for run, steps in expected.items():
+        assert json.loads((tmp_path / f"{run}.txt").read_text()) == steps
+        image = np.load(tmp_path / f"{run}.npy")
+        assert np.abs(image - np.asarray(single.image, dtype=np.int16)).max() <= 1

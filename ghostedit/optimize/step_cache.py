@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import parallel
+
 PASS_NAMES = ("positive", "negative")  # DiffSynth's order of the CFG passes within a step
 
 
@@ -179,10 +181,20 @@ class _LaterBlock(torch.nn.Module):
 
 
 def _relative_difference(now: torch.Tensor, before: torch.Tensor) -> float:
-    """mean |now - before| / mean |before|, accumulated in float32 (one device sync per forward)."""
-    difference = torch.mean((now - before).abs(), dtype=torch.float32)
-    return (difference / torch.mean(before.abs(), dtype=torch.float32)).item()
+    """sum |now - before| / sum |before|, accumulated in float32 (one device sync per forward). Under Ulysses
+    sequence parallel each rank holds a shard of the image tokens: the sums are added over the ranks, so that every
+    rank decides alike (a rank that skipped the blocks would leave the others waiting in their all-to-alls)."""
+    sums = torch.stack([torch.sum((now - before).abs(), dtype=torch.float32),
+                        torch.sum(before.abs(), dtype=torch.float32)])
+    mesh = parallel.current()
+    if mesh is not None and mesh.ulysses_degree > 1:
+        torch.distributed.all_reduce(sums, group=mesh.group("ulysses"))
+    return (sums[0] / sums[1]).item()
 
 
 def _pass_name(index: int) -> str:
+    """DiffSynth runs the positive pass first; under CFG parallel a rank runs one pass only, its CFG rank's."""
+    mesh = parallel.current()
+    if mesh is not None and mesh.cfg_degree > 1:
+        index += mesh.cfg_rank
     return PASS_NAMES[index] if index < len(PASS_NAMES) else f"pass {index + 1}"
