@@ -137,6 +137,7 @@ class RunTelemetry:
     parallel: str = "single process"  # the ranks one edit ran on (ghostedit/parallel)
     notes: list[str] = field(default_factory=list)
     loras: list[dict] = field(default_factory=list)  # each LoRA: format, layers matched, keys not applied and why
+    step_cache: dict | None = None  # what a step cache computed and skipped (optimize/step_cache.py)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
     worker: dict = field(default_factory=dict)  # the pool's worker that ran it (engine/workers.py); {} without a pool
@@ -173,6 +174,7 @@ class RunTelemetry:
             "notes": list(self.notes),
             "loras": [dict(lora) for lora in self.loras],
             "worker": dict(self.worker) or None,
+            "step_cache": self.step_cache,
         }
 
 

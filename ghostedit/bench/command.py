@@ -9,6 +9,7 @@ from pathlib import Path
 from ..arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, loras_from_args, \
     model_and_device, request_from_args, settings_from_args
 from ..config import OptimizationConfig
+from ..optimize.toggles.step_cache import threshold_override
 from . import dit, pipeline
 from .output import environment, markdown_table, write_bar_charts, write_results
 
@@ -23,7 +24,9 @@ def add_bench_command(commands) -> None:
     add_toggle_arguments(bench, defaults_to_none=True)
     bench.add_argument("--configs", nargs="+", default=["baseline"],
                        help='the configurations: "baseline", a preset ("best", "exact") or settings such as '
-                            '"fp8=torchao,compile=regional,attention=auto"')
+                            '"fp8=torchao,compile=regional,attention=auto"; pipeline level: one with a step cache '
+                            '("best,step-cache=fbcache-0.08") also runs without it unless listed, for the cache\'s '
+                            'own speed-up and PSNR/SSIM')
     bench.add_argument("--repeats", type=int, default=2,
                        help="pipeline: warm runs per configuration after the cold one (0: report the cold run); "
                             "dit: timed forwards")
@@ -43,6 +46,11 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
                        help="use at most this much of the GPU (torch.cuda.set_per_process_memory_fraction): a "
                             "smaller card, emulated; placement plans with it")
+    bench.add_argument("--step-cache-threshold", type=float, default=None, metavar="T",
+                       help="pipeline level: every step-cache choice but fbcache-0 runs at this threshold. Random "
+                            "weights change the first block's output by ~90%% per step, so no offered threshold "
+                            "skips a step there: e.g. 0.95 measures served steps' speed on them (their quality "
+                            "means nothing)")
     bench.add_argument("--out-dir", default="bench-results", help="folder for the results (default bench-results)")
     bench.add_argument("--title", default=None, help="the title of the report and charts (default: names the model and device)")
     bench.set_defaults(run=cmd_bench)
@@ -101,6 +109,10 @@ def cmd_bench(args) -> int:
 
 
 def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
+    cached = [config.label for config in configs if config != pipeline.full_run(config)]
+    if cached:
+        raise SystemExit(f"{', '.join(cached)}: a step cache skips the blocks of whole denoising steps; one DiT "
+                         "forward has no steps to skip: bench it with --level pipeline")
     shapes = [_shape(text) for text in args.shapes] if args.shapes else [(args.width or 1024, 1)]
     width = height = shapes[0][0]
 
@@ -157,13 +169,15 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
         engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or memory
     context.update(load_peak_gib=load_peak.get("allocated_gib"), load_peak_reserved_gib=load_peak.get("reserved_gib"),
                    placement=engine.placement(configs[0]).describe())
-    rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
-                              on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
-                                                       f"{row['end_to_end_s']:.2f} s end to end", flush=True))
+    context.update(step_cache_threshold_override=args.step_cache_threshold)
+    with threshold_override(args.step_cache_threshold):
+        rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
+                                  on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
+                                                           f"{row['end_to_end_s']:.2f} s end to end", flush=True))
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
                    repeats=args.repeats)
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
                            context)
-    print(markdown_table(rows, pipeline.COLUMNS))
+    print(pipeline.table(rows))
     print(f"wrote {out_dir}/table.md, results.json, chart.png")
     return 0

@@ -4,6 +4,10 @@ Each configuration runs once cold (prepare, compile warm-up) and then `repeats` 
 warm medians (with `repeats` 0 the cold run's own figures: the engine times preparation and the compile warm-up as
 stages of their own), with preparation and compile warm-up apart, the speedup over the first (baseline)
 configuration and each output's difference from the baseline's output.
+
+A configuration with a step cache is also measured against its full run: the same configuration without the cache,
+run in the same bench (added before it when not listed), for the cache's own speed-up and PSNR/SSIM. Those figures
+come with the reminder that random weights say little about a cache's quality with real weights.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import statistics
 from pathlib import Path
 
 from ..config import OptimizationConfig
+from ..optimize import registry
+from ..optimize.toggles.step_cache import QUALITY_NOTE as STEP_CACHE_QUALITY_NOTE
 from .output import markdown_table, write_bar_charts, write_results
 
 DEFAULT_IMAGE = Path(__file__).resolve().parents[2] / "assets" / "examples" / "house.png"
@@ -27,6 +33,16 @@ COLUMNS = {
     "max_abs": "max abs diff",
     "psnr_db": "PSNR dB",
 }
+STEP_CACHE_COLUMNS = {
+    "cache_threshold": "cache threshold",
+    "forwards_computed": "DiT forwards computed",
+    "served_step_s": "served step s",
+    "computed_step_s": "computed step s",
+    "cache_speedup_e2e": "cache speedup (e2e)",
+    "cache_psnr_db": "cache PSNR dB",
+    "cache_ssim": "cache SSIM",
+}
+STEP_CACHE = "step-cache"
 
 
 # What a first run does once, before the edit itself
@@ -61,15 +77,60 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "report": warm[-1].prepared_report,
         "stages_s": summaries[-1]["stages_s"],
         "notes": sorted({note for s in summaries for note in s["notes"]}),
+        "step_cache": summaries[-1]["step_cache"],
+        **served_and_computed_steps(summaries[-1]),
         "image": warm[-1].image,
     }
+
+
+def served_and_computed_steps(summary: dict) -> dict:
+    """With a step cache: the median time of a step that every CFG pass took from the cache and of one that no pass
+    did (None where there was none), for the speed-up at other skip rates."""
+    found = summary["step_cache"]
+    if found is None:
+        return {}
+    passes = list(found["cached_steps"].values())
+    served = set.intersection(*map(set, passes))
+    partly = set.union(*map(set, passes))
+    steady = [(step, seconds) for step, seconds in enumerate(summary["step_s"]) if step not in summary["warm_up_steps"]]
+    served_s = [seconds for step, seconds in steady if step in served]
+    computed_s = [seconds for step, seconds in steady if step not in partly]
+    return {"served_step_s": statistics.median(served_s) if served_s else None,
+            "computed_step_s": statistics.median(computed_s) if computed_s else None}
+
+
+def with_full_runs(configs: list[OptimizationConfig]) -> list[OptimizationConfig]:
+    """The configurations, each one with a step cache preceded by its full run (itself without the cache), each
+    configuration once."""
+    result = []
+    for config in configs:
+        for needed in (full_run(config), config):
+            if needed not in result:
+                result.append(needed)
+    return result
+
+
+def full_run(config: OptimizationConfig) -> OptimizationConfig:
+    return config.replace(**{STEP_CACHE: registry.get(STEP_CACHE).default})
+
+
+def compare_with_full_run(row: dict, full: dict) -> dict:
+    """A step cache's own figures: its speed-up over its full run and its output against the full run's."""
+    from ..metrics import compare_images
+    versus = compare_images(row["image"], full["image"])
+    return {"full_run": full["config"], "cache_threshold": row["step_cache"]["threshold"],
+            "forwards_computed": row["step_cache"]["forwards_computed"],
+            "cache_speedup_step": full["s_per_step"] / row["s_per_step"],
+            "cache_speedup_e2e": full["end_to_end_s"] / row["end_to_end_s"],
+            "cache_max_abs": versus["max_abs"], "cache_psnr_db": versus["psnr_db"], "cache_ssim": versus["ssim"],
+            "cache_quality_note": STEP_CACHE_QUALITY_NOTE}
 
 
 def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, one_at_a_time: bool = False,
               on_row=None) -> list[dict]:
     from ..metrics import compare_images  # scikit-image: loaded when a bench runs, not with every CLI command
-    rows = []
-    for config in configs:
+    rows, by_config = [], {}
+    for config in with_full_runs(configs):
         if one_at_a_time:
             engine.free()
         row = bench_configuration(engine, request, config, repeats)
@@ -77,10 +138,22 @@ def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, 
         row["speedup_step"] = baseline["s_per_step"] / row["s_per_step"]
         row["speedup_e2e"] = baseline["end_to_end_s"] / row["end_to_end_s"]
         row.update(compare_images(row["image"], baseline["image"]))
+        if row["step_cache"] is not None:
+            row.update(compare_with_full_run(row, by_config[full_run(config)]))
+        by_config[config] = row
         rows.append(row)
         if on_row:
             on_row(row)
     return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table; with a step cache among the configurations, its own columns and the reminder."""
+    if all(row["step_cache"] is None for row in rows):
+        return markdown_table(rows, COLUMNS)
+    cached = [{**row, **{key: row.get(key) for key in STEP_CACHE_COLUMNS}} for row in rows]
+    return markdown_table(cached, {**COLUMNS, "ssim": "SSIM", **STEP_CACHE_COLUMNS}) + \
+        f"\n\nStep cache columns: against the same configuration without the cache; {STEP_CACHE_QUALITY_NOTE}."
 
 
 def write_outputs(rows: list[dict], out_dir: Path, title: str, context: dict) -> None:
@@ -90,7 +163,7 @@ def write_outputs(rows: list[dict], out_dir: Path, title: str, context: dict) ->
         row["image"].save(out_dir / f"output-{index}.png")
     serializable = [{k: v for k, v in row.items() if k != "image"} for row in rows]
     write_results(out_dir, {**context, "rows": serializable})
-    (out_dir / "table.md").write_text(markdown_table(rows, COLUMNS) + "\n")
+    (out_dir / "table.md").write_text(table(rows) + "\n")
     write_bar_charts(out_dir / "chart.png", title, [row["config"] for row in rows], [row["s_per_step"] for row in rows],
                      "denoise seconds per step (lower is better)", [row["peak_gib"] for row in rows],
                      f"peak {rows[0]['memory_kind']} GiB")

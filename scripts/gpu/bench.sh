@@ -26,7 +26,9 @@ SIDE=${SIDE:-1024}
 PYTHON=${PYTHON:-python3}
 BEST=${BEST:-best}    # ghostedit/optimize/presets.py
 EXACT=${EXACT:-exact}
-STEP_CACHE=${STEP_CACHE:-}  # e.g. step-cache=fbcache: the 40-step run adds best + it
+STEP_CACHE=${STEP_CACHE:-}  # e.g. step-cache=fbcache-0.08: the 40-step run adds best + it
+# e.g. 0.95: random weights never skip at the offered thresholds (bench --help, --step-cache-threshold)
+STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD:-}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
 START=$(date +%s)
 
@@ -62,7 +64,8 @@ e2e() {
   bench e2e-4 --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 2 --one-at-a-time \
     --configs baseline "$BEST" "$BEST,scheduler=lightning"
   bench e2e-40 --width "$SIDE" --height "$SIDE" --steps 40 --cfg 4 --repeats 0 --one-at-a-time \
-    --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
+    --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"} \
+    ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"}
 }
 
 speed() { dit; ready; e2e; }
