@@ -4,10 +4,12 @@ ranged GETs. It can drop a file's first download midway (to test resuming), thro
 size in the listing (to test the disk-space refusal). Every request is recorded."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
 
@@ -166,3 +168,15 @@ class FakeHub:
                 self.wfile.write(body)
 
         return Handler
+
+
+@contextlib.contextmanager
+def hub_serving(repos: dict[str, Repo], cache: Path, monkeypatch):
+    """A FakeHub of `repos` with huggingface_hub pointed at it, online, and its cache in `cache`."""
+    from huggingface_hub import constants
+    with FakeHub(repos) as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        yield hub

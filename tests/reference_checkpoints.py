@@ -52,15 +52,7 @@ def build(root: Path, repo: str) -> Path:
     folder = Path(root) / repo
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    _write_json(folder / "model_index.json", {
-        "_class_name": pipeline_class, "_diffusers_version": "0.36.0.dev0",
-        "processor": ["transformers", "Qwen2VLProcessor"],
-        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-        "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
-        "tokenizer": ["transformers", "Qwen2Tokenizer"],
-        "transformer": ["diffusers", "QwenImageTransformer2DModel"],
-        "vae": ["diffusers", "AutoencoderKLQwenImage"],
-    })
+    _write_json(folder / "model_index.json", _model_index(pipeline_class))
     write_processor(folder / "processor", QWEN_MIN_PIXELS, QWEN_MAX_PIXELS)
     write_processor(folder / "tokenizer", QWEN_MIN_PIXELS, QWEN_MAX_PIXELS)
     for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
@@ -70,6 +62,41 @@ def build(root: Path, repo: str) -> Path:
     _build_transformer(folder / "transformer", zero_cond_t)
     _build_text_encoder(folder / "text_encoder", special_token_ids(folder / "processor"))
     _build_vae(folder / "vae")
+    return folder
+
+
+def _model_index(pipeline_class: str) -> dict:
+    return {"_class_name": pipeline_class, "_diffusers_version": "0.36.0.dev0",
+            "processor": ["transformers", "Qwen2VLProcessor"],
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+            "tokenizer": ["transformers", "Qwen2Tokenizer"],
+            "transformer": ["diffusers", "QwenImageTransformer2DModel"],
+            "vae": ["diffusers", "AutoencoderKLQwenImage"]}
+
+
+def config_files(repo: str) -> dict[str, bytes]:
+    """The config files of the tiny `repo` without its weights (what a model is recognised by), relative path ->
+    content: for tests of recognition, of downloads, and of a folder whose weights fail to load."""
+    pipeline_class, zero_cond_t = MODELS[repo]
+    configs = {"model_index.json": _model_index(pipeline_class),
+               "transformer/config.json": {"_class_name": "QwenImageTransformer2DModel", **TRANSFORMER,
+                                           "zero_cond_t": zero_cond_t},
+               "text_encoder/config.json": {"architectures": ["Qwen2_5_VLForConditionalGeneration"],
+                                            "model_type": "qwen2_5_vl"},
+               "vae/config.json": {"_class_name": "AutoencoderKLQwenImage", **VAE},
+               "scheduler/scheduler_config.json": SCHEDULER_CONFIG,
+               "processor/preprocessor_config.json": {"min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS}}
+    return {path: (json.dumps(config, indent=2) + "\n").encode() for path, config in configs.items()}
+
+
+def write_configs(folder: Path, repo: str, pipeline_class: str | None = None) -> Path:
+    """config_files(repo) written into `folder` (any name); `pipeline_class` replaces model_index.json's."""
+    for relative, content in config_files(repo).items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_bytes(content)
+    if pipeline_class:
+        _write_json(folder / "model_index.json", _model_index(pipeline_class))
     return folder
 
 

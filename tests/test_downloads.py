@@ -18,20 +18,19 @@ from ghostedit.config import LoraChoice
 from ghostedit.downloads import DownloadError, DownloadPlan, DownloadProgress
 from ghostedit.models.tiny import tiny_lora_state_dict
 from ghostedit.optimize.lora import LoraError
-from tests.fake_hub import FakeHub, Repo
+from tests.fake_hub import Repo, hub_serving
+from tests.reference_checkpoints import config_files
 
 REPO = "Qwen/Qwen-Image-Edit-2509"
-NEEDED = {
-    "model_index.json": b'{"_class_name": "QwenImageEditPlusPipeline"}',
+NEEDED = {  # the released configs, and random bytes where the weights are
+    **config_files("Qwen-Image-Edit-2509"),
     "transformer/diffusion_pytorch_model-00001-of-00002.safetensors": os.urandom(1_500_000),
     "transformer/diffusion_pytorch_model-00002-of-00002.safetensors": os.urandom(700_000),
-    "transformer/config.json": b'{"num_layers": 2}',
     "text_encoder/model.safetensors": os.urandom(400_000),
     "vae/diffusion_pytorch_model.safetensors": os.urandom(300_000),
     "tokenizer/vocab.json": b"{}",
-    "processor/preprocessor_config.json": b"{}",
-    "scheduler/scheduler_config.json": b"{}",
 }
+NEEDED_BYTES = sum(len(content) for content in NEEDED.values())
 NOT_NEEDED = {"README.md": b"# model card", "examples/big.safetensors": os.urandom(200_000)}
 BIG_SHARD = "transformer/diffusion_pytorch_model-00001-of-00002.safetensors"
 
@@ -45,11 +44,7 @@ def hub(tmp_path, monkeypatch):
              "someone/ghost-lora": Repo({"ghost.safetensors": lora, "README.md": b"hi"}),
              "someone/many-loras": Repo({"a.safetensors": lora, "b.safetensors": lora, "c.ckpt": lora,
                                 "d/not-a-lora.safetensors": safetensors.torch.save({"w": torch.zeros(2)})})}
-    with FakeHub(repos) as fake:
-        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with hub_serving(repos, tmp_path / "hf-cache", monkeypatch) as fake:
         yield fake
 
 
@@ -179,7 +174,7 @@ def test_cli_download_killed_midway_keeps_finished_files_for_the_next_run(hub, t
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files" in lines[0]
+    assert f"Qwen/Qwen-Image-Edit-2509: 2.9 MB in {len(NEEDED)} files" in lines[0]
     assert any("B/s, " in line and " s left" in line for line in lines), out.stdout
     assert "2.9 MB ready" in lines[-2] and lines[-1].startswith("ready: ")
     assert len(hub.downloads("vae/diffusion_pytorch_model.safetensors")) == 1  # kept, not fetched again
@@ -211,7 +206,7 @@ def test_the_page_announces_downloads_streams_their_progress_and_switches_models
             controls.switch_model(refused)
     notice, steps, *slots = controls.switch_model(REPO)
     assert handlers.engine.spec.source == REPO and steps["value"] == 40
-    assert "⬇ Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files" in notice and "still to download" in notice
+    assert f"⬇ Qwen/Qwen-Image-Edit-2509: 2.9 MB in {len(NEEDED)} files" in notice and "still to download" in notice
     # the fake Hub has no lightx2v repo: the preset says so before anything runs
     assert "⚠️ lightx2v/Qwen-Image-Lightning (revision main) is not on the Hub" in controls.preset_notice("lightning-4")
 
@@ -227,8 +222,8 @@ def test_the_engine_downloads_a_repo_id_with_progress_events_then_loads_the_fold
     with pytest.raises(SafetensorError, match="deserializing header"):  # DiffSynth reading the random "weights"
         Engine(REPO, device="cpu").load(recorder=RunRecorder("cpu", on_progress=events.append))
     downloading = [event for event in events if event.stage == "download"]
-    assert downloading[0].message.startswith("downloading Qwen/Qwen-Image-Edit-2509: 2.9 MB in 9 files")
-    assert downloading[-1].download["finished"] and downloading[-1].download["total_bytes"] == 2_900_067
+    assert downloading[0].message.startswith(f"downloading Qwen/Qwen-Image-Edit-2509: 2.9 MB in {len(NEEDED)} files")
+    assert downloading[-1].download["finished"] and downloading[-1].download["total_bytes"] == NEEDED_BYTES
     assert "2.9 MB ready" in live_status(Live(downloading[-1], 1.0))
-    assert progress_json(Live(downloading[-1], 1.0))["download"]["done_bytes"] == 2_900_067
+    assert progress_json(Live(downloading[-1], 1.0))["download"]["done_bytes"] == NEEDED_BYTES
     assert (Path(os.environ["HF_HUB_CACHE"]) / "models--Qwen--Qwen-Image-Edit-2509").is_dir()

@@ -5,15 +5,15 @@ import json
 
 import pytest
 import safetensors.torch
-from huggingface_hub import constants
 
 from ghostedit import cli
 from ghostedit.config import OptimizationConfig
 from ghostedit.errors import InvalidRequestError
 from ghostedit.models.tiny import ensure_tiny_lora, tiny_lora_state_dict
-from ghostedit.models.family import QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511, SCHEDULER
+from ghostedit.models.family import QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511
 from ghostedit.optimize.presets import LIGHTNING, PresetError, model_family
-from tests.fake_hub import FakeHub, Repo
+from tests.fake_hub import Repo, hub_serving
+from tests.reference_checkpoints import write_configs
 
 EDIT_2509_4 = "Qwen-Image-Edit-2509/Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16.safetensors"
 EDIT_2511_8 = "Qwen-Image-Edit-2511-Lightning-8steps-V1.0-bf16.safetensors"
@@ -28,25 +28,11 @@ def test_each_model_gets_its_own_lightning_lora():
         "lightx2v/Qwen-Image-Lightning:Qwen-Image-Edit-Lightning-8steps-V1.0-bf16.safetensors"
 
 
-def _model_configs(folder, pipeline: str, transformer: dict):
-    """The config files of a model folder in the released layout (no weights: presets read only configs)."""
-    configs = {"model_index.json": {"_class_name": pipeline},
-               "transformer/config.json": {"_class_name": "QwenImageTransformer2DModel", **transformer},
-               "text_encoder/config.json": {}, "vae/config.json": {}, "processor/preprocessor_config.json": {},
-               "scheduler/scheduler_config.json": SCHEDULER}
-    for name, config in configs.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(json.dumps(config))
-
-
-@pytest.mark.parametrize("pipeline, transformer, family", [
-    ("QwenImageEditPipeline", {}, QWEN_IMAGE_EDIT),
-    ("QwenImageEditPlusPipeline", {}, QWEN_IMAGE_EDIT_2509),
-    ("QwenImageEditPlusPipeline", {"zero_cond_t": True}, QWEN_IMAGE_EDIT_2511),
-])
-def test_a_folder_is_told_apart_by_its_configs_not_its_name(tmp_path, pipeline, transformer, family):
-    folder = tmp_path / "Qwen-Image-Edit-2509"  # the name lies on purpose
-    _model_configs(folder, pipeline, transformer)
+@pytest.mark.parametrize("repo, family", [
+    ("Qwen-Image-Edit", QWEN_IMAGE_EDIT), ("Qwen-Image-Edit-2509", QWEN_IMAGE_EDIT_2509),
+    ("Qwen-Image-Edit-2511", QWEN_IMAGE_EDIT_2511)])
+def test_a_folder_is_told_apart_by_its_configs_not_its_name(tmp_path, repo, family):
+    folder = write_configs(tmp_path / "Qwen-Image-Edit-2509", repo)  # the name lies on purpose
     assert model_family(str(folder)) == family
 
 
@@ -55,7 +41,7 @@ def test_models_without_a_lightning_lora_are_refused(tmp_path):
     assert model_family("modelscope:Qwen/Qwen-Image-Edit") == QWEN_IMAGE_EDIT
     with pytest.raises(PresetError, match="tiny model has random weights and no Lightning LoRA"):
         model_family("tiny")
-    _model_configs(tmp_path, "QwenImagePipeline", {})
+    write_configs(tmp_path, "Qwen-Image-Edit-2509", pipeline_class="QwenImagePipeline")
     with pytest.raises(PresetError, match="names 'QwenImagePipeline'.*no Lightning LoRA is known for it"):
         model_family(str(tmp_path))
     with pytest.raises(InvalidRequestError, match="lightning-4 picks the Lightning LoRA made for the model"):
@@ -68,11 +54,7 @@ def lightning_hub(tmp_path, monkeypatch):
     lora = safetensors.torch.save(tiny_lora_state_dict("peft"))
     repos = {"lightx2v/Qwen-Image-Lightning": Repo({EDIT_2509_4: lora, "README.md": b"x"}),
              "lightx2v/Qwen-Image-Edit-2511-Lightning": Repo({EDIT_2511_8: lora})}
-    with FakeHub(repos) as hub:
-        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with hub_serving(repos, tmp_path / "hf-cache", monkeypatch) as hub:
         yield hub
 
 

@@ -191,9 +191,9 @@ def test_failed_model_load_leaves_the_loading_status(tmp_path, house):
 
     from ghostedit.engine import Engine
     from ghostedit.ui.handlers import Handlers
-    empty_model_folder = tmp_path / "model"
-    empty_model_folder.mkdir()
-    handlers = Handlers(Engine(str(empty_model_folder), device="cpu"), tmp_path / "loras")
+    from reference_checkpoints import write_configs
+    weightless = write_configs(tmp_path / "model", "Qwen-Image-Edit-2509")  # recognised; its weights are missing
+    handlers = Handlers(Engine(str(weightless), device="cpu"), tmp_path / "loras")
     import base64
     from conftest import ASSETS
     data_url = "data:image/png;base64," + base64.b64encode((ASSETS / "house.png").read_bytes()).decode()
