@@ -82,8 +82,8 @@ all() {
              "$EXACT" "$BEST")
   [ -z "${DRY_RUN:-}" ] || all=(baseline fp8=storage compile=regional)
   bench card-full --width "$SIDE" --height "$SIDE" --steps 2 --cfg 4 --repeats 0 --configs "${all[@]}"
-  bench lora --level lora-switch --width "$SIDE" --height "$SIDE" --cfg 1 --lora-rank 32 --configs "$BEST"
-  rm -rf "$RESULTS/lora/loras"  # 1.2 GB of random LoRAs
+  bench lora-switch --level lora-switch --width "$SIDE" --height "$SIDE" --cfg 1 --lora-rank 32 --configs "$BEST"
+  rm -rf "$RESULTS/lora-switch/loras"  # 1.2 GB of random LoRAs
 }
 
 case ${1:-} in
