@@ -45,3 +45,12 @@ def test_a_changed_result_changes_its_block(monkeypatch):
     committed_page = docs.FILES[1].read_text()
     assert "99.500" not in committed_page
     assert "99.500" in docs.rewrite(committed_page)  # so the committed page no longer matches its results
+
+
+def test_the_step_cache_shows_its_measured_gain_and_image_difference():
+    from ghostedit import figures
+    from ghostedit.config import OptimizationConfig
+    cached = figures.row(figures.CACHE_RUN, OptimizationConfig.parse("best,step-cache=fbcache-0.08"))
+    info = figures.toggle_info("step-cache")
+    assert f"{cached['cache_speedup_e2e']:.2f}x end to end" in info
+    assert f"PSNR {cached['cache_psnr_db']:.1f} dB" in info and "random weights" in info

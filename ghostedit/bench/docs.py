@@ -33,10 +33,17 @@ def source(part: str) -> str:
 
 
 def name(row: dict) -> str:
-    """"stock", "best", "exact" for the named configurations, the configuration's label otherwise."""
+    """"stock", "best", "exact" for the named configurations, "best + <label>" for one of them with more toggles,
+    the configuration's label otherwise."""
     named = {OptimizationConfig().text: "stock", **{OptimizationConfig.parse(preset).text: preset
                                                      for preset in ("best", "exact")}}
-    return named.get(row["text"], row["config"])
+    if row["text"] in named:
+        return named[row["text"]]
+    for preset in ("best", "exact"):
+        label = OptimizationConfig.parse(preset).label
+        if row["config"].startswith(label + " + "):
+            return f"{preset} + {row['config'].removeprefix(label + ' + ')}"
+    return row["config"]
 
 
 def dit_shapes() -> str:
@@ -90,6 +97,25 @@ def end_to_end() -> str:
         parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, median of "
                      f"{max(found['repeats'], 1)} after warm-up. Measured on {source(part)}.\n\n{table}\n")
     return "\n".join(parts)
+
+
+def step_cache() -> str:
+    """The lossy step cache at 40 steps: its speed-up and its image against the same configuration without it."""
+    found = results("e2e-40")
+    rows = [{"configuration": name(row), "threshold": row["cache_threshold"],
+             "computed": f"{row['forwards_computed']} of {row['step_cache']['forwards']}",
+             "computed step": row["computed_step_s"], "served step": row["served_step_s"],
+             "total": row["end_to_end_s"], "speedup": row["cache_speedup_e2e"], "psnr": row["cache_psnr_db"],
+             "ssim": row["cache_ssim"]} for row in found["rows"] if "cache_threshold" in row]
+    table = markdown_table(rows, {"configuration": "configuration", "threshold": "threshold run",
+                                  "computed": "DiT forwards computed", "computed step": "computed step s",
+                                  "served step": "served step s", "total": "end to end s",
+                                  "speedup": "speedup vs without", "psnr": "PSNR dB vs without",
+                                  "ssim": "SSIM vs without"})
+    note = rows and next(row for row in found["rows"] if "cache_threshold" in row)["cache_quality_note"]
+    return (f"First-Block Cache (lossy) on the 40-step run above, against the same configuration without it. "
+            f"Measured on {source('e2e-40')}.\n\n{table}\n\nThe threshold run is what `--step-cache-threshold` "
+            f"set: {note}.\n")
 
 
 def memory() -> str:
@@ -215,7 +241,7 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "end-to-end": end_to_end, "lora-switch": lora_switch, "profile": profile, "attention": attention}
+            "end-to-end": end_to_end, "step-cache": step_cache, "lora-switch": lora_switch, "profile": profile, "attention": attention}
 
 
 def blocks(text: str) -> list[tuple[str, str]]:

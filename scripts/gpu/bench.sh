@@ -9,7 +9,7 @@
 #             compiled package), one with its compiled package only (what a new machine gets from a shipped
 #             package), and a restart (the compile cache on disk)
 #     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + the Lightning schedule; a fused LoRA
-#             costs no time per step) and 40 steps CFG 4 (stock, best, best + $STEP_CACHE when given)
+#             costs no time per step) and 40 steps CFG 4 (stock, best, best + $STEP_CACHE)
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh all       issue 16: every configuration the page offers, one after another in one process
 #             on the whole card; then fused LoRA switches on the best configuration (rank 32, 840 layers) and a
@@ -26,9 +26,10 @@ SIDE=${SIDE:-1024}
 PYTHON=${PYTHON:-python3}
 BEST=${BEST:-best}    # ghostedit/optimize/presets.py
 EXACT=${EXACT:-exact}
-STEP_CACHE=${STEP_CACHE:-}  # e.g. step-cache=fbcache-0.08: the 40-step run adds best + it
-# e.g. 0.95: random weights never skip at the offered thresholds (bench --help, --step-cache-threshold)
-STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD:-}
+STEP_CACHE=${STEP_CACHE-step-cache=fbcache-0.08}  # the 40-step run adds best + it ("" leaves it out)
+# random weights never skip a step at the offered thresholds: the cache runs at this one instead, so that the cost
+# and gain of a served step are measured (bench --help, --step-cache-threshold; "" runs the offered threshold)
+STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD-0.95}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
 START=$(date +%s)
 
