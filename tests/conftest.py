@@ -7,6 +7,10 @@ import pytest
 
 # Before ghostedit is imported anywhere: the tiny model and caches go to a fresh folder for this session.
 os.environ.setdefault("GHOSTEDIT_HOME", tempfile.mkdtemp(prefix="ghostedit-test-home-"))
+# Inductor checks each vector ISA the CPU flags allow by building a C++ probe and loading it in a new Python
+# process: about 15 s for every process that compiles (this one, the servers, the subprocess tests). The CPU flags
+# still choose the ISA; only that check is skipped, here and in the processes the tests start.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "assets" / "examples"

@@ -232,9 +232,10 @@ def test_the_stage_legend_names_compiling():
     assert "compiling</span>" in _stage_legend()
 
 
-def test_a_configuration_that_compiles_is_warned_about_before_it_runs(engine, tmp_path):
+def test_a_configuration_that_compiles_is_warned_about_before_it_runs(tmp_path):
+    from ghostedit.engine import Engine
     from ghostedit.ui.handlers import Handlers
-    handlers = Handlers(engine, tmp_path / "loras")
+    handlers = Handlers(Engine("tiny", device="cpu"), tmp_path / "loras")  # nothing prepared yet
     assert "compiles the DiT" in handlers.prepare_notice(OptimizationConfig(compile="regional"))
     assert "compiles" not in handlers.prepare_notice(OptimizationConfig())
 

@@ -10,7 +10,6 @@ from ..arguments import add_model_arguments, add_request_arguments, add_toggle_a
     model_and_device, request_from_args, settings_from_args
 from ..config import OptimizationConfig
 from ..optimize.toggles.step_cache import threshold_override
-from . import dit, pipeline
 from .output import environment, markdown_table, write_bar_charts, write_results
 
 
@@ -108,7 +107,10 @@ def cmd_bench(args) -> int:
     return _pipeline(args, engine, configs, out_dir, context)
 
 
+# dit.py and pipeline.py import the engine (DiffSynth): imported by the runs, not by `ghostedit --help`
+
 def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
+    from . import dit, pipeline
     cached = [config.label for config in configs if config != pipeline.full_run(config)]
     if cached:
         raise SystemExit(f"{', '.join(cached)}: a step cache skips the blocks of whole denoising steps; one DiT "
@@ -137,6 +139,7 @@ def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
 
 
 def _lora_switch(args, engine, config, out_dir: Path, context: dict) -> int:
+    from . import pipeline
     from .lora_switch import run_lora_switch_bench
     args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
     request = request_from_args(args, 1)
@@ -163,6 +166,7 @@ def peak_memory(device: str):
 
 
 def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
+    from . import pipeline
     args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
     request = request_from_args(args, engine.spec.default_steps)
     with peak_memory(engine.device) as load_peak:
