@@ -138,7 +138,7 @@ def test_several_images_per_run_with_consecutive_seeds(app):
 
 
 def test_the_log_is_quiet_and_names_the_share_option(app):
-    client(app).predict(**inputs(steps=1), api_name="/edit")  # the model is loaded by now
+    client(app).predict(**inputs(steps=2), api_name="/edit")  # the model is loaded by now
     log = app.log.read_text()
     assert "This is not an error" not in log and "Loaded model" not in log
     assert "--share" in log and "share=True" not in log

@@ -15,7 +15,7 @@ from ghostedit.models.tiny import TINY_MODEL_NAME, ensure_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = REPO / "assets" / "examples" / "house.png"
-REQUEST = dict(prompt="make it night", width=64, height=64, steps=1)
+REQUEST = dict(prompt="make it night", width=64, height=64, steps=2)
 CONFIG = "compile=regional"
 EDIT = f"""
 import json, sys

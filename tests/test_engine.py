@@ -42,7 +42,7 @@ def test_default_edit_returns_requested_size(engine, house):
 def test_size_defaults_to_input_aspect_within_model_area(engine):
     from PIL import Image
     wide = Image.new("RGB", (800, 400), (200, 30, 30))
-    result = engine.run(EditRequest(images=[wide], prompt="make it blue", steps=1))
+    result = engine.run(EditRequest(images=[wide], prompt="make it blue", steps=2))
     width, height = result.image.size
     assert width % 16 == 0 and height % 16 == 0
     assert width / height == pytest.approx(2, rel=0.1)
@@ -224,3 +224,12 @@ def test_multi_image_edit(engine, house):
     result = engine.run(EditRequest(images=[house, portrait, house], prompt="put the person in front of the house",
                                     **SMALL))
     assert result.image.size == (128, 128) and len(result.inputs) == 3
+
+
+def test_one_step_on_the_models_schedule_is_refused_not_a_black_image(engine, house):
+    from ghostedit.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match="Use 2 steps or more, or the Lightning schedule"):
+        engine.run(EditRequest(images=[house], prompt="make it blue", steps=1, width=64, height=64))
+    lightning = engine.run(EditRequest(images=[house], prompt="make it blue", steps=1, width=64, height=64),
+                           OptimizationConfig(scheduler="lightning"))
+    assert 10 < np.asarray(lightning.image).std()  # one step is fine where the schedule has no terminal stretch

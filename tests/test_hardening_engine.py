@@ -97,7 +97,7 @@ def test_converted_images_edit_at_multiples_of_16_within_the_area(engine):
     """No size given: the last image's aspect ratio (8:1 here; the reference, QwenImageEditPlusPipeline, takes the
     last) at the model's default area."""
     result = engine.run(EditRequest(images=[animated_gif(), gradient_16bit_png(), encoded(noise(256, 32))],
-                                    prompt="make it night", steps=1))
+                                    prompt="make it night", steps=2))
     width, height = result.image.size
     assert width % 16 == 0 and height % 16 == 0 and width / height == pytest.approx(8, rel=0.15)
     assert width * height <= engine.spec.default_area * 1.1
@@ -128,7 +128,7 @@ def test_out_of_range_parameters_are_refused(overrides, message):
 
 def test_boundary_parameters_are_accepted_as_given():
     image = Image.new("RGB", (32, 32))
-    low = EditRequest(images=image, prompt="x", steps=1, cfg_scale=1, seed=0, width=64, height=64)
+    low = EditRequest(images=image, prompt="x", steps=2, cfg_scale=1, seed=0, width=64, height=64)
     high = EditRequest(images=[image], prompt="x" * 2000, steps=100.0, cfg_scale=20.0, seed=2**32 - 1,
                        width=2048, height=2048.0)
     assert (low.steps, low.cfg_scale, low.seed, low.width) == (1, 1.0, 0, 64)
@@ -247,7 +247,7 @@ def _out_of_memory():
 
 
 def test_out_of_memory_while_running_evicts_the_cache_and_retries_once(engine, house, monkeypatch):
-    reference = engine.run(request(house, seed=5, steps=1))
+    reference = engine.run(request(house, seed=5, steps=2))
     engine.prepare(OptimizationConfig(fp8="storage"))
     loads = engine.load_count
     first_attempt_alive = []
@@ -259,7 +259,7 @@ def test_out_of_memory_while_running_evicts_the_cache_and_retries_once(engine, h
             first_attempt_alive.extend(ref for ref in tensors[:calls[1]] if ref() is not None)
 
     tensors, calls = _spy_on_dit_calls(monkeypatch, fail_first_call)
-    result = engine.run(request(house, seed=5, steps=1))
+    result = engine.run(request(house, seed=5, steps=2))
     assert OUT_OF_MEMORY_RETRY_NOTE in result.telemetry.notes
     assert not first_attempt_alive
     assert [entry["config"] for entry in engine.cached()] == [OptimizationConfig().label]  # others evicted
@@ -278,7 +278,7 @@ def test_out_of_memory_while_preparing_retries(engine, house, monkeypatch):
         return build(self, *args)
 
     monkeypatch.setattr(Engine, "_build", build_failing_first)
-    result = engine.run(request(house, steps=1), OptimizationConfig(fp8="storage"))
+    result = engine.run(request(house, steps=2), OptimizationConfig(fp8="storage"))
     assert builds == ["fp8-storage"] * 2 and OUT_OF_MEMORY_RETRY_NOTE in result.telemetry.notes
     failures.append(_out_of_memory())
     prepared, hit = engine.prepare(OptimizationConfig(rewrites=("real-rope",)))  # preparing alone recovers too
@@ -287,7 +287,7 @@ def test_out_of_memory_while_preparing_retries(engine, house, monkeypatch):
 
 
 def test_out_of_memory_twice_is_a_clear_error_and_the_next_edit_succeeds(engine, house, monkeypatch):
-    reference = engine.run(request(house, seed=9, steps=1))
+    reference = engine.run(request(house, seed=9, steps=2))
     def always(n):
         raise _out_of_memory()
 
@@ -295,12 +295,12 @@ def test_out_of_memory_twice_is_a_clear_error_and_the_next_edit_succeeds(engine,
     with pytest.raises(GpuOutOfMemoryError, match=r"out of (GPU )?memory while running a 128x128 edit with stock "
                                                   r"\(it needed another 2.00 GiB\): GhostEdit freed every cached "
                                                   r"pipeline and tried once more.*smaller output size") as failed:
-        engine.run(request(house, seed=9, steps=1))
+        engine.run(request(house, seed=9, steps=2))
     assert failed.value.__context__ is None and failed.value.__cause__ is None
     assert all(ref() is None for ref in tensors)  # both attempts' tensors freed, though the error is still held
     assert engine.cached() == []
     monkeypatch.undo()
-    after = engine.run(request(house, seed=9, steps=1))
+    after = engine.run(request(house, seed=9, steps=2))
     assert np.array_equal(pixels(after), pixels(reference)) and not after.telemetry.notes
 
 

@@ -3,6 +3,7 @@ apart by its own configs, the preset parsed into the Lightning schedule with its
 with progress) stacked with a style LoRA, an edit on the tiny model with that stack, and the refusals."""
 import json
 
+import numpy as np
 import pytest
 import safetensors.torch
 
@@ -109,3 +110,32 @@ def test_cli_refuses_a_preset_for_the_tiny_model(tmp_path):
     with pytest.raises(InvalidRequestError, match="lightning-8: the tiny model has random weights"):
         cli.main(["edit", "--model", "tiny", "--device", "cpu", "--preset", "lightning-8", "--image", "x.png",
                   "--prompt", "p", "--out", str(tmp_path / "o.png")])
+
+
+@pytest.mark.parametrize("steps", [1, 4, 8])
+def test_the_lightning_schedule_is_what_diffusers_computes_from_lightx2v_config(steps):
+    """lightx2v's scheduler config (shift log(3) at every size, no terminal shift) in diffusers' scheduler, as its
+    edit pipeline calls it, against the schedule the `scheduler=lightning` toggle runs."""
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    from ghostedit.models.exact import ReferenceSchedule
+    from ghostedit.models.family import LIGHTNING_SCHEDULER
+    config = {key: value for key, value in LIGHTNING_SCHEDULER.items() if not key.startswith("_")}
+    reference = FlowMatchEulerDiscreteScheduler(**config)
+    image_tokens = 4096  # 1024x1024: the shift does not depend on it here
+    mu = calculate_shift(image_tokens, config["base_image_seq_len"], config["max_image_seq_len"],
+                         config["base_shift"], config["max_shift"])
+    reference.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    ours = ReferenceSchedule(LIGHTNING_SCHEDULER)
+    ours.set_timesteps(steps, dynamic_shift_len=image_tokens)
+    assert torch.equal(ours.sigmas, reference.sigmas[:-1].to(torch.float32))
+
+
+def test_the_lightning_toggle_runs_its_schedule(engine, house):
+    from ghostedit import EditRequest
+    request = EditRequest(images=[house], prompt="make it night", steps=4, cfg_scale=1.0, width=64, height=64)
+    model, lightning = (engine.run(request, OptimizationConfig(scheduler=choice)) for choice in ("model", "lightning"))
+    difference = np.abs(np.asarray(model.image, dtype=np.int16) - np.asarray(lightning.image, dtype=np.int16))
+    assert difference.mean() > 1  # before: the exact pipeline put its own schedule back and the two were equal

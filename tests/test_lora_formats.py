@@ -187,7 +187,7 @@ def test_keys_not_applied_are_reported_with_the_reason_in_telemetry_and_the_run_
     tensors["emb_params"] = torch.zeros(3)                                     # a textual-inversion leftover
     path = reference["folder"] / "with-extras.safetensors"
     save_file(tensors, path)
-    result = engine.run(EditRequest(images=[house], prompt="ghost", width=64, height=64, steps=1),
+    result = engine.run(EditRequest(images=[house], prompt="ghost", width=64, height=64, steps=2),
                         OptimizationConfig(loras=(LoraChoice.from_file(path, 0.5),)))
     (lora,) = result.telemetry.summary()["loras"]
     assert lora["formats"] == ["PEFT (no prefix)", "full-weight delta (.diff/.diff_b)", "kohya/musubi-tuner"]

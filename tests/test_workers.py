@@ -71,7 +71,7 @@ def test_serve_refuses_workers_it_cannot_run():
 
 
 def test_two_edits_run_at_once_on_two_workers_with_their_own_results(pool, engine, house):
-    run_together(pool, {name: edit_request(house, name, steps=1) for name in EDITS})  # both workers load first
+    run_together(pool, {name: edit_request(house, name, steps=2) for name in EDITS})  # both workers load first
     results = run_together(pool, {name: edit_request(house, name) for name in EDITS})
     night, snow = results["night"], results["snow"]
     assert {night.telemetry.worker["index"], snow.telemetry.worker["index"]} == {0, 1}

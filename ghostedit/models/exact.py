@@ -29,6 +29,7 @@ from einops import rearrange
 from PIL import Image
 
 from ..diffsynth_patches import replace
+from ..errors import InvalidRequestError
 from .family import EDIT_PLUS_TEMPLATE, Family, dimensions
 
 SYSTEM = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
@@ -205,12 +206,18 @@ class ReferenceSchedule(FlowMatchScheduler):
         if training or denoising_strength != 1.0 or exponential_shift_mu is not None or dynamic_shift_len is None:
             raise ValueError("GhostEdit's edits use the schedule as the reference computes it for a full edit")
         config = self.config
+        if num_inference_steps < 2 and config["shift_terminal"]:  # the stretch below would divide zero by zero
+            raise InvalidRequestError(
+                f"one step cannot run on the model's schedule: it stretches the sigmas to the terminal shift "
+                f"({config['shift_terminal']}), undefined for a single step (the reference's pipeline gives NaN, a "
+                f"black image). Use 2 steps or more, or the Lightning schedule")
         slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"] - config["base_image_seq_len"])
         mu = dynamic_shift_len * slope + config["base_shift"] - slope * config["base_image_seq_len"]
         sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps).astype(np.float32)
         sigmas = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
-        one_minus = 1 - sigmas
-        sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
+        if config["shift_terminal"]:
+            one_minus = 1 - sigmas
+            sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
         self.sigmas = torch.from_numpy(sigmas).to(torch.float32)
         self.timesteps = self.sigmas * config["num_train_timesteps"]
         self.training = False

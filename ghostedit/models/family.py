@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -79,6 +80,9 @@ SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_l
              "time_shift_type": "exponential", "num_train_timesteps": 1000, "invert_sigmas": False,
              "stochastic_sampling": False, "use_karras_sigmas": False, "use_exponential_sigmas": False,
              "use_beta_sigmas": False}
+# The schedule lightx2v distilled the Lightning LoRAs for (their README's scheduler config): the shift fixed at
+# log(3) whatever the image size, no terminal shift
+LIGHTNING_SCHEDULER = {**SCHEDULER, "base_shift": math.log(3), "max_shift": math.log(3), "shift_terminal": None}
 QWEN_IMAGE = Computation(
     pipeline="diffsynth.pipelines.qwen_image.QwenImagePipeline", exact="ghostedit.models.exact.ExactPipeline",
     checkpoint="ghostedit.models.checkpoint.model_configs", transformer_class="QwenImageTransformer2DModel",

@@ -26,7 +26,7 @@ from ..config import EditRequest, OptimizationConfig
 AOT_COMPILE_SECONDS = 1500   # one GPU window for the capture, the export and AoTInductor's compile of one block
 AOT_CONFIG = OptimizationConfig()  # the stock configuration: the one whose prepared DiT the blocks belong to
 # A small edit that reaches the first block: its shapes only seed the export (sequence lengths are dynamic)
-AOT_EXAMPLE = dict(prompt="make it night", steps=1, cfg_scale=1.0, width=256, height=256)
+AOT_EXAMPLE = dict(prompt="make it night", steps=2, cfg_scale=1.0, width=256, height=256)
 INDUCTOR_CONFIGS = {"conv_1x1_as_mm": True, "epilogue_fusion": False, "coordinate_descent_tuning": True,
                     "coordinate_descent_check_all_directions": True, "max_autotune": True,
                     "triton.cudagraphs": True}

@@ -1,20 +1,23 @@
 """Toggle `scheduler`: the sampling schedule of a run. `model`: the model's own (flow matching with a shift that
 grows with the image size and a terminal shift). `lightning`: the schedule the Lightning LoRAs were distilled for
-(flow matching, base and max shift log(3), exponential time shift, no terminal shift: DiffSynth's
-"Qwen-Image-Lightning"), for 4 or 8 steps at CFG 1 with such a LoRA (ghostedit/optimize/presets.py)."""
+(flow matching, base and max shift log(3), exponential time shift, no terminal shift: models/family.py's
+LIGHTNING_SCHEDULER, computed as diffusers computes it), for 4 or 8 steps at CFG 1 with such a LoRA
+(ghostedit/optimize/presets.py)."""
 import contextlib
 
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
-TEMPLATES = {"model": "Qwen-Image", "lightning": "Qwen-Image-Lightning"}
-
 
 @contextlib.contextmanager
 def _schedule(context: RunContext, choice: str):
-    from diffsynth.diffusion import FlowMatchScheduler
+    if choice == "model":  # the pipeline's own: its family's schedule
+        yield
+        return
+    from ...models.exact import ReferenceSchedule
+    from ...models.family import LIGHTNING_SCHEDULER
     pipe = context.prepared.pipe
     previous = pipe.scheduler
-    pipe.scheduler = FlowMatchScheduler(TEMPLATES[choice])
+    pipe.scheduler = ReferenceSchedule(LIGHTNING_SCHEDULER)
     try:
         yield
     finally:
