@@ -203,9 +203,12 @@ def test_out_of_range_parameters_are_refused_naming_the_parameter(app, overrides
 
 
 def test_boundary_parameters_run_as_given(app):
-    run = edit(app, steps=2, cfg_scale=20, seed=2**32 - 1, width=64, height=64)[RUN_JSON]
+    """One step runs on the Lightning schedule; on the model's own it is refused with the reason, not a black image."""
+    run = edit(app, steps=1, cfg_scale=20, seed=2**32 - 1, width=64, height=64, scheduler="lightning")[RUN_JSON]
     assert (run["steps"], run["cfg_scale"], run["seed"], run["width"], run["height"]) == (1, 20.0, 2**32 - 1, 64, 64)
     assert len(run["telemetry"]["step_s"]) == 1
+    with pytest.raises(AppError, match="Use 2 steps or more, or the Lightning schedule"):
+        edit(app, steps=1, width=64, height=64)
 
 
 # ---- LoRA files ----
