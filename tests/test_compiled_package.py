@@ -1,6 +1,5 @@
 """A configuration's compiled code is kept as a package: a process with empty compile caches that finds the package
-loads the code instead of compiling it. The package is made here, by this process's first compiled edit; the
-process that loads it is a new one."""
+loads the code instead of compiling it."""
 import json
 import os
 import subprocess
@@ -8,39 +7,31 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
-from ghostedit import EditRequest, OptimizationConfig
-from ghostedit.models.tiny import TINY_MODEL_NAME, ensure_tiny_model
-
 REPO = Path(__file__).resolve().parent.parent
-IMAGE = REPO / "assets" / "examples" / "house.png"
-REQUEST = dict(prompt="make it night", width=64, height=64, steps=2)
-CONFIG = "compile=regional"
-EDIT = f"""
+EDIT = """
 import json, sys
 from torch._dynamo.utils import counters
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.engine import Engine
-result = Engine("tiny", device="cpu").run(EditRequest(images=[sys.argv[1]], **{REQUEST!r}),
-                                          OptimizationConfig.parse({CONFIG!r}))
-print(json.dumps({{"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"],
-                  "report": result.prepared_report["compile"]}}))
+result = Engine("tiny", device="cpu").run(EditRequest(images=[sys.argv[1]], prompt="make it night", width=64,
+                                                      height=64, steps=2), OptimizationConfig(compile="regional"))
+print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"],
+                  "report": result.prepared_report["compile"]}))
 """
 
 
-def test_a_process_with_empty_caches_loads_the_compiled_package(tmp_path, monkeypatch):
-    from ghostedit.engine import Engine
-    os.symlink(ensure_tiny_model(), tmp_path / TINY_MODEL_NAME)  # the session's tiny model, in a home of its own
-    monkeypatch.setenv("GHOSTEDIT_HOME", str(tmp_path))
-    torch._dynamo.reset()  # this process's earlier compiles of the same blocks are not this configuration's
-    made = Engine("tiny", device="cpu").run(EditRequest(images=[str(IMAGE)], **REQUEST), OptimizationConfig.parse(CONFIG))
-    assert "compiled on first call" in made.prepared_report["compile"]
-    assert list((tmp_path / "compiled").glob("*.bin"))
+def run_edit(home: str, image: str) -> dict:
+    env = {**os.environ, "GHOSTEDIT_HOME": home, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp()}  # empty caches
+    out = subprocess.run([sys.executable, "-c", EDIT, image], cwd=REPO, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp()}  # empty compile caches
-    out = subprocess.run([sys.executable, "-c", EDIT, str(IMAGE)], cwd=REPO, env=env, capture_output=True,
-                         text=True, check=True).stdout
-    loaded = json.loads(out.strip().splitlines()[-1])
-    assert loaded["misses"] == 0 and loaded["hits"] > 0
-    assert "loaded from a compiled package" in loaded["report"]
+
+def test_a_process_with_empty_caches_loads_the_compiled_package(tmp_path):
+    image = str(REPO / "assets" / "examples" / "house.png")
+    first = run_edit(str(tmp_path), image)
+    assert first["misses"] > 0 and "compiled on first call" in first["report"]
+    assert list((tmp_path / "compiled").glob("*.bin"))
+    second = run_edit(str(tmp_path), image)
+    assert second["misses"] == 0 and second["hits"] > 0
+    assert "loaded from a compiled package" in second["report"]
