@@ -183,7 +183,8 @@ class Engine:
 def _pipeline_with_dit(base, dit):
     """A pipeline of the base's kind over the base's encoders, VAE and processors, with its own DiT."""
     pipe = type(base)(device=base.device, torch_dtype=base.torch_dtype)
-    for name in ("text_encoder", "vae", "tokenizer", "processor", "blockwise_controlnet", "family", "units"):
+    for name in ("text_encoder", "vae", "tokenizer", "processor", "blockwise_controlnet", "units"):
         setattr(pipe, name, getattr(base, name))
+    pipe.use_family(base.family)  # its own schedule, as the family computes it
     pipe.dit = dit
     return pipe

@@ -43,7 +43,8 @@ class ConfiguredQwenImageDiT(QwenImageDiT):
 
     def __init__(self, num_layers: int, num_attention_heads: int, attention_head_dim: int, joint_attention_dim: int,
                  axes_dims_rope: list[int]):
-        torch.nn.Module.__init__(self)
+        torch.nn.Module.__init__(self)  # QwenImageDiT.__init__ would build the 20B model
+        install_module_patches()  # the MLP's activation as the released model's, before its blocks are built
         dim = num_attention_heads * attention_head_dim
         self.pos_embed = QwenEmbedRope(theta=10000, axes_dim=list(axes_dims_rope), scale_rope=True)
         self.time_text_embed = TimestepEmbeddings(256, dim, diffusers_compatible_format=True, scale=1000,
@@ -59,13 +60,13 @@ class ConfiguredQwenImageDiT(QwenImageDiT):
 
 
 class ConfiguredTextEncoder(QwenImageTextEncoder):
-    """DiffSynth's QwenImageTextEncoder over the Qwen2.5-VL of a text_encoder/config.json."""
+    """DiffSynth's QwenImageTextEncoder over the Qwen2.5-VL of a text_encoder/config.json (or that config)."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config):
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 
-        torch.nn.Module.__init__(self)
-        self.config = Qwen2_5_VLConfig(**config)
+        torch.nn.Module.__init__(self)  # QwenImageTextEncoder.__init__ would build the 7B model
+        self.config = config if isinstance(config, Qwen2_5_VLConfig) else Qwen2_5_VLConfig(**config)
         self.model = Qwen2_5_VLModel(self.config)
         self.lm_head = torch.nn.Linear(self.config.text_config.hidden_size, self.config.text_config.vocab_size,
                                        bias=False)

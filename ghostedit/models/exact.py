@@ -30,6 +30,7 @@ from PIL import Image
 
 from ..diffsynth_patches import replace
 from ..errors import InvalidRequestError
+from ..images import fit
 from .family import EDIT_PLUS_TEMPLATE, Family, dimensions
 
 SYSTEM = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
@@ -121,8 +122,7 @@ LATENTS_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3
 def resized(image: Image.Image, area: int) -> Image.Image:
     """The image at the reference's size for `area` (aspect ratio kept, sides multiples of 32), LANCZOS as
     diffusers' VaeImageProcessor resizes."""
-    size = dimensions(area, image.size[0] / image.size[1])
-    return image.resize(size, Image.LANCZOS, reducing_gap=None)
+    return fit(image, dimensions(area, image.size[0] / image.size[1]))
 
 
 def condition_images(family: Family, images: list[Image.Image]) -> list[Image.Image]:
@@ -255,11 +255,6 @@ class ExactPipeline(QwenImagePipeline):
         self.scheduler = ReferenceSchedule(family.computation.scheduler)
         swaps = {QwenImageUnit_EditImageEmbedder: EditImageEmbedder, QwenImageUnit_PromptEmbedder: PromptEmbedder}
         self.units = [swaps[type(unit)](family) if type(unit) in swaps else unit for unit in self.units]
-
-    def __call__(self, *args, **kwargs):
-        if not isinstance(self.scheduler, ReferenceSchedule):  # a pipeline copied with the family (engine cache)
-            self.scheduler = ReferenceSchedule(self.family.computation.scheduler)
-        return super().__call__(*args, **kwargs)
 
     def cfg_guided_model_fn(self, model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
         positive = model_fn(**inputs_posi, **inputs_shared, **inputs_others)

@@ -13,28 +13,25 @@ from pathlib import Path
 import torch
 from diffsynth.configs import MODEL_CONFIGS, VERSION_CHECKER_MAPS, VRAM_MANAGEMENT_MODULE_MAPS
 from diffsynth.core.loader import ModelConfig, hash_model_file
-from diffsynth.models.general_modules import AdaLayerNorm, RMSNorm, TimestepEmbeddings
-from diffsynth.models.qwen_image_dit import QwenEmbedRope, QwenImageDiT, QwenImageTransformerBlock
+from diffsynth.models.qwen_image_dit import QwenImageDiT
 from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
 from diffsynth.models.qwen_image_vae import QwenImageVAE
 from safetensors.torch import save_file
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
+from transformers import Qwen2_5_VLConfig
 
 from ..diffsynth_patches import check_version
-from .exact import install_module_patches
 from ..paths import ghostedit_home, write_atomically  # ghostedit_home re-exported: $GHOSTEDIT_HOME or ~/.cache/ghostedit
+from .checkpoint import ConfiguredQwenImageDiT, ConfiguredTextEncoder
 from .processor import special_token_ids, write_processor
 
 TINY_MODEL_NAME = "tiny-v2"  # bump whenever the generated files change: caches keep old versions
 SEED = 20260101
 
 # DiT: 64 wide, 2 heads x 32, 2 blocks; rope axes are even and sum to the head dim.
-DIT_DIM = 64
 DIT_HEADS = 2
 DIT_HEAD_DIM = 32
 DIT_LAYERS = 2
 DIT_ROPE_AXES = [8, 12, 12]
-LATENT_PATCH_DIM = 64  # 16 latent channels x 2x2 patch: fixed by the pipeline, as is z_dim=16
 DIT_INIT_STD = 0.1
 # Random q/k are near-orthogonal: with unit qk-norm gains attention is almost uniform over all tokens and
 # the output barely depends on the prompt or edit image. Gain 3 makes it peaked, as in a trained model.
@@ -72,37 +69,20 @@ LORA_TARGETS = (
 )
 
 
-class TinyQwenImageDiT(QwenImageDiT):
+class TinyQwenImageDiT(ConfiguredQwenImageDiT):
     """QwenImageDiT with the same attribute names and real QwenImageTransformerBlocks, at width 64, computing as the
-    released model does (the MLP's activation: models/exact.py)."""
+    released model does."""
 
     def __init__(self):
-        torch.nn.Module.__init__(self)  # QwenImageDiT.__init__ would build the 20B model
-        install_module_patches()
-        self.pos_embed = QwenEmbedRope(theta=10000, axes_dim=DIT_ROPE_AXES, scale_rope=True)
-        self.time_text_embed = TimestepEmbeddings(
-            256, DIT_DIM, diffusers_compatible_format=True, scale=1000, align_dtype_to_timestep=False
-        )
-        self.txt_norm = RMSNorm(TEXT_HIDDEN, eps=1e-6)
-        self.img_in = torch.nn.Linear(LATENT_PATCH_DIM, DIT_DIM)
-        self.txt_in = torch.nn.Linear(TEXT_HIDDEN, DIT_DIM)
-        self.transformer_blocks = torch.nn.ModuleList(
-            QwenImageTransformerBlock(dim=DIT_DIM, num_attention_heads=DIT_HEADS, attention_head_dim=DIT_HEAD_DIM)
-            for _ in range(DIT_LAYERS)
-        )
-        self.norm_out = AdaLayerNorm(DIT_DIM, single=True)
-        self.proj_out = torch.nn.Linear(DIT_DIM, LATENT_PATCH_DIM)
+        super().__init__(num_layers=DIT_LAYERS, num_attention_heads=DIT_HEADS, attention_head_dim=DIT_HEAD_DIM,
+                         joint_attention_dim=TEXT_HIDDEN, axes_dims_rope=DIT_ROPE_AXES)
 
 
-class TinyQwenImageTextEncoder(QwenImageTextEncoder):
+class TinyQwenImageTextEncoder(ConfiguredTextEncoder):
     """QwenImageTextEncoder on a tiny Qwen2.5-VL whose token ids are those of the tiny tokenizer."""
 
     def __init__(self, token_ids: dict):
-        torch.nn.Module.__init__(self)  # QwenImageTextEncoder.__init__ would build the 7B model
-        config = tiny_text_encoder_config(token_ids)
-        self.model = Qwen2_5_VLModel(config)
-        self.lm_head = torch.nn.Linear(TEXT_HIDDEN, config.text_config.vocab_size, bias=False)
-        self.config = config
+        super().__init__(tiny_text_encoder_config(token_ids))
 
 
 def tiny_text_encoder_config(token_ids: dict) -> Qwen2_5_VLConfig:
