@@ -11,6 +11,7 @@ EXACT = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-m
 BEST = EXACT + ",attention=cudnn-fp8"
 PRESETS = {"best": BEST, "exact": EXACT}
 
+
 @dataclass(frozen=True)
 class LightningPreset:
     name: str
