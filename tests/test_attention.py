@@ -43,6 +43,21 @@ def test_auto_never_picks_a_lossy_backend(monkeypatch):
     assert set(timings) == set(attention.CONCRETE_BACKENDS) - set(attention.LOSSY_BACKENDS)
 
 
+def test_probing_and_timing_backends_leave_the_random_state_alone():
+    """A probe drew from the process's random state once, so the synthetic model's weights, made after it,
+    depended on which probes had run: two processes of one multi-GPU edit held different weights."""
+    attention.availability.cache_clear()
+    attention.fastest_backend.cache_clear()
+    before = torch.get_rng_state()
+    try:
+        assert attention.availability("sdpa-math", "cpu").ok  # a real call of the backend
+        attention.fastest_backend("cpu", 2, 16, 32)
+    finally:
+        attention.availability.cache_clear()
+        attention.fastest_backend.cache_clear()
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_fp8_scaling_round_trips_and_saturates_instead_of_overflowing():
     x = torch.randn(1, 4, 64, 32) * 3
     x8, descale = fp8_attention.to_fp8(x, fp8_attention.largest_magnitude(x))

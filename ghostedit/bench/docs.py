@@ -194,6 +194,27 @@ def attention() -> str:
             f"{_committed_on(path)}, `docs/benchmarks/attention/`).\n\n{table}\n")
 
 
+def parallel() -> str:
+    """Section 8: one edit on one GPU against two (scripts/gpu/parallel_bench.sh), speed only: the image checks
+    are in the part's table.md, with the caveat the section's text gives."""
+    found = results("parallel")
+    rows = [{"run": row["label"], "parallel": row["parallel"], "edit": row["end_to_end_s"],
+             "step": row["s_per_step"], "speedup edit": row["speedup_e2e"], "speedup step": row["speedup_step"],
+             "peak": row["peak_gib"]} for row in found["rows"]]
+    table = markdown_table(rows, {"run": "run", "parallel": "processes and split", "edit": "edit s",
+                                  "step": "denoise s / step", "speedup edit": "speedup (edit)",
+                                  "speedup step": "speedup (step)", "peak": "peak GiB (rank 0)"})
+    single = found["rows"][0]
+    environment = found["environment"]
+    link = found.get("link")
+    measured_link = "" if link is None else (
+        f" Ulysses's all-to-alls alone on this machine's link: {link['block_ms']:.2f} ms a block, "
+        f"{link['forward_ms']:.0f} ms a forward.")
+    return (f"{single['size']}, {single['steps']} steps, CFG {single['cfg']:g}, the best configuration, one warm "
+            f"edit each. Measured on {environment['gpu']}, torch {environment['torch']}, {environment['date']}, "
+            f"`scripts/gpu/parallel_bench.sh all` (`docs/benchmarks/parallel/`).{measured_link}\n\n{table}\n")
+
+
 def headline() -> str:
     """README's summary: the best configuration against stock, each figure from its part."""
     dit = {(name(row), row["shape"]): row for row in results("dit")["rows"]}
@@ -242,7 +263,8 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "end-to-end": end_to_end, "step-cache": step_cache, "lora-switch": lora_switch, "profile": profile, "attention": attention}
+            "end-to-end": end_to_end, "step-cache": step_cache, "lora-switch": lora_switch, "profile": profile, "attention": attention,
+            "parallel": parallel}
 
 
 def blocks(text: str) -> list[tuple[str, str]]:

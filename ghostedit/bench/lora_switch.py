@@ -38,7 +38,8 @@ def synthetic_lora(dit, rank: int, seed: int, path: Path) -> Path:
     return path
 
 
-def _compiled_frames() -> int:
+def compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (a difference across a run = its recompiles)."""
     from torch._dynamo.utils import counters
     return counters["frames"]["ok"]
 
@@ -53,12 +54,12 @@ def run_lora_switch_bench(engine, request, config: OptimizationConfig, rank: int
              ("back to none", ()), ("none to A again", (a,))]
     rows = []
     for name, loras in steps:
-        frames = _compiled_frames()
+        frames = compiled_frames()
         result = engine.run(request, config.replace(loras=loras))
         stages = result.telemetry.stages
         rows.append({"switch": name, "switch_s": stages.get("LoRA switch", 0.0),
                      "compile_warmup_s": stages.get("compile warm-up", 0.0),
-                     "new_compiled_frames": _compiled_frames() - frames, "cache_hit": result.telemetry.cache_hit,
+                     "new_compiled_frames": compiled_frames() - frames, "cache_hit": result.telemetry.cache_hit,
                      "edit_s": result.telemetry.total_seconds, "report": {k: v for k, v in result.prepared_report.items()
                                                                           if k.startswith("LoRA")}})
         print(f"{name}: {rows[-1]['switch_s']:.2f} s, recompiled frames {rows[-1]['new_compiled_frames']}", flush=True)
@@ -72,12 +73,12 @@ def _runtime_scale_change(engine, request, config, lora: LoraChoice) -> dict:
     from ..optimize import lora as lora_layers
     runtime = config.replace(loras=(LoraChoice(lora.path, lora.sha256, 0.5, "runtime"),))
     engine.run(request, runtime)
-    frames = _compiled_frames()
+    frames = compiled_frames()
     again = engine.run(request, runtime.replace(loras=(LoraChoice(lora.path, lora.sha256, 1.0, "runtime"),)))
     prepared, _ = engine.prepare(runtime)
     start = time.perf_counter()
     lora_layers.set_runtime_scales(prepared.dit, {lora.sha256: 0.8})
     synchronize(engine.device)
-    return {"cache_hit": again.telemetry.cache_hit, "new_compiled_frames": _compiled_frames() - frames,
+    return {"cache_hit": again.telemetry.cache_hit, "new_compiled_frames": compiled_frames() - frames,
             "set_scales_s": time.perf_counter() - start, "edit_s": again.telemetry.total_seconds,
             "s_per_step": again.telemetry.denoise_seconds_per_step}

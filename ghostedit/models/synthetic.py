@@ -45,6 +45,15 @@ def _created_on(device: str, dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
+@contextlib.contextmanager
+def _seeded(device: str, seed: int):
+    """Random weights made inside are the same in every process (the torchrun ranks and a single process alike),
+    whatever that process drew before; the random state outside is left as it was."""
+    with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
+        torch.manual_seed(seed)
+        yield
+
+
 def processor_folder():
     folder = ghostedit_home() / "synthetic-processor"
     if not (folder / "tokenizer_config.json").exists():
@@ -54,18 +63,18 @@ def processor_folder():
 
 def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype, dit_in_host_memory: bool = False,
                              text_encoder_in_host_memory: bool = False):
-    """The whole pipeline. A text encoder kept in host memory is made there (slower: its initialisation runs on the
-    CPU), so that a small card never holds it: DiffSynth's class builds all of it at once, its vision tower in
-    float32."""
+    """The whole pipeline, with the same random weights in every process. A text encoder kept in host memory is
+    made there (slower: its initialisation runs on the CPU), so that a small card never holds it: DiffSynth's class
+    builds all of it at once, its vision tower in float32."""
     from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
     from diffsynth.models.qwen_image_vae import QwenImageVAE
     from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
     folder = processor_folder()
     dit = build_synthetic_dit(device, torch_dtype, in_host_memory=dit_in_host_memory)
-    with _created_on("cpu" if text_encoder_in_host_memory else device, torch_dtype):
+    with _seeded(device, 1), _created_on("cpu" if text_encoder_in_host_memory else device, torch_dtype):
         text_encoder = QwenImageTextEncoder().eval().to(torch_dtype)
-    with _created_on(device, torch_dtype):
+    with _seeded(device, 2), _created_on(device, torch_dtype):
         vae = QwenImageVAE().eval()
     _use_token_ids(text_encoder, special_token_ids(folder))
     pipe = QwenImagePipeline(device=device, torch_dtype=torch_dtype)
@@ -82,8 +91,7 @@ def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: b
 
     from .exact import install_module_patches
     install_module_patches()  # the MLP's activation as the released model's
-    with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
-        torch.manual_seed(0)
+    with _seeded(device, 0):
         with _created_on(device, torch_dtype):
             dit = QwenImageDiT(num_layers=0).eval()
         _init_like_trained(dit)

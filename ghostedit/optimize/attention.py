@@ -181,9 +181,11 @@ def diffsynth_default() -> str:
 
 # ---- availability: import checks and a real call on this device ----
 
-def _probe_shape(device: str):
-    dtype = torch.bfloat16
-    return [torch.randn(1, 2, 256, 128, device=device, dtype=dtype) for _ in range(3)]
+def _probe_tensors(shape, device: str, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """q, k and v for a probe, from a generator of their own: a probe leaves the process's random state alone
+    (weights made after it, as the synthetic model's, stay the same whichever probes ran before)."""
+    generator = torch.Generator(device).manual_seed(0)
+    return [torch.randn(shape, generator=generator, device=device, dtype=dtype) for _ in range(3)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,7 +206,7 @@ def availability(backend: str, device: str) -> Availability:
         except Exception as error:  # ImportError, or a broken build raising anything at import
             return Availability.no(f"{what} is not installed ({type(error).__name__}: {error_summary(error)})")
     try:
-        q, k, v = _probe_shape(device)
+        q, k, v = _probe_tensors((1, 2, 256, 128), device)
         attend(q, k, v, backend)
         synchronize(device)
     except Exception as error:
@@ -230,7 +232,7 @@ def fastest_backend(device: str, heads: int, head_dim: int, seq_len: int, dtype:
     """Times every available exact backend at this shape and returns (winner, {backend: ms}); measured once per
     shape. Lossy backends are left out: "auto" must not change the result."""
     timings = {}
-    q, k, v = (torch.randn(1, heads, seq_len, head_dim, device=device, dtype=dtype) for _ in range(3))
+    q, k, v = _probe_tensors((1, heads, seq_len, head_dim), device, dtype)
     for backend in CONCRETE_BACKENDS:
         if backend in LOSSY_BACKENDS or not availability(backend, device).ok:
             continue

@@ -6,8 +6,9 @@
 #   scripts/gpu/parallel_bench.sh cfg       torchrun on 2 GPUs, CFG parallel: one pass of each step per GPU
 #   scripts/gpu/parallel_bench.sh ulysses   torchrun on 2 GPUs, Ulysses: each pass's tokens split over the GPUs
 #   scripts/gpu/parallel_bench.sh both      torchrun on $NPROC (4 or 8) GPUs, CFG 2 x Ulysses $NPROC/2
+#   scripts/gpu/parallel_bench.sh link      the GPUs' topology and the cost of Ulysses's all-to-alls on their link
 #   scripts/gpu/parallel_bench.sh table     table.md from the phases run so far (rows against 1gpu)
-#   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, table
+#   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, link (not in a DRY_RUN), table
 #   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses
 #                                           code paths with $CONFIG through a fake process group
 #                                           (scripts/gpu/parallel_smoke.py; its image is garbage)
@@ -52,6 +53,12 @@ edit() {  # edit LABEL PROCESSES MODE: one timed configuration; its log kept bes
   echo "== $label: $processes process(es), wall $(( $(date +%s) - begin )) s" | tee -a "$DIR/$label.log"
 }
 
+link() {  # the GPUs' topology and what one block's Ulysses all-to-alls cost on it (NCCL, 2 GPUs)
+  nvidia-smi topo -m | tee "$DIR/topology.txt"
+  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/parallel_bench.py link \
+    --side "$SIDE" --out-dir "$DIR" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/link.log"
+}
+
 table() {
   "$PYTHON" scripts/gpu/parallel_bench.py table --out-dir "$DIR"
 }
@@ -61,11 +68,12 @@ case ${1:-} in
   cfg) edit 2gpu-cfg 2 cfg ;;
   ulysses) edit 2gpu-ulysses 2 ulysses ;;
   both) edit "${NPROC}gpu-cfg-ulysses" "$NPROC" cfg+ulysses ;;
+  link) link ;;
   table) table ;;
   smoke) "$PYTHON" scripts/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
            --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
-  all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; table ;;
-  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|table|all|smoke" >&2; exit 2 ;;
+  all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; [ -n "${DRY_RUN:-}" ] || link; table ;;
+  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|table|all|smoke" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/parallel-$1.tar.gz" -C "$RESULTS" parallel
