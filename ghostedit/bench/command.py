@@ -39,6 +39,9 @@ def add_bench_command(commands) -> None:
                             "512 1024 1024:3 (default: --width, or 1024)")
     bench.add_argument("--experiments", action="store_true",
                        help="dit level: also time CFG batching and a CUDA graph of the fastest configuration")
+    bench.add_argument("--experiment-shape", default=None, metavar="SIDE[:IMAGES]",
+                       help="dit level: the shape (one of --shapes) whose fastest configuration the experiments "
+                            "run on (default: the first shape)")
     bench.add_argument("--one-at-a-time", action="store_true",
                        help="pipeline level: free prepared pipelines before each configuration, so each "
                             "configuration's memory peak is its own")
@@ -122,8 +125,11 @@ def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
         write_results(out_dir, {**context, **results})  # kept even if a later configuration fails
         print(f"{row['config']} at {row['shape']}: {row['ms_per_forward']:.1f} ms/forward, first call {row['first_call_s']:.1f} s, "
               f"rel. error {row['rel_error']:.4f}, block {row['block_rel_error']:.4f}", flush=True)
+    experiment_shape = _shape(args.experiment_shape) if args.experiment_shape else None
+    if experiment_shape is not None and experiment_shape not in shapes:
+        raise SystemExit(f"--experiment-shape {args.experiment_shape} is not one of --shapes")
     results = dit.run_dit_bench(engine, configs, shapes, args.text_tokens, args.seed, args.repeats, args.experiments,
-                                on_row)
+                                on_row, experiment_shape)
     if results["experiments"]:
         print(json.dumps(results["experiments"], indent=2), flush=True)
     write_results(out_dir, {**context, **results})

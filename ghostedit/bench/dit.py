@@ -177,8 +177,8 @@ def lossless_batching_experiments(prepared, config, inputs: dict, device: str, r
                    for name, value in single.items()}
         two_forwards = median_ms(lambda: (run_blocks(dit, single), run_blocks(dit, single)), device, repeats, warmup=2)
         batched = median_ms(lambda: run_blocks(dit, doubled), device, repeats, warmup=2)
-        result = {"config": config.label, "cfg_two_forwards_ms": two_forwards, "cfg_batched_ms": batched,
-                  "cfg_batching_gain": two_forwards / batched}
+        result = {"config": config.label, "text": config.text, "cfg_two_forwards_ms": two_forwards,
+                  "cfg_batched_ms": batched, "cfg_batching_gain": two_forwards / batched}
         if device.startswith("cuda"):
             result.update(_cuda_graph_experiment(dit, single, repeats))
     return result
@@ -203,9 +203,12 @@ def _cuda_graph_experiment(dit, captured, repeats) -> dict:
 
 
 def run_dit_bench(engine, configs: list[OptimizationConfig], shapes: list[tuple[int, int]], text_tokens: int,
-                  seed: int, repeats: int, experiments: bool, on_row=None) -> dict:
+                  seed: int, repeats: int, experiments: bool, on_row=None,
+                  experiment_shape: tuple[int, int] | None = None) -> dict:
     """Every configuration in turn (each one's pipeline freed before the next is prepared), at every shape (side,
-    edit images); errors and speedups against the first configuration at the same shape."""
+    edit images); errors and speedups against the first configuration at the same shape. The experiments run on
+    the fastest configuration at `experiment_shape` (default the first shape)."""
+    experiment_shape = experiment_shape or shapes[0]
     base = engine.load(configs[0])
     inputs = {shape: dit_inputs(base.dit, shape[0], shape[0], text_tokens, engine.device, engine.torch_dtype, seed,
                                 shape[1]) for shape in shapes}
@@ -227,7 +230,7 @@ def run_dit_bench(engine, configs: list[OptimizationConfig], shapes: list[tuple[
             baseline = next(r for r in results["rows"] + [row] if r["shape"] == row["shape"])
             row["speedup"] = baseline["ms_per_forward"] / row["ms_per_forward"]
             results["rows"].append(row)
-            if shape == shapes[0] and (fastest is None or row["ms_per_forward"] < fastest[0]):
+            if shape == experiment_shape and (fastest is None or row["ms_per_forward"] < fastest[0]):
                 fastest = (row["ms_per_forward"], config)
             if on_row:
                 on_row(row, results)
@@ -236,6 +239,7 @@ def run_dit_bench(engine, configs: list[OptimizationConfig], shapes: list[tuple[
     if experiments:
         engine.free()
         prepared, _ = engine.prepare(fastest[1])
-        results["experiments"] = lossless_batching_experiments(prepared, fastest[1], inputs[shapes[0]],
-                                                               engine.device, repeats)
+        results["experiments"] = {"shape": shape_label(*experiment_shape),
+                                  **lossless_batching_experiments(prepared, fastest[1], inputs[experiment_shape],
+                                                                  engine.device, repeats)}
     return results

@@ -4,7 +4,7 @@
 #   scripts/gpu/bench.sh speed     issue 17's table (or one part of it: dit, ready, e2e), with an empty compile
 #             cache at the start:
 #     dit     one DiT forward: stock and the best configuration at 512, 768, 1024 and 1328 px and a 3-image edit,
-#             plus EXACT, with CFG batching and a CUDA graph measured on the fastest
+#             plus EXACT, with CFG batching and a CUDA graph measured on the fastest at $SIDE
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
 #             compiled package), one with its compiled package only (what a new machine gets from a shipped
 #             package), and a restart (the compile cache on disk)
@@ -48,7 +48,7 @@ dit() {
   rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled"
   local shapes=(512 768 "$SIDE" 1328 "$SIDE:3")
   [ -z "${DRY_RUN:-}" ] || shapes=(64 "$SIDE" "$SIDE:3")
-  bench dit --level dit --shapes "${shapes[@]}" --text-tokens 256 --repeats 6 --experiments \
+  bench dit --level dit --shapes "${shapes[@]}" --text-tokens 256 --repeats 6 --experiments --experiment-shape "$SIDE" \
     --configs baseline "$BEST" "$EXACT"
 }
 
