@@ -44,6 +44,10 @@ def median_ms(fn, device: str, repeats: int, warmup: int = 0) -> float:
     return statistics.median(times)
 
 
+# A stage's range in a torch.profiler trace is named this prefix and the stage's name
+STAGE_RANGE = "ghostedit stage: "
+
+
 @dataclass
 class MemorySample:
     kind: str                       # "gpu" or "host"
@@ -246,7 +250,8 @@ class RunRecorder:
         synchronize(self.device)
         start = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):  # for scripts/gpu/profile_edit.py
+                yield
         finally:
             synchronize(self.device)
             seconds = time.perf_counter() - start
@@ -272,7 +277,8 @@ class RunRecorder:
             synchronize(self.device)
             start = time.perf_counter()
             self._excluded_from_step, self._step_warmed_up = 0.0, False
-            yield timestep
+            with torch.profiler.record_function(f"{STAGE_RANGE}denoising"):
+                yield timestep
             synchronize(self.device)
             seconds = time.perf_counter() - start - self._excluded_from_step
             if self._step_warmed_up:
@@ -282,11 +288,13 @@ class RunRecorder:
             self._steps_done += 1
             self.emit("denoising", f"step {self._steps_done}/{self.total_steps}", step_seconds=seconds)
         self._denoise_end = time.perf_counter()
+        self._decoding_range = torch.profiler.record_function(f"{STAGE_RANGE}decoding").__enter__()
         self.emit("decoding", "decoding")
 
     def decoding_done(self) -> None:
         """DiffSynth decodes right after the loop, inside the same call: the rest of that call is decoding."""
         synchronize(self.device)
+        self._decoding_range.__exit__(None, None, None)
         self.telemetry.add_stage("decoding", time.perf_counter() - self._denoise_end)
 
     def finish(self) -> RunTelemetry:

@@ -183,6 +183,20 @@ def profile() -> str:
             f"{_committed_on(path)}, `docs/benchmarks/profile/`).\n\n{table}\n\nLargest kernels:\n{top}\n")
 
 
+def profile_edit() -> str:
+    """Where a whole edit's time goes: each stage's wall time against its GPU kernels (scripts/gpu/profile_edit.py)."""
+    found = results("profile-edit")
+    rows = [{"stage": row["stage"], "wall": row["wall_s"], "gpu": row["gpu_s"], "idle": row["idle_s"],
+             "top": row["top"][0]["name"][:60] if row["top"] else ""} for row in found["rows"]]
+    table = markdown_table(rows, {"stage": "stage", "wall": "wall s", "gpu": "GPU kernels s",
+                                  "idle": "GPU idle s", "top": "largest kernel"})
+    environment = found["environment"]
+    return (f"One warm edit of {name(found)} at {found['side']}x{found['side']}, {found['steps']} steps, CFG "
+            f"{found['cfg']:g}, {found['total_s']:.2f} s; its kernels from a torch.profiler trace of the next edit "
+            f"(`scripts/gpu/profile_edit.py`, {environment['gpu']}, torch {environment['torch']}, "
+            f"{environment['date']}, `docs/benchmarks/profile-edit/`).\n\n{table}\n")
+
+
 def attention() -> str:
     path = RESULTS / "attention" / "attention.json"
     found = json.loads(path.read_text())
@@ -265,7 +279,8 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "end-to-end": end_to_end, "step-cache": step_cache, "lora-switch": lora_switch, "profile": profile, "attention": attention,
+            "end-to-end": end_to_end, "step-cache": step_cache, "lora-switch": lora_switch, "profile": profile, "profile-edit": profile_edit,
+            "attention": attention,
             "parallel": parallel}
 
 
