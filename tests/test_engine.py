@@ -186,6 +186,19 @@ def test_telemetry_has_every_stage(house):
     assert summary["peak_host_rss_gib"] > 0
 
 
+def test_every_stage_is_a_range_in_a_profiler_trace(engine, house):
+    """scripts/gpu/profile_edit.py files each kernel under the stage whose range it falls in."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ghostedit.telemetry import STAGE_RANGE
+    engine.run(request(house))
+    with profile(activities=[ProfilerActivity.CPU]) as trace:
+        result = engine.run(request(house))
+    ranges = {event.name.removeprefix(STAGE_RANGE) for event in trace.events() if event.name.startswith(STAGE_RANGE)}
+    assert ranges == set(result.telemetry.summary()["stages_s"]) == {"image encoding", "text encoding", "denoising",
+                                                                    "decoding"}
+
+
 def test_lru_budget_evicts_and_frees(house):
     small = Engine("tiny", device="cpu", cache_budget_gib=1e-6)  # room for one prepared variant only
     small.run(request(house), OptimizationConfig(fp8="storage"))
