@@ -1,5 +1,6 @@
 """The `ghostedit` command: `edit` one image and print the telemetry, `bench` configurations, list the `options`
-this machine can run, `download` a model or LoRA ahead of time, or `serve` the app (the same as `python app.py`)."""
+this machine can run, `download` a model or LoRA ahead of time, list, export or install `compiled` code packages,
+or `serve` the app (the same as `python app.py`)."""
 from __future__ import annotations
 
 import argparse
@@ -135,6 +136,41 @@ def cmd_download(args) -> int:
     return 0
 
 
+def cmd_compiled(args) -> int:
+    """Lists, exports or installs compiled-code packages (optimize/packages.py)."""
+    from .optimize import packages
+    if args.action == "list":
+        found = packages.listed()
+        print("\n".join(package.words() for package in found) or f"no compiled packages in {packages.folder()}")
+        return 0
+    if args.action == "export":
+        if args.where is None:
+            raise SystemExit("ghostedit compiled export needs a folder to write to")
+        for package in packages.export(Path(args.where)):
+            print(f"exported {package.words()}")
+        return 0
+    if args.where is None:
+        raise SystemExit("ghostedit compiled install needs a folder or a Hub repo (owner/name)")
+    from .downloads import DownloadError, printer
+    device = args.device or ("cuda" if _cuda_available() else "cpu")
+    try:
+        outcomes = packages.install(args.where, device, printer())
+    except DownloadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for package, reason in outcomes:
+        print(f"{'installed' if reason is None else 'refused'} {package.words()}"
+              + ("" if reason is None else f": {reason}"))
+    if not outcomes:
+        print(f"no compiled packages in {args.where}")
+    return 0 if any(reason is None for _, reason in outcomes) else 2
+
+
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def cmd_serve(args) -> int:
     from .ui.serve import serve
     serve(args)
@@ -169,6 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
                                             "owner/name:FILE.safetensors or a Hub URL")
     download.add_argument("--lora", action="store_true", help="the reference is a LoRA (one .safetensors file)")
     download.set_defaults(run=cmd_download)
+
+    compiled = commands.add_parser(
+        "compiled", help="list, export or install compiled-code packages (a new machine skips compiling)",
+        description="A configuration's compiled code is kept as a package per torch build and device in "
+                    "$GHOSTEDIT_HOME/compiled. Export them to a folder (to copy or upload to a Hub repo), install "
+                    "them on another machine from that folder or repo: its first edit of the configuration then "
+                    "loads the code instead of compiling it. A package made for another torch or GPU is refused.")
+    compiled.add_argument("action", choices=("list", "export", "install"))
+    compiled.add_argument("where", nargs="?", default=None,
+                          help="export: the folder to write; install: a folder or a Hub repo id (owner/name)")
+    compiled.add_argument("--device", default=None, help="install: the device the packages must be made for "
+                                                         "(default: cuda if there is a GPU, else cpu)")
+    compiled.set_defaults(run=cmd_compiled)
 
     from .bench.command import add_bench_command
     add_bench_command(commands)

@@ -18,7 +18,7 @@ from .. import images as image_utils, parallel
 from ..config import SIZE_RANGE, EditRequest, InvalidRequestError
 from ..errors import error_summary
 from ..models import exact
-from ..optimize import compile as compile_blocks, lora as lora_layers, registry
+from ..optimize import compile as compile_blocks, lora as lora_layers, packages, registry
 from ..telemetry import RunRecorder, RunTelemetry
 from .prepare import PreparedPipeline
 
@@ -96,7 +96,7 @@ def fit_inputs(request: EditRequest, family):
 def package_compiled_code(prepared: PreparedPipeline, device: str) -> None:
     """After a compiled DiT's first call at a shape: its compiled code kept as the configuration's package."""
     if compile_blocks.is_compiled(prepared.dit):
-        compile_blocks.save_artifacts(prepared.label, device)
+        packages.save(prepared.label, device)
 
 
 class _Instrumented:

@@ -84,37 +84,6 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     return len(blocks)
 
 
-def artifacts_path(label: str, device: str):
-    """Where the compiled code of a configuration is kept as a portable package: per GhostEdit configuration,
-    torch build and device (compiled code only runs where it was made for)."""
-    import hashlib
-
-    from ..paths import ghostedit_home
-    where = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    key = hashlib.sha256(f"{label}|{torch.__version__}|{where}".encode()).hexdigest()[:24]
-    return ghostedit_home() / "compiled" / f"{key}.bin"
-
-
-def load_artifacts(label: str, device: str) -> bool:
-    """Loads a configuration's compiled-code package into the compile caches, so its first call finds its code
-    there instead of compiling it (a machine that never compiled it, given the package); whether one was found."""
-    path = artifacts_path(label, device)
-    if not path.is_file():
-        return False
-    return torch.compiler.load_cache_artifacts(path.read_bytes()) is not None
-
-
-def save_artifacts(label: str, device: str) -> None:
-    """Writes everything this process compiled so far (AOTAutograd, Inductor and its kernels, autotuning) as the
-    configuration's package, replacing an older one: called after each first call at a new shape, so that the
-    package holds every shape's code."""
-    from ..paths import write_atomically
-    path = artifacts_path(label, device)
-    saved = torch.compiler.save_cache_artifacts()
-    if saved is not None:
-        write_atomically(path, lambda temporary: open(temporary, "wb").write(saved[0]))
-
-
 def is_compiled(model: torch.nn.Module) -> bool:
     return any(block._compiled_call_impl is not None for block in compiled_blocks(model))
 

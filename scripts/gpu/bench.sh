@@ -6,8 +6,8 @@
 #     dit     one DiT forward: stock and the best configuration at 512, 768, 1024 and 1328 px and a 3-image edit,
 #             plus EXACT, with CFG batching and a CUDA graph measured on the fastest at $SIDE
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
-#             compiled package), one with its compiled package only (what a new machine gets from a shipped
-#             package), and a restart (the compile cache on disk)
+#             compiled package), one with its compiled package only (exported and installed with `ghostedit
+#             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
 #     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + the Lightning schedule; a fused LoRA
 #             costs no time per step) and 40 steps CFG 4 (stock, best, best + $STEP_CACHE)
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
@@ -55,7 +55,15 @@ dit() {
 ready() {
   for label in never-compiled package-only; do  # the best configuration's first use in a new process
     rm -rf "$TORCHINDUCTOR_CACHE_DIR"
-    [ $label = package-only ] || rm -rf "$GHOSTEDIT_HOME/compiled"
+    if [ $label = package-only ]; then  # a new machine given the package the first run made, exported and installed
+      local shipped=/tmp/ghostedit-shipped-packages
+      rm -rf "$shipped"
+      "$PYTHON" -m ghostedit compiled export "$shipped"
+      rm -rf "$GHOSTEDIT_HOME/compiled"
+      "$PYTHON" -m ghostedit compiled install "$shipped"
+    else
+      rm -rf "$GHOSTEDIT_HOME/compiled"
+    fi
     bench "ready-$label" --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
   done
   bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"

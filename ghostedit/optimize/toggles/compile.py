@@ -2,7 +2,7 @@
 the Inductor options that other toggles add (ghostedit.optimize.registry.compile_options)."""
 import contextlib
 
-from .. import compile as compile_blocks
+from .. import compile as compile_blocks, packages
 from ..registry import Choice, PrepareContext, RunContext, Toggle, compile_options, register
 
 
@@ -12,7 +12,7 @@ def _prepare(context: PrepareContext, mode: str) -> None:
     options, words = compile_options(context.config)
     with context.stage("compile", "setting up torch.compile"):
         blocks = compile_blocks.compile_regions(context.dit, mode, options)
-        packaged = compile_blocks.load_artifacts(context.config.prepared_label, context.device)
+        packaged = packages.load(context.config.prepared_label, context.device)
     first_call = "its code loaded from a compiled package" if packaged else "compiled on first call"
     context.report["compile"] = ", ".join([f"{mode}: {blocks} transformer blocks ({first_call})", *words])
 
