@@ -236,8 +236,8 @@ def headline() -> str:
     dit = {(name(row), row["shape"]): row for row in results("dit")["rows"]}
     e2e4 = {name(row): row for row in results("e2e-4")["rows"]}
     e2e40 = {name(row): row for row in results("e2e-40")["rows"]}
-    ready_new = results("ready-never-compiled")["rows"][0]
-    ready_restart = results("ready-restart")["rows"][0]
+    ready_new, ready_packaged, ready_restart = (results(part)["rows"][0] for part in (
+        "ready-never-compiled", "ready-package-only", "ready-restart"))
     switches = [row["switch_s"] for row in results("lora-switch")["rows"]]
     big = "1024x1024"
     return "\n".join([
@@ -250,8 +250,8 @@ def headline() -> str:
         f"{e2e4['best']['end_to_end_s']:.2f} s; 40 steps with true CFG: stock {e2e40['stock']['end_to_end_s']:.1f} "
         f"s, best {e2e40['best']['end_to_end_s']:.1f} s;",
         f"- the best configuration ready in {ready_new['prepare_s'] + ready_new['first_call_s']:.1f} s on a machine "
-        f"that never compiled it, {ready_restart['prepare_s'] + ready_restart['first_call_s']:.1f} s after a "
-        "restart;",
+        f"that never compiled it, {ready_packaged['prepare_s'] + ready_packaged['first_call_s']:.1f} s on one given "
+        f"its compiled package, {ready_restart['prepare_s'] + ready_restart['first_call_s']:.1f} s after a restart;",
         f"- switching fused LoRAs on it: {min(switches):.2f}-{max(switches):.2f} s, nothing recompiled.", ""])
 
 
