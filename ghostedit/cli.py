@@ -158,11 +158,7 @@ def cmd_compiled(args) -> int:
     except DownloadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    for package, reason in outcomes:
-        print(f"{'installed' if reason is None else 'refused'} {package.words()}"
-              + ("" if reason is None else f": {reason}"))
-    if not outcomes:
-        print(f"no compiled packages in {args.where}")
+    print("\n".join(packages.outcome_lines(args.where, outcomes)))
     return 0 if any(reason is None for _, reason in outcomes) else 2
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app_server import running_app
 from fake_hub import Repo, hub_serving
 from ghostedit.optimize import packages
 
@@ -81,3 +82,17 @@ def test_packages_install_from_a_hub_repo(tmp_path, monkeypatch):
     assert [p.configuration for p in installed] == ["compile-regional"]
     assert installed[0].path.read_bytes() == b"compiled code"
     assert installed[0].path == packages.package_path("compile-regional", torch.__version__, "cpu")
+
+
+def test_the_app_installs_packages_before_serving(tmp_path):
+    """A Space sets GHOSTEDIT_COMPILED_FROM: the app installs the packages before it serves, and says so."""
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name, content in shipped_package(torch.__version__, "cpu").items():
+        (shipped / name).write_bytes(content)
+    home = tmp_path / "home"
+    env = {"GHOSTEDIT_HOME": str(home), "GHOSTEDIT_COMPILED_FROM": str(shipped)}
+    with running_app(tmp_path, env=env) as app:
+        assert "installed compile-regional: torch" in app.log.read_text()
+        key = packages.package_path("compile-regional", torch.__version__, "cpu").name
+        assert (home / "compiled" / key).read_bytes() == b"compiled code"

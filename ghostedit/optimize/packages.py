@@ -116,3 +116,11 @@ def install(source: str, device: str, on_progress=None) -> list[tuple[Package, s
             shutil.copy2(package.path.with_suffix(MANIFEST), target.with_suffix(MANIFEST))
         outcomes.append((package, reason))
     return outcomes
+
+
+def outcome_lines(source: str, outcomes: list[tuple[Package, str | None]]) -> list[str]:
+    """What `install` did, a line per package, for a terminal or a log."""
+    if not outcomes:
+        return [f"no compiled packages in {source}"]
+    return [f"{'installed' if reason is None else 'refused'} {package.words()}"
+            + ("" if reason is None else f": {reason}") for package, reason in outcomes]

@@ -19,6 +19,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mcp", action="store_true", default=os.environ.get("GHOSTEDIT_MCP", "") == "1",
                         help="also serve the edit, options and system endpoints as MCP tools at "
                              "/gradio_api/mcp/ (needs gradio[mcp]; on a Space: GHOSTEDIT_MCP=1)")
+    parser.add_argument("--compiled-from", default=os.environ.get("GHOSTEDIT_COMPILED_FROM") or None,
+                        metavar="FOLDER_OR_REPO",
+                        help="install compiled-code packages from this folder or Hub repo before serving (see "
+                             "`ghostedit compiled`), so that the first edits load their code instead of compiling "
+                             "it (on a Space: GHOSTEDIT_COMPILED_FROM)")
     parser.add_argument("--workers", type=int, default=None,
                         help="edits served at once, one engine per worker: on CUDA the first N GPUs (default: every "
                              "visible GPU), on the CPU N CPU workers (default 1)")
@@ -37,6 +42,8 @@ def serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {error}") from None
     if args.mcp:
         check_mcp()
+    if args.compiled_from:
+        install_compiled(args.compiled_from, device)
     demo = create_app(source, args.lora_dir or default_folder(), device=device, dtype=args.dtype,
                       workers=args.workers)
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
@@ -49,6 +56,17 @@ def serve(args: argparse.Namespace) -> None:
         print(f"MCP tools {', '.join(keep_agent_tools(demo))} at (Streamable HTTP) "
               f"{demo.share_url or demo.local_url}gradio_api/mcp/", flush=True)
     demo.block_thread()
+
+
+def install_compiled(source: str, device: str) -> None:
+    """--compiled-from: the packages installed before the app starts, each line printed (a refused one says why)."""
+    from ..downloads import DownloadError, printer
+    from ..optimize import packages
+    try:
+        outcomes = packages.install(source, device, printer())
+    except DownloadError as error:
+        raise SystemExit(f"error: --compiled-from {source}: {error}") from None
+    print("\n".join(packages.outcome_lines(source, outcomes)), flush=True)
 
 
 def check_mcp() -> None:
