@@ -155,7 +155,7 @@ def cmd_compiled(args) -> int:
     device = args.device or ("cuda" if _cuda_available() else "cpu")
     try:
         outcomes = packages.install(args.where, device, printer())
-    except DownloadError as error:
+    except (DownloadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print("\n".join(packages.outcome_lines(args.where, outcomes)))
@@ -207,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A configuration's compiled code is kept as a package per torch build and device in "
                     "$GHOSTEDIT_HOME/compiled. Export them to a folder (to copy or upload to a Hub repo), install "
                     "them on another machine from that folder or repo: its first edit of the configuration then "
-                    "loads the code instead of compiling it. A package made for another torch or GPU is refused.")
+                    "loads the code instead of compiling it. A package made for another torch or GPU is refused. "
+                    "A package is code: install packages only from a source you trust.")
     compiled.add_argument("action", choices=("list", "export", "install"))
     compiled.add_argument("where", nargs="?", default=None,
                           help="export: the folder to write; install: a folder or a Hub repo id (owner/name)")

@@ -72,6 +72,14 @@ def test_a_package_for_another_torch_or_device_is_refused_with_the_reason(tmp_pa
     assert reason in refused and not list(packages.folder().glob("*.bin"))
 
 
+def test_an_unreadable_manifest_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("GHOSTEDIT_HOME", str(tmp_path / "home"))
+    (tmp_path / "abc.bin").write_bytes(b"compiled code")
+    (tmp_path / "abc.json").write_text('{"configuration": "compile-regional"}')
+    with pytest.raises(ValueError, match="abc.json is not a compiled-package manifest"):
+        packages.install(str(tmp_path), "cpu")
+
+
 def test_packages_install_from_a_hub_repo(tmp_path, monkeypatch):
     monkeypatch.setenv("GHOSTEDIT_HOME", str(tmp_path / "home"))
     repos = {"ghostedit/compiled-cpu": Repo({**shipped_package(torch.__version__, "cpu"), "README.md": b"hi"})}

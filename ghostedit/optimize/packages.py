@@ -3,7 +3,8 @@ autotuning; `torch.compiler` mega-cache), kept per configuration, torch build an
 $GHOSTEDIT_HOME/compiled, each with a manifest saying what it is for. A process that finds its configuration's
 package loads it instead of compiling. Packages travel: `export` writes them to a folder, `install` takes them from
 a folder or a Hub repo (a machine that never compiled the configuration then starts from the package), refusing a
-package made for another torch build or device, with the reason: compiled code runs only where it was made for."""
+package made for another torch build or device, with the reason: compiled code runs only where it was made for.
+A package is code (loading it runs what the compiler wrote): install packages only from a source you trust."""
 from __future__ import annotations
 
 import datetime
@@ -73,7 +74,11 @@ def listed(where: Path | None = None) -> list[Package]:
     where = where or folder()
     found = []
     for manifest in sorted(where.glob(f"*{MANIFEST}")):
-        fields = json.loads(manifest.read_text())
+        try:
+            fields = json.loads(manifest.read_text())
+            fields = {name: fields[name] for name in ("configuration", "torch", "device", "saved")}
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{manifest} is not a compiled-package manifest ({type(error).__name__}: {error})")
         binary = manifest.with_suffix(SUFFIX)
         if binary.is_file():
             found.append(Package(fields["configuration"], fields["torch"], fields["device"], fields["saved"], binary))
@@ -103,6 +108,8 @@ def install(source: str, device: str, on_progress=None) -> list[tuple[Package, s
     """Takes the packages of a folder or a Hub repo (owner/name, fetched with progress) into this machine's, each
     with None or the reason it was refused."""
     where = Path(source)
+    if where.is_dir() and where.resolve() == folder().resolve():
+        raise ValueError(f"{source} is this machine's own package folder")
     if not where.is_dir():
         from ..downloads import hub_snapshot
         where = hub_snapshot(source, [f"*{SUFFIX}", f"*{MANIFEST}"], on_progress, on_progress)

@@ -23,7 +23,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="FOLDER_OR_REPO",
                         help="install compiled-code packages from this folder or Hub repo before serving (see "
                              "`ghostedit compiled`), so that the first edits load their code instead of compiling "
-                             "it (on a Space: GHOSTEDIT_COMPILED_FROM)")
+                             "it (on a Space: GHOSTEDIT_COMPILED_FROM); a package is code: only from a source you trust")
     parser.add_argument("--workers", type=int, default=None,
                         help="edits served at once, one engine per worker: on CUDA the first N GPUs (default: every "
                              "visible GPU), on the CPU N CPU workers (default 1)")
@@ -64,7 +64,7 @@ def install_compiled(source: str, device: str) -> None:
     from ..optimize import packages
     try:
         outcomes = packages.install(source, device, printer())
-    except DownloadError as error:
+    except (DownloadError, ValueError) as error:
         raise SystemExit(f"error: --compiled-from {source}: {error}") from None
     print("\n".join(packages.outcome_lines(source, outcomes)), flush=True)
 
