@@ -1,9 +1,18 @@
-"""Regional compile traces the DiT's block once: no restarted trace, no second compile for the second block."""
+"""Regional compile traces the DiT's block once: no restarted trace, no second compile for the second block. The
+text encoder's layers compiled for a run give the eager run's image, compile once, and are plain again after it."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
 import torch
 from torch._dynamo.utils import compile_times, counters
 
 from dit_helpers import dit_engine, dit_output, inputs_for
+from ghostedit import EditRequest
 from ghostedit.config import OptimizationConfig
+from ghostedit.device import UnavailableOptionError
+from ghostedit.engine import Engine
+from ghostedit.optimize.toggles import text_encoder as text_encoder_toggle
 
 
 def test_compiled_blocks_are_traced_and_compiled_once():
@@ -21,3 +30,28 @@ def test_compiled_blocks_are_traced_and_compiled_once():
     assert len(engine.load().dit.transformer_blocks) > 1
     assert counters["frames"]["total"] == 1, dict(counters["frames"])
     assert "compile_attempt_1" not in compile_times(repr="str", aggregate=True)
+
+
+def test_a_compiled_text_encoder_gives_the_eager_image_and_compiles_once(house):
+    engine = Engine("tiny", device="cpu")
+    request = EditRequest(images=[house], prompt="make it night", width=128, height=128, steps=2, cfg_scale=4.0)
+    eager = engine.run(request, OptimizationConfig())
+    compiled = OptimizationConfig.parse("text-encoder=compiled")
+    first = engine.run(request, compiled)
+    assert any("text encoder compiled on this run" in note for note in first.telemetry.notes)
+    frames = counters["frames"]["total"]
+    again = engine.run(request, compiled)
+    assert counters["frames"]["total"] == frames  # nothing compiled a second time
+    assert not any("text encoder compiled" in note for note in again.telemetry.notes)
+    assert np.abs(np.asarray(again.image, dtype=int) - np.asarray(eager.image, dtype=int)).max() <= 1
+    layers = text_encoder_toggle.regions(engine.load().text_encoder)
+    assert layers and all(layer._compiled_call_impl is None for layer in layers)  # plain for the next configuration
+
+
+def test_a_streamed_text_encoder_is_not_compiled_and_says_why():
+    text_encoder = Engine("tiny", device="cpu").load().text_encoder  # on the CPU: as a streamed one on a GPU machine
+    context = SimpleNamespace(prepared=SimpleNamespace(pipe=SimpleNamespace(text_encoder=text_encoder)),
+                              device="cuda", recorder=None)
+    with pytest.raises(UnavailableOptionError, match="streamed from host memory"):
+        with text_encoder_toggle._text_encoder(context, "compiled"):
+            pass

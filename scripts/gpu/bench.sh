@@ -8,8 +8,9 @@
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
 #             compiled package), one with its compiled package only (exported and installed with `ghostedit
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
-#     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + the Lightning schedule; a fused LoRA
-#             costs no time per step) and 40 steps CFG 4 (stock, best, best + $STEP_CACHE)
+#     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + the Lightning schedule, a fused LoRA
+#             costing no time per step; best + the compiled text encoder) and 40 steps CFG 4 (stock, best,
+#             best + $STEP_CACHE)
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh all       issue 16: every configuration the page offers, one after another in one process
 #             on the whole card; then fused LoRA switches on the best configuration (rank 32, 840 layers) and a
@@ -71,7 +72,7 @@ ready() {
 
 e2e() {
   bench e2e-4 --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 2 --one-at-a-time \
-    --configs baseline "$BEST" "$BEST,scheduler=lightning"
+    --configs baseline "$BEST" "$BEST,scheduler=lightning" "$BEST,text-encoder=compiled"
   bench e2e-40 --width "$SIDE" --height "$SIDE" --steps 40 --cfg 4 --repeats 0 --one-at-a-time \
     --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"} \
     ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"}

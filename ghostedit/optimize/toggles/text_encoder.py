@@ -1,0 +1,61 @@
+"""Toggle `text-encoder`: how the 7B text encoder runs. `compiled`: torch.compile of each of its decoder layers and
+vision blocks (regional, dynamic shapes), for a text encoder that an H100 profile showed idle most of its stage
+while Python launched its small kernels one by one (docs/benchmarks.md, section 6). The text encoder is shared by
+every configuration, so the compiled layers are set for the run and put back after it; Dynamo keeps their code, so
+only the first run compiles (inside its text-encoding stage). The VAE gets no such choice: DiffSynth's causal VAE
+carries its frame cache in Python lists that it changes in place, which Dynamo cannot keep in one graph."""
+import contextlib
+
+from ...device import Availability, UnavailableOptionError
+from .. import compile as compile_blocks
+from ..registry import RUN, Choice, RunContext, Toggle, register
+
+
+_compiled_once: set[int] = set()   # the text encoders this process has compiled (Dynamo keeps their code)
+
+
+def regions(text_encoder) -> list:
+    """The repeated layers of DiffSynth's Qwen2.5-VL text encoder: the language model's and the vision tower's."""
+    model = text_encoder.model
+    return [*model.language_model.layers, *model.visual.blocks]
+
+
+def _on_device(text_encoder, device: str) -> bool:
+    return all(parameter.device.type == device.split(":")[0] for parameter in text_encoder.parameters())
+
+
+@contextlib.contextmanager
+def _text_encoder(context: RunContext, choice: str):
+    if choice == "eager":
+        yield
+        return
+    text_encoder = context.prepared.pipe.text_encoder
+    if not _on_device(text_encoder, context.device):
+        raise UnavailableOptionError("text-encoder compiled needs the text encoder on the device; here it is streamed "
+                                     "from host memory layer by layer (memory mode low)")
+    compile_blocks.configure_dynamo()
+    layers = regions(text_encoder)
+    if id(text_encoder) not in _compiled_once:
+        _compiled_once.add(id(text_encoder))
+        context.recorder.telemetry.notes.append("text encoder compiled on this run: its text-encoding stage includes "
+                                                "the compile, later runs reuse the code")
+    for layer in layers:
+        layer.compile(dynamic=True)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._compiled_call_impl = None
+
+
+def _availability(choice: str, device: str) -> Availability:
+    return Availability.yes() if choice == "eager" else compile_blocks.availability("regional", device)
+
+
+register(Toggle(
+    name="text-encoder", label="Text encoder",
+    help="eager, or each of its layers compiled with torch.compile (the first run compiles them)",
+    choices=(Choice("eager", "eager (as DiffSynth runs it)"),
+             Choice("compiled", "compiled (torch.compile of each layer)")),
+    default="eager", changes=RUN, order=96, run_context=_text_encoder, availability=_availability,
+))
