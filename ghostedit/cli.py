@@ -152,7 +152,8 @@ def cmd_compiled(args) -> int:
     if args.where is None:
         raise SystemExit("ghostedit compiled install needs a folder or a Hub repo (owner/name)")
     from .downloads import DownloadError, printer
-    device = args.device or ("cuda" if _cuda_available() else "cpu")
+    from .device import default_device
+    device = args.device or default_device()
     try:
         outcomes = packages.install(args.where, device, printer())
     except (DownloadError, ValueError) as error:
@@ -160,11 +161,6 @@ def cmd_compiled(args) -> int:
         return 2
     print("\n".join(packages.outcome_lines(args.where, outcomes)))
     return 0 if any(reason is None for _, reason in outcomes) else 2
-
-
-def _cuda_available() -> bool:
-    import torch
-    return torch.cuda.is_available()
 
 
 def cmd_serve(args) -> int:

@@ -45,6 +45,11 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def device_name(device: str) -> str:
+    """The GPU's name (what compiled code and measured times are made for), or "CPU"."""
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
+
+
 @functools.lru_cache(maxsize=None)
 def compute_capability(device: str) -> tuple[int, int] | None:
     if not device.startswith("cuda"):

@@ -46,7 +46,7 @@ def test_a_process_with_empty_caches_loads_the_compiled_package(tmp_path):
     first = run_edit(str(tmp_path), image)
     assert first["misses"] > 0 and "compiled on first call" in first["report"]
     assert list((tmp_path / "compiled").glob("*.bin"))
-    assert "compile-regional: torch" in cli(tmp_path, "list") and ", cpu, " in cli(tmp_path, "list")
+    assert "compile-regional: torch" in cli(tmp_path, "list") and ", CPU, " in cli(tmp_path, "list")
     assert "exported compile-regional" in cli(tmp_path, "export", tmp_path / "shipped")
     other_machine = tmp_path / "other-machine"  # never compiled anything
     assert "installed compile-regional" in cli(other_machine, "install", tmp_path / "shipped", "--device", "cpu")
@@ -61,8 +61,8 @@ def shipped_package(torch_version: str, device: str) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("torch_version, device, reason", [
-    ("1.0.0", "cpu", "made with torch 1.0.0"),
-    (None, "NVIDIA H100 80GB HBM3", "made for NVIDIA H100 80GB HBM3, this machine runs on cpu")])
+    ("1.0.0", "CPU", "made with torch 1.0.0"),
+    (None, "NVIDIA H100 80GB HBM3", "made for NVIDIA H100 80GB HBM3, this machine runs on CPU")])
 def test_a_package_for_another_torch_or_device_is_refused_with_the_reason(tmp_path, monkeypatch, torch_version,
                                                                             device, reason):
     monkeypatch.setenv("GHOSTEDIT_HOME", str(tmp_path / "home"))
@@ -82,25 +82,25 @@ def test_an_unreadable_manifest_is_named(tmp_path, monkeypatch):
 
 def test_packages_install_from_a_hub_repo(tmp_path, monkeypatch):
     monkeypatch.setenv("GHOSTEDIT_HOME", str(tmp_path / "home"))
-    repos = {"ghostedit/compiled-cpu": Repo({**shipped_package(torch.__version__, "cpu"), "README.md": b"hi"})}
+    repos = {"ghostedit/compiled-cpu": Repo({**shipped_package(torch.__version__, "CPU"), "README.md": b"hi"})}
     with hub_serving(repos, tmp_path / "hf-cache", monkeypatch):
         [(package, refused)] = packages.install("ghostedit/compiled-cpu", "cpu")
     assert refused is None
     installed = packages.listed()
     assert [p.configuration for p in installed] == ["compile-regional"]
     assert installed[0].path.read_bytes() == b"compiled code"
-    assert installed[0].path == packages.package_path("compile-regional", torch.__version__, "cpu")
+    assert installed[0].path == packages.package_path("compile-regional", torch.__version__, "CPU")
 
 
 def test_the_app_installs_packages_before_serving(tmp_path):
     """A Space sets GHOSTEDIT_COMPILED_FROM: the app installs the packages before it serves, and says so."""
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    for name, content in shipped_package(torch.__version__, "cpu").items():
+    for name, content in shipped_package(torch.__version__, "CPU").items():
         (shipped / name).write_bytes(content)
     home = tmp_path / "home"
     env = {"GHOSTEDIT_HOME": str(home), "GHOSTEDIT_COMPILED_FROM": str(shipped)}
     with running_app(tmp_path, env=env) as app:
         assert "installed compile-regional: torch" in app.log.read_text()
-        key = packages.package_path("compile-regional", torch.__version__, "cpu").name
+        key = packages.package_path("compile-regional", torch.__version__, "CPU").name
         assert (home / "compiled" / key).read_bytes() == b"compiled code"

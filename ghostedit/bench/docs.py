@@ -60,14 +60,13 @@ def dit_shapes() -> str:
                                   "exact x": "exact speedup", "best error": "best rel. error",
                                   "exact error": "exact rel. error"})
     experiments = found["experiments"]
-    shape = experiments.get("shape", f"{found['size'][0]}x{found['size'][0]}")  # older runs: the first shape
     graph = (f"the transformer blocks {experiments['block_loop_ms']:.1f} ms as a Python loop, "
              f"{experiments['cuda_graph_loop_ms']:.1f} ms replayed as one CUDA graph "
              f"({experiments['cuda_graph_gain']:.2f}x)" if experiments.get("cuda_graph_loop_ms") is not None else
              f"the transformer blocks could not be captured as one CUDA graph ({experiments['cuda_graph_error']})")
     return (f"One DiT forward, {found['text_tokens']} text tokens, median of {found['repeats']} after warm-up, all "
             f"shapes in one process (shapes after the first reuse the compiled code with dynamic shapes). "
-            f"Measured on {source('dit')}.\n\n{table}\n\nAt {shape} on {name({'text': '', **experiments})}: true CFG's two "
+            f"Measured on {source('dit')}.\n\n{table}\n\nAt {experiments['shape']} on {name(experiments)}: true CFG's two "
             f"forwards {experiments['cfg_two_forwards_ms']:.1f} ms, batched into one "
             f"{experiments['cfg_batched_ms']:.1f} ms ({experiments['cfg_batching_gain']:.2f}x); {graph}.\n")
 

@@ -7,8 +7,8 @@ import json
 import threading
 from pathlib import Path
 
-import torch
 
+from ..device import device_name
 from ..optimize import registry
 from ..paths import ghostedit_home, write_atomically
 from ..telemetry import GIB, RunTelemetry
@@ -20,7 +20,7 @@ class PrepareTimes:
 
     def __init__(self, source: str, device: str):
         self.source = source
-        self.device_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+        self.device_name = device_name(device)
         self.path = ghostedit_home() / "prepare-times.json"
         self._lock = threading.Lock()
         self._times = json.loads(self.path.read_text()) if self.path.exists() else {}

@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ..config import EditRequest, OptimizationConfig
+from ..device import device_name
 from ..errors import GhostEditError
 from ..telemetry import ProgressCallback
 
@@ -61,12 +62,6 @@ def worker_devices(device: str, workers: int | None = None) -> list[str]:
         raise ValueError(f"--workers {workers}: only {count} GPU(s) are visible")
     devices = [f"cuda:{index}" for index in range(workers or count)]
     return devices if len(devices) > 1 else [device]
-
-
-def device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return "CPU"
 
 
 @dataclass

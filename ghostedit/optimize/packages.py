@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..device import device_name
 from ..paths import ghostedit_home, write_atomically
 
 SUFFIX, MANIFEST = ".bin", ".json"
@@ -25,17 +26,13 @@ SUFFIX, MANIFEST = ".bin", ".json"
 class Package:
     configuration: str   # the configuration's label (OptimizationConfig.prepared_label)
     torch: str
-    device: str          # the GPU's name, or "cpu"
+    device: str          # the GPU's name, or "CPU"
     saved: str           # the date it was last written
     path: Path
 
     def words(self) -> str:
         size = self.path.stat().st_size / 2**20
         return f"{self.configuration}: torch {self.torch}, {self.device}, {size:.1f} MiB, saved {self.saved}"
-
-
-def device_name(device: str) -> str:
-    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
 
 
 def folder() -> Path:

@@ -27,9 +27,6 @@ from ghostedit.metrics import compare_images  # noqa: E402
 from ghostedit.bench.pipeline import DEFAULT_IMAGE, edit_seconds  # noqa: E402
 
 SINGLE = "1gpu"  # the label of the single-process run the others are compared with
-# the checks of a run that its JSON holds since they were added to this bench
-CHECKS = ("recompiled_frames", "repeat_max_abs", "ranks_same_image", "same_weights_as_single")
-NOT_RECORDED = "not recorded"
 COLUMNS = {"label": "run", "ranks": "processes", "parallel": "parallel", "end_to_end_s": "edit s",
            "s_per_step": "denoise s/step", "speedup_e2e": "speedup (edit)", "speedup_step": "speedup (step)",
            "peak_gib": "peak GiB (rank 0)", "recompiled_frames": "recompiled frames (timed)",
@@ -129,10 +126,7 @@ def table(args) -> None:
         row["speedup_e2e"] = single["end_to_end_s"] / row["end_to_end_s"]
         row["speedup_step"] = single["s_per_step"] / row["s_per_step"]
         row.update(compare_images(Image.open(out_dir / f"{row['label']}.png"), reference))
-        if "weights" in single and "weights" in row:
-            row["same_weights_as_single"] = row["weights"] == single["weights"]
-        for key in CHECKS:  # a run made before the bench recorded them
-            row.setdefault(key, NOT_RECORDED)
+        row["same_weights_as_single"] = row["weights"] == single["weights"]
     env = single["environment"]
     heading = (f"{single['size']}, {single['steps']} steps, CFG {single['cfg']:g}, configuration {single['config']}; "
                f"{env.get('gpu', env['cpu'])}, torch {env['torch']}, {env['date']}. Edit s: one warm edit "

@@ -5,13 +5,14 @@ every configuration, so the compiled layers are set for the run and put back aft
 only the first run compiles (inside its text-encoding stage). The VAE gets no such choice: DiffSynth's causal VAE
 carries its frame cache in Python lists that it changes in place, which Dynamo cannot keep in one graph."""
 import contextlib
+import weakref
 
 from ...device import Availability, UnavailableOptionError
 from .. import compile as compile_blocks
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
-_compiled_once: set[int] = set()   # the text encoders this process has compiled (Dynamo keeps their code)
+_compiled_once = weakref.WeakSet()   # the text encoders this process has compiled (Dynamo keeps their code)
 
 
 def regions(text_encoder) -> list:
@@ -35,8 +36,8 @@ def _text_encoder(context: RunContext, choice: str):
                                      "from host memory layer by layer (memory mode low)")
     compile_blocks.configure_dynamo()
     layers = regions(text_encoder)
-    if id(text_encoder) not in _compiled_once:
-        _compiled_once.add(id(text_encoder))
+    if text_encoder not in _compiled_once:
+        _compiled_once.add(text_encoder)
         context.recorder.telemetry.notes.append("text encoder compiled on this run: its text-encoding stage includes "
                                                 "the compile, later runs reuse the code")
     for layer in layers:
