@@ -151,16 +151,14 @@ def cmd_compiled(args) -> int:
         return 0
     if args.where is None:
         raise SystemExit("ghostedit compiled install needs a folder or a Hub repo (owner/name)")
-    from .downloads import DownloadError, printer
     from .device import default_device
-    device = args.device or default_device()
     try:
-        outcomes = packages.install(args.where, device, printer())
-    except (DownloadError, ValueError) as error:
+        lines, installed = packages.install_and_tell(args.where, args.device or default_device())
+    except packages.InstallError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print("\n".join(packages.outcome_lines(args.where, outcomes)))
-    return 0 if any(reason is None for _, reason in outcomes) else 2
+    print("\n".join(lines))
+    return 0 if installed else 2
 
 
 def cmd_serve(args) -> int:

@@ -7,7 +7,7 @@ import math
 import numbers
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image

@@ -288,13 +288,14 @@ class RunRecorder:
             self._steps_done += 1
             self.emit("denoising", f"step {self._steps_done}/{self.total_steps}", step_seconds=seconds)
         self._denoise_end = time.perf_counter()
-        self._decoding_range = torch.profiler.record_function(f"{STAGE_RANGE}decoding").__enter__()
+        self._decoding_range = contextlib.ExitStack()  # open from here to decoding_done (DiffSynth's own call)
+        self._decoding_range.enter_context(torch.profiler.record_function(f"{STAGE_RANGE}decoding"))
         self.emit("decoding", "decoding")
 
     def decoding_done(self) -> None:
         """DiffSynth decodes right after the loop, inside the same call: the rest of that call is decoding."""
         synchronize(self.device)
-        self._decoding_range.__exit__(None, None, None)
+        self._decoding_range.close()
         self.telemetry.add_stage("decoding", time.perf_counter() - self._denoise_end)
 
     def finish(self) -> RunTelemetry:

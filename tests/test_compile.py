@@ -2,7 +2,6 @@
 text encoder's layers compiled for a run give the eager run's image, compile once, and are plain again after it."""
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from torch._dynamo.utils import compile_times, counters
@@ -12,6 +11,7 @@ from ghostedit import EditRequest
 from ghostedit.config import OptimizationConfig
 from ghostedit.device import UnavailableOptionError
 from ghostedit.engine import Engine
+from ghostedit.metrics import compare_images
 from ghostedit.optimize.toggles import text_encoder as text_encoder_toggle
 
 
@@ -43,9 +43,23 @@ def test_a_compiled_text_encoder_gives_the_eager_image_and_compiles_once(house):
     again = engine.run(request, compiled)
     assert counters["frames"]["total"] == frames  # nothing compiled a second time
     assert not any("text encoder compiled" in note for note in again.telemetry.notes)
-    assert np.abs(np.asarray(again.image, dtype=int) - np.asarray(eager.image, dtype=int)).max() <= 1
-    layers = text_encoder_toggle.regions(engine.load().text_encoder)
+    # the compiled layers differ from eager by float32 rounding only; 2 steps of the random tiny DiT at CFG 4 turn
+    # that into a level or two on some pixels (measured: 8% of them one level, one pixel two)
+    versus = compare_images(again.image, eager.image)
+    assert versus["max_abs"] <= 3 and versus["psnr_db"] > 45, versus
+    text_encoder = engine.load().text_encoder
+    layers = text_encoder_toggle.regions(text_encoder)
     assert layers and all(layer._compiled_call_impl is None for layer in layers)  # plain for the next configuration
+    language_model = text_encoder.model.language_model
+    ids = torch.randint(0, language_model.embed_tokens.num_embeddings, (1, 40),
+                        generator=torch.Generator().manual_seed(0))
+    context = SimpleNamespace(prepared=SimpleNamespace(pipe=SimpleNamespace(text_encoder=text_encoder)),
+                              device="cpu", recorder=None)  # compiled once already: no note
+    with torch.no_grad():
+        eager_hidden = language_model(input_ids=ids).last_hidden_state
+        with text_encoder_toggle._text_encoder(context, "compiled"):
+            compiled_hidden = language_model(input_ids=ids).last_hidden_state
+    assert float((compiled_hidden - eager_hidden).norm() / eager_hidden.norm()) < 1e-5
 
 
 def test_a_streamed_text_encoder_is_not_compiled_and_says_why():

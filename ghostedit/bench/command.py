@@ -11,6 +11,7 @@ from ..arguments import add_model_arguments, add_request_arguments, add_toggle_a
 from ..config import OptimizationConfig
 from ..optimize.toggles.step_cache import threshold_override
 from .output import environment, markdown_table, write_bar_charts, write_results
+from .timeline import ProcessTimeline
 
 
 def add_bench_command(commands) -> None:
@@ -87,9 +88,12 @@ def cap_gpu_memory(gib: float | None, device: str) -> None:
 
 
 def cmd_bench(args) -> int:
+    timeline = ProcessTimeline()
+    timeline.mark("python and the CLI")
     from ..device import UnavailableOptionError
     from ..engine import Engine
 
+    timeline.mark("engine imported")
     source, device = model_and_device(args)
     cap_gpu_memory(args.gpu_memory, device)
     engine = Engine(source, device=device, dtype=args.dtype,
@@ -100,19 +104,21 @@ def cmd_bench(args) -> int:
             engine.check(config)
         except UnavailableOptionError as error:
             raise SystemExit(f"{config.label}: {error}")
+    timeline.mark("configurations checked")
     out_dir = Path(args.out_dir)
     context = {"model": engine.spec.source, "device": engine.device, "gpu_memory_gib": args.gpu_memory,
-               "configs": [config.text for config in configs], "environment": environment()}
-    if args.level == "dit":
-        return _dit(args, engine, configs, out_dir, context)
-    if args.level == "lora-switch":
-        return _lora_switch(args, engine, configs[0], out_dir, context)
-    return _pipeline(args, engine, configs, out_dir, context)
+               "configs": [config.text for config in configs], "environment": environment(),
+               "process_timeline": timeline.marks}
+    run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline}[args.level]
+    run(args, engine, configs, out_dir, context, timeline)  # results.json holds the marks made before its writing
+    timeline.mark("results written")
+    print(timeline.line(), flush=True)
+    return 0
 
 
 # dit.py and pipeline.py import the engine (DiffSynth): imported by the runs, not by `ghostedit --help`
 
-def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
+def _dit(args, engine, configs, out_dir: Path, context: dict, timeline: ProcessTimeline) -> None:
     from . import dit, pipeline
     cached = [config.label for config in configs if config != pipeline.full_run(config)]
     if cached:
@@ -120,8 +126,11 @@ def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
                          "forward has no steps to skip: bench it with --level pipeline")
     shapes = [_shape(text) for text in args.shapes] if args.shapes else [(args.width or 1024, 1)]
     width = height = shapes[0][0]
+    engine.load(configs[0])  # the run's own load finds these weights: timed apart from the first configuration
+    timeline.mark("weights built")
 
     def on_row(row, results):
+        timeline.mark(f"{row['config']} at {row['shape']}")
         write_results(out_dir, {**context, **results})  # kept even if a later configuration fails
         print(f"{row['config']} at {row['shape']}: {row['ms_per_forward']:.1f} ms/forward, first call {row['first_call_s']:.1f} s, "
               f"rel. error {row['rel_error']:.4f}, block {row['block_rel_error']:.4f}", flush=True)
@@ -131,6 +140,7 @@ def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
     results = dit.run_dit_bench(engine, configs, shapes, args.text_tokens, args.seed, args.repeats, args.experiments,
                                 on_row, experiment_shape)
     if results["experiments"]:
+        timeline.mark("experiments")
         print(json.dumps(results["experiments"], indent=2), flush=True)
     write_results(out_dir, {**context, **results})
     rows = results["rows"]
@@ -141,21 +151,20 @@ def _dit(args, engine, configs, out_dir: Path, context: dict) -> int:
                      "ms per DiT forward (lower is better)", [row["dit_alone_gib"] or 0 for row in rows],
                      "DiT alone: weights + activation peak, GiB")
     print(markdown_table(rows, dit.COLUMNS))
-    return 0
 
 
-def _lora_switch(args, engine, config, out_dir: Path, context: dict) -> int:
+def _lora_switch(args, engine, configs, out_dir: Path, context: dict, timeline: ProcessTimeline) -> None:
     from . import pipeline
     from .lora_switch import run_lora_switch_bench
     args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
     request = request_from_args(args, 1)
-    results = run_lora_switch_bench(engine, request, config, args.lora_rank, out_dir / "loras")
+    results = run_lora_switch_bench(engine, request, configs[0], args.lora_rank, out_dir / "loras")
+    timeline.mark("LoRA switches")
     write_results(out_dir, {**context, **results})
     (out_dir / "table.md").write_text(markdown_table(results["rows"], {
         "switch": "switch", "switch_s": "LoRA switch s", "compile_warmup_s": "compile warm-up s",
         "new_compiled_frames": "recompiled frames", "edit_s": "edit s"}) + "\n")
     print(json.dumps({key: value for key, value in results.items() if key != "rows"}, indent=1))
-    return 0
 
 
 @contextlib.contextmanager
@@ -171,7 +180,7 @@ def peak_memory(device: str):
                      reserved_gib=torch.cuda.max_memory_reserved() / 1024**3)
 
 
-def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
+def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: ProcessTimeline) -> None:
     from . import pipeline
     args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
     request = request_from_args(args, engine.spec.default_steps)
@@ -179,15 +188,17 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict) -> int:
         engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or memory
     context.update(load_peak_gib=load_peak.get("allocated_gib"), load_peak_reserved_gib=load_peak.get("reserved_gib"),
                    placement=engine.placement(configs[0]).describe())
+    timeline.mark("weights built")
+
+    def on_row(row):
+        timeline.mark(row["config"])
+        print(f"{row['config']}: {row['s_per_step']:.3f} s/step, {row['end_to_end_s']:.2f} s end to end", flush=True)
     context.update(step_cache_threshold_override=args.step_cache_threshold)
     with threshold_override(args.step_cache_threshold):
-        rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time,
-                                  on_row=lambda row: print(f"{row['config']}: {row['s_per_step']:.3f} s/step, "
-                                                           f"{row['end_to_end_s']:.2f} s end to end", flush=True))
+        rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row)
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
                    repeats=args.repeats)
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
                            context)
     print(pipeline.table(rows))
     print(f"wrote {out_dir}/table.md, results.json, chart.png")
-    return 0

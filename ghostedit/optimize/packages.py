@@ -122,9 +122,20 @@ def install(source: str, device: str, on_progress=None) -> list[tuple[Package, s
     return outcomes
 
 
-def outcome_lines(source: str, outcomes: list[tuple[Package, str | None]]) -> list[str]:
-    """What `install` did, a line per package, for a terminal or a log."""
+class InstallError(Exception):
+    """The source could not be read: not a folder, a Hub repo that could not be fetched, this machine's own folder."""
+
+
+def install_and_tell(source: str, device: str) -> tuple[list[str], bool]:
+    """`install` with its progress printed, for the command line and `serve --compiled-from`: what it did, a line per
+    package, and whether any package was installed. Raises InstallError with the reason."""
+    from ..downloads import DownloadError, printer
+    try:
+        outcomes = install(source, device, printer())
+    except (DownloadError, ValueError) as error:
+        raise InstallError(str(error)) from None
     if not outcomes:
-        return [f"no compiled packages in {source}"]
-    return [f"{'installed' if reason is None else 'refused'} {package.words()}"
-            + ("" if reason is None else f": {reason}") for package, reason in outcomes]
+        return [f"no compiled packages in {source}"], False
+    lines = [f"{'installed' if reason is None else 'refused'} {package.words()}"
+             + ("" if reason is None else f": {reason}") for package, reason in outcomes]
+    return lines, any(reason is None for _, reason in outcomes)

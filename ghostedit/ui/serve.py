@@ -60,13 +60,12 @@ def serve(args: argparse.Namespace) -> None:
 
 def install_compiled(source: str, device: str) -> None:
     """--compiled-from: the packages installed before the app starts, each line printed (a refused one says why)."""
-    from ..downloads import DownloadError, printer
     from ..optimize import packages
     try:
-        outcomes = packages.install(source, device, printer())
-    except (DownloadError, ValueError) as error:
+        lines, _ = packages.install_and_tell(source, device)
+    except packages.InstallError as error:
         raise SystemExit(f"error: --compiled-from {source}: {error}") from None
-    print("\n".join(packages.outcome_lines(source, outcomes)), flush=True)
+    print("\n".join(lines), flush=True)
 
 
 def check_mcp() -> None:

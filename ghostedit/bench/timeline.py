@@ -1,0 +1,20 @@
+"""Where a bench process's own wall time goes: seconds since the process started at each named point (imports,
+weights, each configuration, writing), kept in results.json and printed, so that a bench command which must fit a
+time limit is trimmed where its time is, not where it is guessed to be."""
+from __future__ import annotations
+
+import time
+
+import psutil
+
+
+class ProcessTimeline:
+    def __init__(self):
+        self._started = psutil.Process().create_time()  # the clock starts with the interpreter, imports included
+        self.marks: list[dict] = []
+
+    def mark(self, after: str) -> None:
+        self.marks.append({"after": after, "s": round(time.time() - self._started, 2)})
+
+    def line(self) -> str:
+        return "process timeline (s since start): " + ", ".join(f"{m['after']} {m['s']:.1f}" for m in self.marks)
