@@ -7,6 +7,7 @@ import torch
 
 from ..device import empty_cache
 from ..models import ModelSpec, load_base_pipeline
+from ..pinned import PinnedArena, pin_module
 from ..tensors import storage_bytes
 from . import placement as placements
 
@@ -77,8 +78,8 @@ class ModelStore:
         GPU for its own forward."""
         from accelerate import cpu_offload
         encoder = self.pipe.text_encoder
-        self._streamed_state = {name: tensor.detach().to("cpu").pin_memory()
-                                for name, tensor in encoder.state_dict().items()}
+        arena = PinnedArena()
+        self._streamed_state = {name: arena.copy(tensor.detach()) for name, tensor in encoder.state_dict().items()}
         cpu_offload(encoder, execution_device=torch.device(self.device), state_dict=self._streamed_state)
 
     def _unstream_text_encoder(self) -> None:
@@ -94,6 +95,9 @@ class ModelStore:
 def _move(module: torch.nn.Module, where: str) -> None:
     """Every parameter and buffer of `module` to a device, or to pinned host memory (fast copies to the GPU), one
     tensor at a time so that only one extra copy exists at any moment."""
+    if where == "pinned":
+        pin_module(module)
+        return
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
-            tensor.data = tensor.data.to("cpu").pin_memory() if where == "pinned" else tensor.data.to(where)
+            tensor.data = tensor.data.to(where)

@@ -113,7 +113,8 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
         from .hub import load_pretrained_pipeline
         pipe = load_pretrained_pipeline(spec, device, torch_dtype, on_download)
         if not base_dit_on_gpu and device.startswith("cuda"):
-            pipe.dit.to("cpu")  # DiffSynth's loader puts every weight on the device first
+            from ..pinned import pin_module
+            pin_module(pipe.dit)  # DiffSynth's loader puts every weight on the device first
     apply_component_dtypes(pipe, dtypes)
     from .exact import float32_rotary
     float32_rotary(pipe.text_encoder)

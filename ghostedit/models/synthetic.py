@@ -13,6 +13,7 @@ import torch
 from ..device import Availability, gpu_capacity_bytes, needs_cuda
 from .processor import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, load_processor, special_token_ids, write_processor
 from ..paths import ghostedit_home
+from ..pinned import PinnedArena, pin_module
 
 # GPT-style init: with PyTorch's default (Kaiming) init the modulation gates come out near zero and the blocks barely
 # change the residual stream, so quantization errors would be measured on a near-identity network.
@@ -86,11 +87,13 @@ def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype, dit_in_host_
 
 def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: bool = False):
     """The full-size DiT, with the same random weights every time. `in_host_memory`: each of its 60 blocks is made
-    on the device and moved to pinned host memory at once, so the device never holds more than one block."""
+    on the device and copied into pinned host memory at once (ghostedit/pinned.py), so the device never holds more
+    than one block."""
     from diffsynth.models.qwen_image_dit import QwenImageDiT, QwenImageTransformerBlock
 
     from .exact import install_module_patches
     install_module_patches()  # the MLP's activation as the released model's
+    arena = PinnedArena() if in_host_memory else None
     with _seeded(device, 0):
         with _created_on(device, torch_dtype):
             dit = QwenImageDiT(num_layers=0).eval()
@@ -100,8 +103,8 @@ def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: b
                 block = QwenImageTransformerBlock(dim=DIT_WIDTH, num_attention_heads=DIT_HEADS,
                                                   attention_head_dim=DIT_WIDTH // DIT_HEADS).eval()
             _init_like_trained(block)
-            dit.transformer_blocks.append(_pinned(block) if in_host_memory else block)
-    return _pinned(dit) if in_host_memory else dit
+            dit.transformer_blocks.append(pin_module(block, arena) if in_host_memory else block)
+    return pin_module(dit, arena) if in_host_memory else dit
 
 
 @torch.no_grad()
@@ -111,15 +114,6 @@ def _init_like_trained(module) -> None:
             linear.weight.normal_(std=INIT_STD)
             if linear.bias is not None:
                 linear.bias.zero_()
-
-
-@torch.no_grad()
-def _pinned(module: torch.nn.Module) -> torch.nn.Module:
-    """The module's tensors moved to pinned host memory (fast copies back to the GPU), one tensor at a time."""
-    for tensor in [*module.parameters(), *module.buffers()]:
-        if not tensor.is_pinned():
-            tensor.data = tensor.data.to("cpu").pin_memory()
-    return module
 
 
 def _use_token_ids(text_encoder, ids: dict) -> None:
