@@ -1,6 +1,6 @@
 """Pinned host memory for weights, pinned at their own size. PyTorch's pinned allocator rounds every request up to a
-power of two (ATen's CachingHostAllocator: a 72 MiB MLP weight pins 128 MiB, and the full-size DiT's 38 GiB of
-weights about 60 GiB), so weights are copied as views into chunks whose sizes are powers of two already: only the
+power of two (ATen's CachingHostAllocator: a 72 MiB MLP weight pins 128 MiB, and by that rule the full-size DiT's
+38 GiB of weights would pin about 60 GiB), so weights are copied as views into chunks whose sizes are powers of two already: only the
 unused end of a chunk is pinned for nothing."""
 from __future__ import annotations
 
