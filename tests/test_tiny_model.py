@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transformers import Qwen2VLProcessor
 
 from ghostedit.models import tiny
+from ghostedit.models.dtypes import apply_component_dtypes, component_dtypes
 from ghostedit.models.processor import special_token_ids
 
 EDIT_DROP_IDX = 64  # DiffSynth drops this many leading tokens of the edit template (QwenImageUnit_PromptEmbedder)
@@ -35,9 +36,13 @@ def _refuse_network(*args, **kwargs):
 
 @pytest.fixture(scope="module")
 def pipe(ghostedit_home):
+    """DiffSynth's pipeline as the engine runs it on a CPU: loaded in bf16, the text encoder and VAE then in float32
+    (models/dtypes.py: the VAE takes 14 s an edit in bf16 on a CPU, under 1 s in float32)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(socket.socket, "connect", _refuse_network)
-        return tiny.load_tiny_pipeline("cpu", torch.bfloat16)
+        pipe = tiny.load_tiny_pipeline("cpu", torch.bfloat16)
+    apply_component_dtypes(pipe, component_dtypes("cpu"))
+    return pipe
 
 
 def _image(width=256, height=256, seed=0) -> Image.Image:
@@ -117,7 +122,7 @@ def test_registration_is_idempotent(pipe):
 def test_default_edit_is_seeded(pipe):
     first, first_seconds = _timed_edit(pipe)
     again, again_seconds = _timed_edit(pipe)
-    print(f"\ntiny edit 256x256, 4 steps, CFG 4, bf16 on CPU: first {first_seconds:.2f} s, then {again_seconds:.2f} s")
+    print(f"\ntiny edit 256x256, 4 steps, CFG 4, CPU dtypes: first {first_seconds:.2f} s, then {again_seconds:.2f} s")
     assert np.array_equal(first, again)
     assert 10 < first.std() < 100  # neither flat nor saturated
     assert np.abs(first - _edit(pipe, seed=1)).mean() > 5
