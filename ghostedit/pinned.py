@@ -1,7 +1,7 @@
-"""Pinned host memory for weights, pinned at their own size. PyTorch's pinned allocator rounds every request up to a
-power of two (ATen's CachingHostAllocator: a 72 MiB MLP weight pins 128 MiB, and by that rule the full-size DiT's
-38 GiB of weights would pin about 60 GiB), so weights are copied as views into chunks whose sizes are powers of two already: only the
-unused end of a chunk is pinned for nothing."""
+"""Pinned host memory for weights, pinned at their own size. PyTorch's pinned allocator (ATen's CachingHostAllocator)
+rounds every request up to a power of two, so a weight just above one would pin nearly twice its size; weights are
+copied instead as views into chunks whose sizes are powers of two already: only the unused end of a chunk is pinned
+for nothing."""
 from __future__ import annotations
 
 import torch
@@ -29,10 +29,6 @@ class PinnedArena:
     def __init__(self, allocate=pinned_bytes, chunk_bytes: int = CHUNK_BYTES):
         self._allocate, self._chunk_bytes = allocate, chunk_bytes
         self._chunks: list[list] = []   # [chunk (uint8), bytes used]
-
-    @property
-    def allocated_bytes(self) -> int:
-        return sum(chunk.numel() for chunk, _ in self._chunks)
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter):

@@ -37,7 +37,7 @@ def _refuse_network(*args, **kwargs):
 @pytest.fixture(scope="module")
 def pipe(ghostedit_home):
     """DiffSynth's pipeline as the engine runs it on a CPU: loaded in bf16, the text encoder and VAE then in float32
-    (models/dtypes.py: the VAE takes 14 s an edit in bf16 on a CPU, under 1 s in float32)."""
+    (models/dtypes.py: the VAE's 3-D convolutions have no fast bf16 path on a CPU)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(socket.socket, "connect", _refuse_network)
         pipe = tiny.load_tiny_pipeline("cpu", torch.bfloat16)
