@@ -6,7 +6,7 @@ import torch
 
 from dit_helpers import dit_engine, inputs_for
 from ghostedit.engine.runner import forward
-from ghostedit.pinned import ALIGNMENT, PinnedArena, pin_module, power_of_two_at_least
+from ghostedit.pinned import ALIGNMENT, HOST_REGISTER, PinnedArena, host_register_settings, pin_module, power_of_two_at_least
 
 
 class PlainMemory:
@@ -70,3 +70,9 @@ def test_a_dit_packed_into_the_arena_gives_the_same_output():
     chunks = {chunk.data_ptr() for chunk in memory.chunks}
     assert all(tensor.untyped_storage().data_ptr() in chunks
                for tensor in [*pipe.dit.parameters(), *pipe.dit.buffers()])
+
+
+def test_pages_are_pinned_the_faster_way_keeping_the_users_allocator_settings():
+    assert host_register_settings("") == HOST_REGISTER
+    assert host_register_settings("expandable_segments:True,") == f"expandable_segments:True,{HOST_REGISTER}"
+    assert host_register_settings("pinned_use_background_threads:True") is None  # the user chose how to pin
