@@ -8,15 +8,15 @@
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
 #             compiled package), one with its compiled package only (exported and installed with `ghostedit
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
-#     e2e     whole edits at 1024x1024: 4 steps CFG 1 (stock, best, best + the Lightning schedule, a fused LoRA
-#             costing no time per step; best + the compiled text encoder) and 40 steps CFG 4 (stock, best,
-#             best + $STEP_CACHE)
+#     e2e     whole edits at 1024x1024: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning schedule, a
+#             fused LoRA costing no time per step), and e2e-40, 40 steps CFG 4 (stock, best, best + $STEP_CACHE);
+#             the compiled text encoder was measured once (docs/benchmarks.md, section 3), not in every run
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh all       issue 16: every configuration the page offers, one after another in one process
 #             on the whole card; then fused LoRA switches on the best configuration (rank 32, 840 layers) and a
 #             runtime LoRA's scale
 # Results go to $RESULTS/<phase>/ (results.json, table.md, chart.png, <phase>.log; default ./bench-results), and with
-# $OUT set (the device tool's folder, which takes few files) into one $OUT/<run>.tar.gz.
+# $OUT set (the device tool's folder, which takes few files) each process's into $OUT/<process>.tar.gz as it ends.
 # DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU with configurations a CPU can run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,6 +43,10 @@ bench() {  # bench PHASE ARGS...: one process; its log kept beside its results
     tee "$RESULTS/$phase/$phase.log"
   echo "== $phase: process wall $(( $(date +%s) - begin )) s, run so far $(( $(date +%s) - START )) s" |
     tee -a "$RESULTS/$phase/$phase.log"
+  if [ -n "${OUT:-}" ]; then  # each process's results come back on their own: a run cut short keeps what it did
+    find "$RESULTS/$phase" -name 'output-*.png' -delete  # the edited images (2 MB each, random weights)
+    tar czf "$OUT/$phase.tar.gz" --exclude=loras -C "$RESULTS" "$phase"  # not the random LoRAs (1.2 GB)
+  fi
 }
 
 dit() {
@@ -70,13 +74,18 @@ ready() {
   bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
 }
 
-e2e() {
+e2e-4() {
   bench e2e-4 --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 2 --one-at-a-time \
-    --configs baseline "$BEST" "$BEST,scheduler=lightning" "$BEST,text-encoder=compiled"
+    --configs baseline "$BEST" "$BEST,scheduler=lightning"
+}
+
+e2e-40() {
   bench e2e-40 --width "$SIDE" --height "$SIDE" --steps 40 --cfg 4 --repeats 0 --one-at-a-time \
     --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"} \
     ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"}
 }
+
+e2e() { e2e-4; e2e-40; }
 
 speed() { dit; ready; e2e; }
 
@@ -97,10 +106,6 @@ all() {
 }
 
 case ${1:-} in
-  speed|dit|ready|e2e|cards|all) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|cards|all" >&2; exit 2 ;;
+  speed|dit|ready|e2e|e2e-4|e2e-40|cards|all) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|e2e-4|e2e-40|cards|all" >&2; exit 2 ;;
 esac
-if [ -n "${OUT:-}" ]; then  # the edited images (2 MB each, random weights) stay behind: the device tool takes few bytes
-  find "$RESULTS" -name 'output-*.png' -delete
-  tar czf "$OUT/$1.tar.gz" -C "$RESULTS" .
-fi
