@@ -197,7 +197,7 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
     with threshold_override(args.step_cache_threshold):
         rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row)
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
-                   repeats=args.repeats)
+                   repeats=args.repeats, set_up_edit_steps=pipeline.SET_UP_STEPS if args.repeats == 0 else None)
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
                            context)
     print(pipeline.table(rows))
