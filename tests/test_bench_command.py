@@ -44,8 +44,11 @@ def test_cold_rows_come_after_a_short_edit_that_sets_up_the_libraries(monkeypatc
     from ghostedit.engine import Engine
     steps = []
     run = Engine.run
-    monkeypatch.setattr(Engine, "run", lambda self, request, config, *a, **k: (
-        steps.append((request.steps, config.label)), run(self, request, config, *a, **k))[1])
+
+    def counted_run(self, request, config, *args, **kwargs):
+        steps.append((request.steps, config.label))
+        return run(self, request, config, *args, **kwargs)
+    monkeypatch.setattr(Engine, "run", counted_run)
     results = bench(tmp_path, "--level", "pipeline", "--steps", "3", "--width", "64", "--height", "64",
                     "--repeats", "0", "--configs", "baseline", "fp8=storage")
     assert steps == [(2, "stock"), (3, "stock"), (3, "fp8-storage")]

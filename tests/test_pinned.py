@@ -6,7 +6,8 @@ import torch
 
 from dit_helpers import dit_engine, inputs_for
 from ghostedit.engine.runner import forward
-from ghostedit.pinned import ALIGNMENT, HOST_REGISTER, PinnedArena, host_register_settings, pin_module, power_of_two_at_least
+from ghostedit.pinned import (ALIGNMENT, HOST_REGISTER, PinnedArena, host_register_settings, pin_module,
+                              power_of_two_at_least)
 
 
 class PlainMemory:

@@ -97,10 +97,11 @@ def end_to_end() -> str:
         side = found["size"][0]
         runs = f"median of {found['repeats']} after warm-up"
         if not found["repeats"]:
+            runs = ("one cold run each (preparation and compile warm-up apart; the libraries' set-up on the "
+                    "process's first edit inside the first row's figures)")
+        if found.get("set_up_edit_steps"):
             runs = ("one cold run each (preparation and compile warm-up apart), after an unmeasured "
-                    f"{found['set_up_edit_steps']}-step edit that set up the libraries" if found.get("set_up_edit_steps")
-                    else "one cold run each (preparation and compile warm-up apart; the libraries' set-up on the "
-                         "process's first edit inside the first row's figures)")
+                    f"{found['set_up_edit_steps']}-step edit that set up the libraries")
         parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, {runs}. Measured on "
                      f"{source(part)}.\n\n{table}\n")
     return "\n".join(parts)
@@ -121,9 +122,8 @@ def process_time() -> str:
     """Where each bench process's wall time goes, from its timeline (bench/timeline.py) and logged wall."""
     rows = []
     for part in SPEED_PROCESSES:
-        marks = {mark["after"]: mark["s"] for mark in results(part)["process_timeline"]}
-        last = results(part)["process_timeline"][-1]["s"]
-        wall = process_wall(part)
+        timeline = results(part)["process_timeline"]
+        marks, last, wall = {mark["after"]: mark["s"] for mark in timeline}, timeline[-1]["s"], process_wall(part)
         rows.append({"process": part, "imports": marks["engine imported"],
                      "checks": marks["configurations checked"] - marks["engine imported"],
                      "weights": marks["weights built"] - marks["configurations checked"],
@@ -322,8 +322,8 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "end-to-end": end_to_end, "step-cache": step_cache, "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "profile-edit": profile_edit,
-            "attention": attention,
+            "end-to-end": end_to_end, "step-cache": step_cache, "process-time": process_time,
+            "lora-switch": lora_switch, "profile": profile, "profile-edit": profile_edit, "attention": attention,
             "parallel": parallel}
 
 
