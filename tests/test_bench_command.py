@@ -57,3 +57,37 @@ def test_cold_rows_come_after_a_short_edit_that_sets_up_the_libraries(monkeypatc
     bench(tmp_path, "--level", "pipeline", "--steps", "3", "--width", "64", "--height", "64", "--repeats", "1",
           "--configs", "baseline")
     assert steps == [(3, "stock"), (3, "stock")]  # warm rows: the cold run already set the libraries up
+
+
+def test_runs_chained_with_then_share_one_process_and_its_weights(tmp_path, monkeypatch):
+    from ghostedit.engine import store
+    builds = []
+    build = store.load_base_pipeline
+
+    def counted_build(*args, **kwargs):
+        builds.append(args[0].source)
+        return build(*args, **kwargs)
+    monkeypatch.setattr(store, "load_base_pipeline", counted_build)
+    first = bench(tmp_path / "four", "--level", "pipeline", "--steps", "3", "--width", "64", "--height", "64",
+                  "--repeats", "1", "--configs", "baseline", "fp8=storage",
+                  "--then", "--out-dir", str(tmp_path / "forty"), "--steps", "4", "--repeats", "0",
+                  "--configs", "baseline")
+    second = json.loads((tmp_path / "forty" / "results.json").read_text())
+    assert [row["config"] for row in first["rows"]] == ["stock", "fp8-storage"] and first["steps"] == 3
+    assert [row["config"] for row in second["rows"]] == ["stock"] and second["steps"] == 4
+    assert second["repeats"] == 0 and second["size"] == [64, 64]  # given anew, and inherited
+    assert first["process"] == second["process"]
+    assert marks(second)[:len(marks(first))] == marks(first)  # one process timeline, the second run's marks after
+    assert marks(second)[len(marks(first)):] == ["results written", "weights built", "stock"]
+    assert builds == ["tiny"]  # the weights were built once, for both runs
+
+
+def test_a_chained_run_cannot_change_what_the_runs_share(tmp_path):
+    import pytest
+    from ghostedit.bench.command import runs_of
+    parse = build_parser().parse_args
+    with pytest.raises(SystemExit, match="cannot change --model, --level"):
+        runs_of(parse(["bench", "--model", "tiny", "--out-dir", str(tmp_path / "a"),
+                       "--then", "--model", "synthetic", "--level", "dit", "--out-dir", str(tmp_path / "b")]))
+    with pytest.raises(SystemExit, match="its own --out-dir"):
+        runs_of(parse(["bench", "--model", "tiny", "--out-dir", str(tmp_path / "a"), "--then", "--steps", "3"]))

@@ -54,3 +54,12 @@ def test_the_step_cache_shows_its_measured_gain_and_image_difference():
     info = figures.toggle_info("step-cache")
     assert f"{cached['cache_speedup_e2e']:.2f}x end to end" in info
     assert f"PSNR {cached['cache_psnr_db']:.1f} dB" in info and "random weights" in info
+
+
+def test_runs_chained_in_one_process_are_one_row_of_the_process_block(monkeypatch):
+    committed = docs.results
+    chained = {part: {**committed(part), "process": {"pid": 1, "started": 1.0}} for part in ("e2e-4", "e2e-40")}
+    monkeypatch.setattr(docs, "results", lambda part: chained.get(part) or committed(part))
+    assert docs.processes(docs.SPEED_PARTS)[-1] == ["e2e-4", "e2e-40"]
+    block = docs.process_time()
+    assert "| e2e-4 + e2e-40 " in block and "| all 5 " in block

@@ -2,7 +2,9 @@
 not set them itself) and its run, at the pipeline or the DiT level."""
 from __future__ import annotations
 
+import argparse
 import contextlib
+import copy
 import json
 from pathlib import Path
 
@@ -12,6 +14,10 @@ from ..config import OptimizationConfig
 from ..optimize.toggles.step_cache import threshold_override
 from .output import environment, markdown_table, write_bar_charts, write_results
 from .timeline import ProcessTimeline
+
+
+# What the runs of one process share (--then): the engine and its weights
+SHARED_BY_RUNS = ("model", "device", "dtype", "gpu_memory", "level")
 
 
 def add_bench_command(commands) -> None:
@@ -56,7 +62,12 @@ def add_bench_command(commands) -> None:
                             "means nothing)")
     bench.add_argument("--out-dir", default="bench-results", help="folder for the results (default bench-results)")
     bench.add_argument("--title", default=None, help="the title of the report and charts (default: names the model and device)")
-    bench.set_defaults(run=cmd_bench)
+    bench.add_argument("--then", nargs=argparse.REMAINDER, default=None, metavar="OPTION",
+                       help="then another bench run in this process, on the weights already built (each process "
+                            "pays for Python, the imports and the weights): the options after --then replace this "
+                            "run's where given, give it its own --out-dir, and may end with --then again; the "
+                            f"{', '.join(SHARED_BY_RUNS)} stay")
+    bench.set_defaults(run=cmd_bench, bench_parser=bench)
 
 
 def configurations(args) -> list[OptimizationConfig]:
@@ -87,6 +98,24 @@ def cap_gpu_memory(gib: float | None, device: str) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 1024**3 / total), index)
 
 
+def runs_of(args) -> list[argparse.Namespace]:
+    """This run and those chained after it with --then, each inheriting the options it does not give."""
+    runs = [args]
+    while runs[-1].then:
+        chained = copy.copy(runs[-1])
+        following, chained.then = chained.then, None
+        chained = args.bench_parser.parse_args(following, namespace=chained)  # given options replace inherited ones
+        changed = [name for name in SHARED_BY_RUNS if getattr(chained, name) != getattr(args, name)]
+        if changed:
+            raise SystemExit(f"--then: the runs of one process share the engine; they cannot change "
+                             f"{', '.join('--' + name.replace('_', '-') for name in changed)}")
+        runs.append(chained)
+    out_dirs = [Path(run.out_dir).resolve() for run in runs]
+    if len(set(out_dirs)) < len(out_dirs):
+        raise SystemExit("--then: give each run its own --out-dir")
+    return runs
+
+
 def cmd_bench(args) -> int:
     timeline = ProcessTimeline()
     timeline.mark("python and the CLI")
@@ -94,24 +123,26 @@ def cmd_bench(args) -> int:
     from ..engine import Engine
 
     timeline.mark("engine imported")
+    runs = runs_of(args)
     source, device = model_and_device(args)
     cap_gpu_memory(args.gpu_memory, device)
     engine = Engine(source, device=device, dtype=args.dtype,
                     dit_only=args.level == "dit")
-    configs = configurations(args)
-    for config in configs:  # refuse up front, with the reason, rather than after an hour of benchmarking
-        try:
+    configs = [configurations(run) for run in runs]
+    for config in [config for run_configs in configs for config in run_configs]:
+        try:  # refuse up front, with the reason, rather than after an hour of benchmarking
             engine.check(config)
         except UnavailableOptionError as error:
             raise SystemExit(f"{config.label}: {error}")
     timeline.mark("configurations checked")
-    out_dir = Path(args.out_dir)
-    context = {"model": engine.spec.source, "device": engine.device, "gpu_memory_gib": args.gpu_memory,
-               "configs": [config.text for config in configs], "environment": environment(),
-               "process_timeline": timeline.marks}
-    run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline}[args.level]
-    run(args, engine, configs, out_dir, context, timeline)  # results.json holds the marks made before its writing
-    timeline.mark("results written")
+    for run_args, run_configs in zip(runs, configs):
+        context = {"model": engine.spec.source, "device": engine.device, "gpu_memory_gib": args.gpu_memory,
+                   "configs": [config.text for config in run_configs], "environment": environment(),
+                   "process": timeline.process, "process_timeline": timeline.marks}
+        run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline}[run_args.level]
+        # results.json holds the marks made before its writing
+        run(run_args, engine, run_configs, Path(run_args.out_dir), context, timeline)
+        timeline.mark("results written")
     print(timeline.line(), flush=True)
     return 0
 

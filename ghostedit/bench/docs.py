@@ -107,35 +107,44 @@ def end_to_end() -> str:
     return "\n".join(parts)
 
 
-# The processes of `bench.sh speed`, whose walls together must fit one device call for issue 17's done-when
-SPEED_PROCESSES = ("dit", "ready-never-compiled", "ready-package-only", "ready-restart", "e2e-4", "e2e-40")
+# The parts `bench.sh speed` writes, whose processes' walls together must fit one device call (issue 17's done-when)
+SPEED_PARTS = ("dit", "ready-never-compiled", "ready-package-only", "ready-restart", "e2e-4", "e2e-40")
 DEVICE_CALL_S = 600
 PROCESS_WALL = re.compile(r"^== [\w-]+: process wall (\d+) s", re.M)
 
 
 def process_wall(part: str) -> int:
-    """The process's wall seconds as bench.sh logged them (its clock, around the whole process)."""
+    """The wall seconds bench.sh logged around the process that wrote `part` first (its folder keeps the log)."""
     return int(PROCESS_WALL.search((RESULTS / part / f"{part}.log").read_text())[1])
+
+
+def processes(parts) -> list[list[str]]:
+    """`parts` grouped by the process that wrote them (runs chained with --then share one), in order."""
+    groups: dict = {}
+    for part in parts:
+        groups.setdefault(results(part).get("process", {}).get("started", part), []).append(part)
+    return list(groups.values())
 
 
 def process_time() -> str:
     """Where each bench process's wall time goes, from its timeline (bench/timeline.py) and logged wall."""
     rows = []
-    for part in SPEED_PROCESSES:
-        timeline = results(part)["process_timeline"]
-        marks, last, wall = {mark["after"]: mark["s"] for mark in timeline}, timeline[-1]["s"], process_wall(part)
-        rows.append({"process": part, "imports": marks["engine imported"],
+    for parts in processes(SPEED_PARTS):
+        marks = {mark["after"]: mark["s"] for mark in results(parts[0])["process_timeline"]}
+        last, wall = results(parts[-1])["process_timeline"][-1]["s"], process_wall(parts[0])
+        rows.append({"process": " + ".join(parts), "imports": marks["engine imported"],
                      "checks": marks["configurations checked"] - marks["engine imported"],
                      "weights": marks["weights built"] - marks["configurations checked"],
                      "work": last - marks["weights built"], "exit": wall - last, "wall": wall})
     total = sum(row["wall"] for row in rows)
-    rows.append({"process": "all six", **{key: sum(row[key] for row in rows) for key in rows[0] if key != "process"}})
+    rows.append({"process": f"all {len(rows)}", **{key: sum(row[key] for row in rows) for key in rows[0]
+                                                   if key != "process"}})
     table = markdown_table(rows, {"process": "process", "imports": "start and imports s",
                                   "checks": "configurations checked s", "weights": "weights built s",
                                   "work": "configurations measured s", "exit": "results written and exit s",
                                   "wall": "process wall s"})
-    dates = sorted({results(part)["environment"]["date"] for part in SPEED_PROCESSES})
-    devices = sorted({results(part)["environment"]["gpu"] for part in SPEED_PROCESSES})
+    dates = sorted({results(part)["environment"]["date"] for part in SPEED_PARTS})
+    devices = sorted({results(part)["environment"]["gpu"] for part in SPEED_PARTS})
     return (f"The processes of `scripts/gpu/bench.sh speed`, each from its timeline and its logged wall, on "
             f"{', '.join(devices)}, {', '.join(dates)}: together {total} s against the {DEVICE_CALL_S} s of one device "
             f"call.\n\n{table}\n")

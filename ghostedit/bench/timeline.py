@@ -10,7 +10,9 @@ import psutil
 
 class ProcessTimeline:
     def __init__(self):
-        self._started = psutil.Process().create_time()  # the clock starts with the interpreter, imports included
+        process = psutil.Process()
+        self._started = process.create_time()  # the clock starts with the interpreter, imports included
+        self.process = {"pid": process.pid, "started": self._started}  # the runs of one process share it
         self.marks: list[dict] = []
 
     def mark(self, after: str) -> None:

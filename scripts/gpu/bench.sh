@@ -8,9 +8,10 @@
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
 #             compiled package), one with its compiled package only (exported and installed with `ghostedit
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
-#     e2e     whole edits at 1024x1024: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning schedule, a
-#             fused LoRA costing no time per step), and e2e-40, 40 steps CFG 4 (stock, best, best + $STEP_CACHE);
-#             the compiled text encoder was measured once (docs/benchmarks.md, section 3), not in every run
+#     e2e     whole edits at 1024x1024 in one process: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning
+#             schedule, a fused LoRA costing no time per step), then e2e-40, 40 steps CFG 4 (stock, best, best +
+#             $STEP_CACHE); either alone too. The compiled text encoder was measured once (docs/benchmarks.md,
+#             section 3), not in every run
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh all       issue 16: every configuration the page offers, one after another in one process
 #             on the whole card; then fused LoRA switches on the best configuration (rank 32, 840 layers) and a
@@ -34,8 +35,8 @@ STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD-0.95}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
 START=$(date +%s)
 
-bench() {  # bench PHASE ARGS...: one process; its log kept beside its results
-  local phase=$1; shift
+bench() {  # bench PHASE ARGS...: one process, its log kept beside its results (in PHASE's folder: the first run's
+  local phase=$1; shift   # where ARGS chain more runs with --then, each with its own --out-dir under $RESULTS)
   mkdir -p "$RESULTS/$phase"
   local begin=$(date +%s)
   "$PYTHON" -m ghostedit bench --model "$MODEL" --out-dir "$RESULTS/$phase" "$@" 2>&1 |
@@ -43,9 +44,16 @@ bench() {  # bench PHASE ARGS...: one process; its log kept beside its results
     tee "$RESULTS/$phase/$phase.log"
   echo "== $phase: process wall $(( $(date +%s) - begin )) s, run so far $(( $(date +%s) - START )) s" |
     tee -a "$RESULTS/$phase/$phase.log"
+  local parts=("$phase") previous=
+  for arg in "$@"; do  # the chained runs' folders
+    [ "$previous" = --out-dir ] && parts+=("$(basename "$arg")")
+    previous=$arg
+  done
   if [ -n "${OUT:-}" ]; then  # each process's results come back on their own: a run cut short keeps what it did
-    find "$RESULTS/$phase" -name 'output-*.png' -delete  # the edited images (2 MB each, random weights)
-    tar czf "$OUT/$phase.tar.gz" --exclude=loras -C "$RESULTS" "$phase"  # not the random LoRAs (1.2 GB)
+    for part in "${parts[@]}"; do
+      find "$RESULTS/$part" -name 'output-*.png' -delete  # the edited images (2 MB each, random weights)
+      tar czf "$OUT/$part.tar.gz" --exclude=loras -C "$RESULTS" "$part"  # not the random LoRAs (1.2 GB)
+    done
   fi
 }
 
@@ -74,18 +82,16 @@ ready() {
   bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
 }
 
-e2e-4() {
-  bench e2e-4 --width "$SIDE" --height "$SIDE" --steps 4 --cfg 1 --repeats 2 --one-at-a-time \
-    --configs baseline "$BEST" "$BEST,scheduler=lightning"
+E2E_4=(--steps 4 --cfg 1 --repeats 2 --configs baseline "$BEST" "$BEST,scheduler=lightning")
+E2E_40=(--steps 40 --cfg 4 --repeats 0 --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
+        ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"})
+e2e-4() { bench e2e-4 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_4[@]}"; }
+e2e-40() { bench e2e-40 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_40[@]}"; }
+# both in one process, the weights built once (the process-time block of docs/benchmarks.md: what a process costs)
+e2e() {
+  bench e2e-4 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_4[@]}" \
+    --then --out-dir "$RESULTS/e2e-40" "${E2E_40[@]}"
 }
-
-e2e-40() {
-  bench e2e-40 --width "$SIDE" --height "$SIDE" --steps 40 --cfg 4 --repeats 0 --one-at-a-time \
-    --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"} \
-    ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"}
-}
-
-e2e() { e2e-4; e2e-40; }
 
 speed() { dit; ready; e2e; }
 
