@@ -1,7 +1,9 @@
 """`ghostedit bench` as scripts/gpu/bench.sh runs it, on the tiny model: what each level writes, and the process
 timeline that says where a bench process's wall time went."""
+import contextlib
 import json
 
+from ghostedit.bench import command
 from ghostedit.cli import build_parser
 
 
@@ -59,6 +61,11 @@ def test_cold_rows_come_after_a_short_edit_that_sets_up_the_libraries(monkeypatc
     assert steps == [(3, "stock"), (3, "stock")]  # warm rows: the cold run already set the libraries up
 
 
+@contextlib.contextmanager
+def measured_peak(device):
+    yield {"allocated_gib": 1.5, "reserved_gib": 2.0}
+
+
 def test_runs_chained_with_then_share_one_process_and_its_weights(tmp_path, monkeypatch):
     from ghostedit.engine import store
     builds = []
@@ -68,6 +75,7 @@ def test_runs_chained_with_then_share_one_process_and_its_weights(tmp_path, monk
         builds.append(args[0].source)
         return build(*args, **kwargs)
     monkeypatch.setattr(store, "load_base_pipeline", counted_build)
+    monkeypatch.setattr(command, "peak_memory", measured_peak)  # a CPU measures no peak: one stands in
     first = bench(tmp_path / "four", "--level", "pipeline", "--steps", "3", "--width", "64", "--height", "64",
                   "--repeats", "1", "--configs", "baseline", "fp8=storage",
                   "--then", "--out-dir", str(tmp_path / "forty"), "--steps", "4", "--repeats", "0",
@@ -80,6 +88,7 @@ def test_runs_chained_with_then_share_one_process_and_its_weights(tmp_path, monk
     assert marks(second)[:len(marks(first))] == marks(first)  # one process timeline, the second run's marks after
     assert marks(second)[len(marks(first)):] == ["results written", "weights built", "stock"]
     assert builds == ["tiny"]  # the weights were built once, for both runs
+    assert first["load_peak_gib"] == 1.5 and second["load_peak_gib"] is None  # the second run loaded nothing
 
 
 def test_a_chained_run_cannot_change_what_the_runs_share(tmp_path):

@@ -215,8 +215,11 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
     from . import pipeline
     args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
     request = request_from_args(args, engine.spec.default_steps)
+    loads = engine.load_count
     with peak_memory(engine.device) as load_peak:
         engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or memory
+    if engine.load_count == loads:  # a run chained with --then: an earlier run of this process built the weights
+        load_peak = {}
     context.update(load_peak_gib=load_peak.get("allocated_gib"), load_peak_reserved_gib=load_peak.get("reserved_gib"),
                    placement=engine.placement(configs[0]).describe())
     timeline.mark("weights built")
