@@ -2,6 +2,10 @@
 timeline that says where a bench process's wall time went."""
 import contextlib
 import json
+import subprocess
+import sys
+
+import pytest
 
 from ghostedit.bench import command
 from ghostedit.cli import build_parser
@@ -92,7 +96,6 @@ def test_runs_chained_with_then_share_one_process_and_its_weights(tmp_path, monk
 
 
 def test_a_chained_run_cannot_change_what_the_runs_share(tmp_path):
-    import pytest
     from ghostedit.bench.command import runs_of
     parse = build_parser().parse_args
     with pytest.raises(SystemExit, match="cannot change --model, --level"):
@@ -100,3 +103,18 @@ def test_a_chained_run_cannot_change_what_the_runs_share(tmp_path):
                        "--then", "--model", "synthetic", "--level", "dit", "--out-dir", str(tmp_path / "b")]))
     with pytest.raises(SystemExit, match="its own --out-dir"):
         runs_of(parse(["bench", "--model", "tiny", "--out-dir", str(tmp_path / "a"), "--then", "--steps", "3"]))
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["teardown", "no teardown"])
+def test_a_scripted_bench_process_can_leave_without_its_teardown(tmp_path, skip):
+    """The process's own exit handlers stand for the teardown: with --skip-teardown they do not run, and the
+    results are whole."""
+    script = ("import atexit, sys; atexit.register(lambda: print('teardown ran', flush=True)); "
+              "from ghostedit.cli import main; sys.exit(main(sys.argv[1:]))")
+    command = [sys.executable, "-c", script, "bench", "--model", "tiny", "--device", "cpu", "--level", "dit",
+               "--shapes", "64", "--repeats", "1", "--out-dir", str(tmp_path)] + (["--skip-teardown"] if skip else [])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("teardown ran" in done.stdout) is not skip
+    assert done.stdout.rstrip().splitlines()[-1 if skip else -2].startswith("process timeline")
+    assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["config"] == "stock"

@@ -39,7 +39,7 @@ bench() {  # bench PHASE ARGS...: one process, its log kept beside its results (
   local phase=$1; shift   # where ARGS chain more runs with --then, each with its own --out-dir under $RESULTS)
   mkdir -p "$RESULTS/$phase"
   local begin=$(date +%s)
-  "$PYTHON" -m ghostedit bench --model "$MODEL" --out-dir "$RESULTS/$phase" "$@" 2>&1 |
+  "$PYTHON" -m ghostedit bench --model "$MODEL" --skip-teardown --out-dir "$RESULTS/$phase" "$@" 2>&1 |
     { grep -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└\|Configuration class" || true; } |
     tee "$RESULTS/$phase/$phase.log"
   echo "== $phase: process wall $(( $(date +%s) - begin )) s, run so far $(( $(date +%s) - START )) s" |
