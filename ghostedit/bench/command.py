@@ -141,9 +141,10 @@ def cmd_bench(args) -> int:
         except UnavailableOptionError as error:
             raise SystemExit(f"{config.label}: {error}")
     timeline.mark("configurations checked")
+    where = environment()
     for run_args, run_configs in zip(runs, configs):
         context = {"model": engine.spec.source, "device": engine.device, "gpu_memory_gib": args.gpu_memory,
-                   "configs": [config.text for config in run_configs], "environment": environment(),
+                   "configs": [config.text for config in run_configs], "environment": where,
                    "process": timeline.process, "process_timeline": timeline.marks}
         run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline}[run_args.level]
         # results.json holds the marks made before its writing
@@ -227,7 +228,8 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
     loads = engine.load_count
     with peak_memory(engine.device) as load_peak:
         engine.load(configs[0])  # before the first cold run: loading is no configuration's cost, in time or memory
-    if engine.load_count == loads:  # a run chained with --then: an earlier run of this process built the weights
+    chained = engine.load_count == loads  # chained with --then: an earlier run of this process built the weights
+    if chained:                             # and edited with them (the runs share the level)
         load_peak = {}
     context.update(load_peak_gib=load_peak.get("allocated_gib"), load_peak_reserved_gib=load_peak.get("reserved_gib"),
                    placement=engine.placement(configs[0]).describe())
@@ -236,11 +238,15 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
     def on_row(row):
         timeline.mark(row["config"])
         print(f"{row['config']}: {row['s_per_step']:.3f} s/step, {row['end_to_end_s']:.2f} s end to end", flush=True)
-    context.update(step_cache_threshold_override=args.step_cache_threshold)
+    cold_rows_after = None
+    if args.repeats == 0:  # the cold rows' figures: the libraries set up before them
+        cold_rows_after = ("the edits of the process's earlier run" if chained
+                           else pipeline.set_up_libraries(engine, request, configs[0]))
+    context.update(step_cache_threshold_override=args.step_cache_threshold, cold_rows_after=cold_rows_after)
     with threshold_override(args.step_cache_threshold):
         rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row)
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
-                   repeats=args.repeats, set_up_edit_steps=pipeline.SET_UP_STEPS if args.repeats == 0 else None)
+                   repeats=args.repeats)
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
                            context)
     print(pipeline.table(rows))

@@ -99,9 +99,9 @@ def end_to_end() -> str:
         if not found["repeats"]:
             runs = ("one cold run each (preparation and compile warm-up apart; the libraries' set-up on the "
                     "process's first edit inside the first row's figures)")
-        if found.get("set_up_edit_steps"):
-            runs = ("one cold run each (preparation and compile warm-up apart), after an unmeasured "
-                    f"{found['set_up_edit_steps']}-step edit that set up the libraries")
+        if found.get("cold_rows_after"):
+            runs = (f"one cold run each (preparation and compile warm-up apart), after {found['cold_rows_after']}, "
+                    "which set up the libraries")
         parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, {runs}. Measured on "
                      f"{source(part)}.\n\n{table}\n")
     return "\n".join(parts)

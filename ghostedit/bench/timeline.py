@@ -11,12 +11,12 @@ import psutil
 class ProcessTimeline:
     def __init__(self):
         process = psutil.Process()
-        self._started = process.create_time()  # the clock starts with the interpreter, imports included
-        self.process = {"pid": process.pid, "started": self._started}  # the runs of one process share it
+        # the clock starts with the interpreter, imports included; the runs of one process share it (--then)
+        self.process = {"pid": process.pid, "started": process.create_time()}
         self.marks: list[dict] = []
 
     def mark(self, after: str) -> None:
-        self.marks.append({"after": after, "s": round(time.time() - self._started, 2)})
+        self.marks.append({"after": after, "s": round(time.time() - self.process["started"], 2)})
 
     def line(self) -> str:
         return "process timeline (s since start): " + ", ".join(f"{m['after']} {m['s']:.1f}" for m in self.marks)
