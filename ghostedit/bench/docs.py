@@ -259,25 +259,34 @@ def attention() -> str:
             f"{_committed_on(path)}, `docs/benchmarks/attention/`).\n\n{table}\n")
 
 
+# Section 8's runs, newest first: the same script on two kinds of 2-GPU machine
+PARALLEL_RUNS = ("parallel", "parallel-h200")
+
+
 def parallel() -> str:
-    """Section 8: one edit on one GPU against two (scripts/gpu/parallel_bench.sh), speed only: the image checks
-    are in the part's table.md, with the caveat the section's text gives."""
-    found = results("parallel")
-    rows = [{"run": row["label"], "parallel": row["parallel"], "edit": row["end_to_end_s"],
-             "step": row["s_per_step"], "speedup edit": row["speedup_e2e"], "speedup step": row["speedup_step"],
-             "peak": row["peak_gib"]} for row in found["rows"]]
-    table = markdown_table(rows, {"run": "run", "parallel": "processes and split", "edit": "edit s",
-                                  "step": "denoise s / step", "speedup edit": "speedup (edit)",
+    """Section 8: one edit on one GPU against two (scripts/gpu/parallel_bench.sh), each machine's runs against its
+    own single GPU, speed only: the image checks are in each part's table.md, with the caveat the section's text
+    gives."""
+    rows, machines = [], []
+    for part in PARALLEL_RUNS:
+        found = results(part)
+        environment = found["environment"]
+        machine = f"{environment['gpu']} x2, {environment['date']}"
+        machines.append(f"{machine} (`docs/benchmarks/{part}/`)")
+        rows += [{"machine": machine, "run": row["label"], "parallel": row["parallel"], "edit": row["end_to_end_s"],
+                  "step": row["s_per_step"], "speedup edit": row["speedup_e2e"],
+                  "speedup step": row["speedup_step"], "peak": row["peak_gib"]} for row in found["rows"]]
+    table = markdown_table(rows, {"machine": "machine", "run": "run", "parallel": "processes and split",
+                                  "edit": "edit s", "step": "denoise s / step", "speedup edit": "speedup (edit)",
                                   "speedup step": "speedup (step)", "peak": "peak GiB (rank 0)"})
-    single = found["rows"][0]
-    environment = found["environment"]
-    link = found.get("link")
+    newest = results(PARALLEL_RUNS[0])
+    single, link = newest["rows"][0], newest.get("link")
     measured_link = "" if link is None else (
-        f" Ulysses's all-to-alls alone on this machine's link: {link['block_ms']:.2f} ms a block, "
-        f"{link['forward_ms']:.0f} ms a forward.")
+        f" Ulysses's all-to-alls alone on the {newest['environment']['gpu']} pair's link: {link['block_ms']:.2f} ms "
+        f"a block, {link['forward_ms']:.0f} ms a forward, {link['gb_per_s']:.0f} GB/s leaving each rank.")
     return (f"{single['size']}, {single['steps']} steps, CFG {single['cfg']:g}, the best configuration, one warm "
-            f"edit each. Measured on {environment['gpu']}, torch {environment['torch']}, {environment['date']}, "
-            f"`scripts/gpu/parallel_bench.sh all` (`docs/benchmarks/parallel/`).{measured_link}\n\n{table}\n")
+            f"edit each, torch {newest['environment']['torch']}, `scripts/gpu/parallel_bench.sh all` on "
+            f"{' and on '.join(machines)}.{measured_link}\n\n{table}\n")
 
 
 def headline() -> str:

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Issue 18: one edit on one GPU and on two (ghostedit/parallel), for docs/benchmarks.md. On the 2-GPU machine
-# (nvidia-h200-x2), after the wheels are carried there as for scripts/gpu/bench.sh. Each phase is one process group
-# and fits one device call (each compiles the configuration, unless the machine kept $TORCHINDUCTOR_CACHE_DIR):
+# Issue 18: one edit on one GPU and on two (ghostedit/parallel), for docs/benchmarks.md. On a 2-GPU machine
+# (nvidia-h100-x2 or nvidia-h200-x2), after the wheels are carried there as for scripts/gpu/bench.sh. Each phase is
+# one process group and fits one device call (each compiles the configuration, unless the machine kept
+# $TORCHINDUCTOR_CACHE_DIR):
 #   scripts/gpu/parallel_bench.sh one       the best configuration in one process on one GPU (label 1gpu)
 #   scripts/gpu/parallel_bench.sh cfg       torchrun on 2 GPUs, CFG parallel: one pass of each step per GPU
 #   scripts/gpu/parallel_bench.sh ulysses   torchrun on 2 GPUs, Ulysses: each pass's tokens split over the GPUs
 #   scripts/gpu/parallel_bench.sh both      torchrun on $NPROC (4 or 8) GPUs, CFG 2 x Ulysses $NPROC/2
 #   scripts/gpu/parallel_bench.sh link      the GPUs' topology and the cost of Ulysses's all-to-alls on their link
+#   scripts/gpu/parallel_bench.sh both-busy the single-GPU edit on each of two GPUs at once, with nvidia-smi's clocks,
+#                                           power and clock reasons every 2 s: does a GPU slow when its neighbour works
 #   scripts/gpu/parallel_bench.sh table     table.md from the phases run so far (rows against 1gpu)
 #   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, link (not in a DRY_RUN), table
 #   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses
@@ -59,6 +62,24 @@ link() {  # the GPUs' topology and what one block's Ulysses all-to-alls cost on 
     --side "$SIDE" --out-dir "$DIR" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/link.log"
 }
 
+both_busy() {  # two single-GPU edits at once, one process per GPU, no process group between them
+  local dir=$DIR/both-busy gpu edits=()
+  mkdir -p "$dir"
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -l 2 > "$dir/gpu-clocks.csv" &
+  local clocks=$!
+  for gpu in 0 1; do  # two timed edits each, so that the timed parts of the two overlap
+    CUDA_VISIBLE_DEVICES=$gpu "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 1 \
+      scripts/gpu/parallel_bench.py run --label "1gpu-on-gpu$gpu-both-busy" --parallel auto --model "$MODEL" \
+      --device "$DEVICE" --config "$CONFIG" --side "$SIDE" --steps "$STEPS" --cfg "$CFG" --repeats 2 \
+      --out-dir "$dir" > "$dir/gpu$gpu.log" 2>&1 &
+    edits+=($!)
+  done
+  wait "${edits[@]}"
+  kill "$clocks"
+  rm -f "$dir"/*.png  # the edited images (random weights)
+}
+
 table() {
   "$PYTHON" scripts/gpu/parallel_bench.py table --out-dir "$DIR"
 }
@@ -69,11 +90,12 @@ case ${1:-} in
   ulysses) edit 2gpu-ulysses 2 ulysses ;;
   both) edit "${NPROC}gpu-cfg-ulysses" "$NPROC" cfg+ulysses ;;
   link) link ;;
+  both-busy) both_busy ;;
   table) table ;;
   smoke) "$PYTHON" scripts/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
            --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
   all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; [ -n "${DRY_RUN:-}" ] || link; table ;;
-  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|table|all|smoke" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|both-busy|table|all|smoke" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/parallel-$1.tar.gz" -C "$RESULTS" parallel
