@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import statistics
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -73,19 +75,77 @@ def nvml_module():
         return None
 
 
+def nvml_handle(device: str):
+    """NVML's handle of the GPU `device` names; None on a CPU or without NVML."""
+    nvml = nvml_module() if device.startswith("cuda") else None
+    if nvml is None:
+        return None
+    index = torch.device(device).index
+    return nvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device() if index is None else index)
+
+
+class ClockSampler:
+    """The GPU's SM clock, power and the reasons NVML gives for a clock below its maximum, sampled on a thread while
+    a measurement runs (`with ClockSampler(device) as clocks: ...; clocks.summary()`), so that a speed figure comes
+    with the clock it ran at: an H100 running FP8 GEMMs reaches its power limit and lowers its clock, and the same
+    configuration's figures then differ between runs. Samples while the GPU idled (the CPU's turn) are left out."""
+
+    def __init__(self, device: str, interval_s: float = 0.05):
+        self._handle = nvml_handle(device)
+        self._interval_s = interval_s
+        self._samples: list[tuple[int, float, int, int]] = []  # (SM MHz, W, degrees C, reasons)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="ghostedit-clock-sampler", daemon=True)
+
+    def __enter__(self) -> "ClockSampler":
+        if self._handle is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _sample(self) -> None:
+        nvml = nvml_module()
+        try:
+            while not self._stop.wait(self._interval_s):
+                self._samples.append((nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM),
+                                      nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000,
+                                      nvml.nvmlDeviceGetTemperature(self._handle, nvml.NVML_TEMPERATURE_GPU),
+                                      nvml.nvmlDeviceGetCurrentClocksEventReasons(self._handle)))
+        except Exception as error:  # NVMLError kinds, or an nvidia-ml-py without these calls: the measurement stands
+            warnings.warn(f"the GPU clock stopped being sampled: {type(error).__name__}: {error}")
+
+    def summary(self) -> dict | None:
+        """Over the busy samples: the SM clock's median and lowest, the card's highest, the median power, the
+        hottest reading, and the shares of samples held back by the power limit and by heat. None without NVML or
+        without a busy sample."""
+        nvml = nvml_module()
+        busy = [sample for sample in self._samples if not sample[3] & nvml.nvmlClocksEventReasonGpuIdle]
+        if not busy:
+            return None
+        clocks, power, temperature, reasons = zip(*busy)
+        thermal = (nvml.nvmlClocksEventReasonSwThermalSlowdown | nvml.nvmlClocksEventReasonHwThermalSlowdown
+                   | nvml.nvmlClocksEventReasonHwSlowdown)
+        return {"sm_clock_mhz": statistics.median(clocks), "sm_clock_lowest_mhz": min(clocks),
+                "sm_clock_max_mhz": nvml.nvmlDeviceGetMaxClockInfo(self._handle, nvml.NVML_CLOCK_SM),
+                "power_w": statistics.median(power), "temperature_c_highest": max(temperature),
+                "power_capped_share": _share(reasons, nvml.nvmlClocksEventReasonSwPowerCap),
+                "thermal_share": _share(reasons, thermal), "samples": len(busy), "interval_s": self._interval_s}
+
+
+def _share(reasons, mask: int) -> float:
+    return sum(1 for reason in reasons if reason & mask) / len(reasons)
+
+
 class MemoryProbe:
     def __init__(self, device: str):
         self.device = device
         self.is_gpu = device.startswith("cuda")
         self._process = psutil.Process()
-        self._nvml_handle = self._open_nvml() if self.is_gpu else None
-
-    def _open_nvml(self):
-        nvml = nvml_module()
-        if nvml is None:
-            return None
-        index = torch.device(self.device).index or torch.cuda.current_device()
-        return nvml.nvmlDeviceGetHandleByIndex(index)
+        self._nvml_handle = nvml_handle(device)
 
     def sample(self) -> MemorySample:
         rss = self._process.memory_info().rss / GIB

@@ -20,7 +20,7 @@ from ..config import OptimizationConfig
 from ..device import synchronize
 from ..engine.runner import dit_contexts, forward, package_compiled_code
 from ..tensors import storage_bytes
-from ..telemetry import GIB, RunRecorder, median_ms
+from ..telemetry import GIB, ClockSampler, RunRecorder, median_ms
 
 COLUMNS = {
     "config": "configuration",
@@ -97,7 +97,8 @@ def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeat
         first_call_s = time.perf_counter() - start
         package_compiled_code(prepared, device)
         prepared.warmed_shapes.add(("dit bench", sequence_length(inputs)))
-        ms = median_ms(call, device, repeats, warmup=2)
+        with ClockSampler(device) as clock:
+            ms = median_ms(call, device, repeats, warmup=2)
         peak_gib = (torch.cuda.max_memory_allocated() - allocated_before) / GIB if on_gpu else None
         block_error = 0.0
         if block_reference is not None:
@@ -107,6 +108,7 @@ def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeat
         "config": config.label,
         "text": config.text,
         "ms_per_forward": ms,
+        "gpu_clock": clock.summary(),
         "prepare_s": 0.0 if hit else sum(recorder.telemetry.prepare_steps.values()),
         "first_call_s": first_call_s,
         "weights_gib": weights_gib,

@@ -46,6 +46,22 @@ def name(row: dict) -> str:
     return row["config"]
 
 
+def clocks(rows: list[dict]) -> str:
+    """A sentence on the GPU's clock while the rows were timed (telemetry.ClockSampler), "" for results without it:
+    the power limit lowers an H100's clock, and figures of one configuration differ with it."""
+    found = [row["gpu_clock"] for row in rows if row.get("gpu_clock")]
+    if not found:
+        return ""
+    medians = sorted(clock["sm_clock_mhz"] for clock in found)
+    capped = sorted(clock["power_capped_share"] * 100 for clock in found)
+    thermal = max(clock["thermal_share"] for clock in found) * 100
+    return (f" While timed, the GPU's SM clock (NVML, sampled every {found[0]['interval_s'] * 1000:.0f} ms while the "
+            f"GPU was busy) had medians of {medians[0]:.0f}-{medians[-1]:.0f} MHz over the rows, against the card's "
+            f"highest "
+            f"{found[0]['sm_clock_max_mhz']:.0f} MHz; the power limit held it back in {capped[0]:.0f}-{capped[-1]:.0f} "
+            f"percent of the samples, heat in at most {thermal:.0f} percent.")
+
+
 def dit_shapes() -> str:
     found = results("dit")
     rows = []
@@ -66,20 +82,21 @@ def dit_shapes() -> str:
              f"the transformer blocks could not be captured as one CUDA graph ({experiments['cuda_graph_error']})")
     return (f"One DiT forward, {found['text_tokens']} text tokens, median of {found['repeats']} after warm-up, all "
             f"shapes in one process (shapes after the first reuse the compiled code with dynamic shapes). "
-            f"Measured on {source('dit')}.\n\n{table}\n\nAt {experiments['shape']} on {name(experiments)}: true CFG's two "
-            f"forwards {experiments['cfg_two_forwards_ms']:.1f} ms, batched into one "
+            f"Measured on {source('dit')}.{clocks(found['rows'])}\n\n{table}\n\nAt {experiments['shape']} on "
+            f"{name(experiments)}: true CFG's two forwards {experiments['cfg_two_forwards_ms']:.1f} ms, batched into one "
             f"{experiments['cfg_batched_ms']:.1f} ms ({experiments['cfg_batching_gain']:.2f}x); {graph}.\n")
 
 
 def ready() -> str:
-    rows = []
+    rows, timed = [], []
     for part, what in READY.items():
         row = results(part)["rows"][0]
+        timed.append(row)
         rows.append({"process": what, "prepare": row["prepare_s"], "first": row["first_call_s"],
                      "ready": row["prepare_s"] + row["first_call_s"], "ms": row["ms_per_forward"]})
     table = markdown_table(rows, {"process": "the best configuration's first use in", "prepare": "prepare s",
                                   "first": "first forward s (compile)", "ready": "ready s", "ms": "ms / forward"})
-    return f"One DiT forward at 1024x1024. Measured on {source('ready-restart')}.\n\n{table}\n"
+    return f"One DiT forward at 1024x1024. Measured on {source('ready-restart')}.{clocks(timed)}\n\n{table}\n"
 
 
 def end_to_end() -> str:
@@ -103,7 +120,7 @@ def end_to_end() -> str:
             runs = (f"one cold run each (preparation and compile warm-up apart), after {found['cold_rows_after']}, "
                     "which set up the libraries")
         parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, {runs}. Measured on "
-                     f"{source(part)}.\n\n{table}\n")
+                     f"{source(part)}.{clocks(found['rows'])}\n\n{table}\n")
     return "\n".join(parts)
 
 

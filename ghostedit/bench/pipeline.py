@@ -20,6 +20,7 @@ from pathlib import Path
 from ..config import OptimizationConfig
 from ..optimize import registry
 from ..optimize.toggles.step_cache import QUALITY_NOTE as STEP_CACHE_QUALITY_NOTE
+from ..telemetry import ClockSampler
 from .output import markdown_table, write_bar_charts, write_results
 
 DEFAULT_IMAGE = Path(__file__).resolve().parents[2] / "assets" / "examples" / "house.png"
@@ -56,9 +57,17 @@ def edit_seconds(summary: dict) -> float:
     return summary["total_s"] - sum(summary["stages_s"].get(stage, 0.0) for stage in ONE_TIME_STAGES)
 
 
+def timed_runs(engine, request, config: OptimizationConfig, count: int) -> tuple[list, dict | None]:
+    """`count` edits, and the GPU's clock while they ran (telemetry.ClockSampler; None on a CPU)."""
+    with ClockSampler(engine.device) as clock:
+        runs = [engine.run(request, config) for _ in range(count)]
+    return runs, clock.summary()
+
+
 def bench_configuration(engine, request, config: OptimizationConfig, repeats: int) -> dict:
-    cold = engine.run(request, config)
-    warm = [engine.run(request, config) for _ in range(repeats)] or [cold]
+    (cold,), cold_clock = timed_runs(engine, request, config, 1)
+    warm, warm_clock = timed_runs(engine, request, config, repeats)
+    warm, clock = (warm, warm_clock) if repeats else ([cold], cold_clock)
     summaries = [run.telemetry.summary() for run in warm]
     cold_summary = cold.telemetry.summary()
     cold_stages = cold_summary["stages_s"]
@@ -67,6 +76,7 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "text": config.text,
         "s_per_step": statistics.median(s["denoise_s_per_step"] for s in summaries),
         "end_to_end_s": statistics.median(edit_seconds(s) for s in summaries),
+        "gpu_clock": clock,
         "prepare_s": cold_stages.get("prepare", 0.0),
         "warmup_s": cold_stages.get("compile warm-up", 0.0),
         # the cold run's too: preparing a configuration is part of what must fit
