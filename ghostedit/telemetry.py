@@ -122,6 +122,8 @@ class ClockSampler:
         """Over the busy samples: the SM clock's median and lowest, the card's highest, the median power, the
         hottest reading, and the shares of samples held back by the power limit and by heat. None without NVML or
         without a busy sample."""
+        if not self._samples:
+            return None
         nvml = nvml_module()
         busy = [sample for sample in self._samples if not sample[3] & nvml.nvmlClocksEventReasonGpuIdle]
         if not busy:

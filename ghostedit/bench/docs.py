@@ -57,9 +57,8 @@ def clocks(rows: list[dict]) -> str:
     thermal = max(clock["thermal_share"] for clock in found) * 100
     return (f" While timed, the GPU's SM clock (NVML, sampled every {found[0]['interval_s'] * 1000:.0f} ms while the "
             f"GPU was busy) had medians of {medians[0]:.0f}-{medians[-1]:.0f} MHz over the rows, against the card's "
-            f"highest "
-            f"{found[0]['sm_clock_max_mhz']:.0f} MHz; the power limit held it back in {capped[0]:.0f}-{capped[-1]:.0f} "
-            f"percent of the samples, heat in at most {thermal:.0f} percent.")
+            f"highest {found[0]['sm_clock_max_mhz']:.0f} MHz; the power limit held it back in "
+            f"{capped[0]:.0f}-{capped[-1]:.0f} percent of the samples, heat in at most {thermal:.0f} percent.")
 
 
 def dit_shapes() -> str:
