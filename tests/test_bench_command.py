@@ -39,6 +39,14 @@ def test_the_dit_level_writes_each_shape_and_where_its_process_time_went(tmp_pat
     assert printed.split(", ")[-1].startswith("results written ")
 
 
+def test_the_dit_experiments_time_the_whole_forward_beside_its_blocks(tmp_path):
+    results = bench(tmp_path, "--level", "dit", "--shapes", "64", "--repeats", "1", "--configs", "baseline",
+                    "--experiments")
+    experiments = results["experiments"]
+    assert experiments["forward_ms"] > 0 and experiments["block_loop_ms"] > 0
+    assert experiments["cfg_two_forwards_ms"] > 0 and "cuda_graph_loop_ms" not in experiments  # graphs: GPU only
+
+
 def test_the_pipeline_level_marks_each_configuration(tmp_path):
     results = bench(tmp_path, "--level", "pipeline", "--steps", "2", "--width", "64", "--height", "64",
                     "--repeats", "0", "--configs", "baseline", "fp8=storage")

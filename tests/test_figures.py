@@ -63,3 +63,11 @@ def test_runs_chained_in_one_process_are_one_row_of_the_process_block(monkeypatc
     assert docs.processes(docs.SPEED_PARTS)[-1] == ["e2e-4", "e2e-40"]
     block = docs.process_time()
     assert "| e2e-4 + e2e-40 " in block and "| all 5 " in block
+
+
+def test_the_dit_block_says_how_much_of_the_forward_is_outside_the_blocks(monkeypatch):
+    committed = docs.results
+    dit = committed("dit")
+    changed = {**dit, "experiments": {**dit["experiments"], "forward_ms": 215.0, "block_loop_ms": 204.8}}
+    monkeypatch.setattr(docs, "results", lambda part: changed if part == "dit" else committed(part))
+    assert "the whole forward 215.0 ms, 10.2 ms of it outside the blocks" in docs.dit_shapes()

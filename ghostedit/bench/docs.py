@@ -75,6 +75,10 @@ def dit_shapes() -> str:
                                   "exact x": "exact speedup", "best error": "best rel. error",
                                   "exact error": "exact rel. error"})
     experiments = found["experiments"]
+    outside = ("" if experiments.get("forward_ms") is None else  # results from before it was measured
+               f"; the whole forward {experiments['forward_ms']:.1f} ms, "
+               f"{experiments['forward_ms'] - experiments['block_loop_ms']:.1f} ms of it outside the blocks (the "
+               f"uncompiled embeddings and output layer, and the forward's start before its first kernel)")
     graph = (f"the transformer blocks {experiments['block_loop_ms']:.1f} ms as a Python loop, "
              f"{experiments['cuda_graph_loop_ms']:.1f} ms replayed as one CUDA graph "
              f"({experiments['cuda_graph_gain']:.2f}x)" if experiments.get("cuda_graph_loop_ms") is not None else
@@ -83,7 +87,7 @@ def dit_shapes() -> str:
             f"shapes in one process (shapes after the first reuse the compiled code with dynamic shapes). "
             f"Measured on {source('dit')}.{clocks(found['rows'])}\n\n{table}\n\nAt {experiments['shape']} on "
             f"{name(experiments)}: true CFG's two forwards {experiments['cfg_two_forwards_ms']:.1f} ms, batched into one "
-            f"{experiments['cfg_batched_ms']:.1f} ms ({experiments['cfg_batching_gain']:.2f}x); {graph}.\n")
+            f"{experiments['cfg_batched_ms']:.1f} ms ({experiments['cfg_batching_gain']:.2f}x); {graph}{outside}.\n")
 
 
 def ready() -> str:
