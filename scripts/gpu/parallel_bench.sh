@@ -63,6 +63,10 @@ link() {  # the GPUs' topology and what one block's Ulysses all-to-alls cost on 
 }
 
 both_busy() {  # two single-GPU edits at once, one process per GPU, no process group between them
+  if [ -n "${DRY_RUN:-}" ]; then  # its point is two GPUs and nvidia-smi; `one` rehearses the edit itself
+    echo "both-busy needs a 2-GPU machine: no DRY_RUN" >&2
+    return 2
+  fi
   local dir=$DIR/both-busy gpu edits=()
   mkdir -p "$dir"
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active \
