@@ -98,14 +98,18 @@ class DownloadPlan:
     def bytes_on_disk(self) -> int:
         """Finished files whole, files being written (huggingface_hub's `<etag>.<id>.incomplete`) as far as they
         got: the progress of a running download."""
-        done = 0
-        for f in self.files:
-            if (self.blobs / f.etag).exists():
-                done += f.size
-            else:
-                partial = [p.stat().st_size for p in self.blobs.glob(f"{f.etag}*.incomplete") if p.exists()]
-                done += min(max(partial, default=0), f.size)
-        return done
+        return sum(self._file_bytes_on_disk(f) for f in self.files)
+
+    def _file_bytes_on_disk(self, f: HubFile) -> int:
+        if (self.blobs / f.etag).exists():
+            return f.size
+        partial = []
+        for part in self.blobs.glob(f"{f.etag}*.incomplete"):
+            try:
+                partial.append(part.stat().st_size)
+            except FileNotFoundError:  # renamed into the finished blob since the listing
+                return f.size if (self.blobs / f.etag).exists() else 0
+        return min(max(partial, default=0), f.size)
 
     @property
     def summary(self) -> str:

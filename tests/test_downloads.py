@@ -227,3 +227,19 @@ def test_the_engine_downloads_a_repo_id_with_progress_events_then_loads_the_fold
     assert "2.9 MB ready" in live_status(Live(downloading[-1], 1.0))
     assert progress_json(Live(downloading[-1], 1.0))["download"]["done_bytes"] == NEEDED_BYTES
     assert (Path(os.environ["HF_HUB_CACHE"]) / "models--Qwen--Qwen-Image-Edit-2509").is_dir()
+
+
+def test_a_file_finishing_while_progress_is_measured_counts_as_finished(tmp_path, monkeypatch):
+    """huggingface_hub renames `<etag>.<id>.incomplete` into the blob when a file is done; the progress thread may
+    list the partial file just before that and read its size just after (the race CI once met)."""
+    plan = DownloadPlan(REPO, "main", (downloads.HubFile("a.safetensors", 100, "abc"),), tmp_path)
+    partial = tmp_path / "abc.1234.incomplete"
+    partial.write_bytes(b"x" * 100)
+    stat = Path.stat
+
+    def finishing_stat(path, *args, **kwargs):
+        if path == partial and os.path.exists(partial):
+            partial.rename(tmp_path / "abc")  # the download finishes between the listing and this read
+        return stat(path, *args, **kwargs)
+    monkeypatch.setattr(Path, "stat", finishing_stat)
+    assert plan.bytes_on_disk() == 100
