@@ -91,12 +91,10 @@ def dit_shapes() -> str:
 
 
 def ready() -> str:
-    rows, timed = [], []
-    for part, what in READY.items():
-        row = results(part)["rows"][0]
-        timed.append(row)
-        rows.append({"process": what, "prepare": row["prepare_s"], "first": row["first_call_s"],
-                     "ready": row["prepare_s"] + row["first_call_s"], "ms": row["ms_per_forward"]})
+    timed = [results(part)["rows"][0] for part in READY]
+    rows = [{"process": what, "prepare": row["prepare_s"], "first": row["first_call_s"],
+             "ready": row["prepare_s"] + row["first_call_s"], "ms": row["ms_per_forward"]}
+            for what, row in zip(READY.values(), timed)]
     table = markdown_table(rows, {"process": "the best configuration's first use in", "prepare": "prepare s",
                                   "first": "first forward s (compile)", "ready": "ready s", "ms": "ms / forward"})
     return f"One DiT forward at 1024x1024. Measured on {source('ready-restart')}.{clocks(timed)}\n\n{table}\n"
@@ -115,13 +113,14 @@ def end_to_end() -> str:
                                       "decoding": "decoding s", "speedup": "speedup", "psnr": "PSNR dB vs stock",
                                       "warmup": "first-use compile s (apart)", "peak": "peak GiB"})
         side = found["size"][0]
-        runs = f"median of {found['repeats']} after warm-up"
-        if not found["repeats"]:
-            runs = ("one cold run each (preparation and compile warm-up apart; the libraries' set-up on the "
-                    "process's first edit inside the first row's figures)")
-        if found.get("cold_rows_after"):
+        if found["repeats"]:
+            runs = f"median of {found['repeats']} after warm-up"
+        elif found.get("cold_rows_after"):
             runs = (f"one cold run each (preparation and compile warm-up apart), after {found['cold_rows_after']}, "
                     "which set up the libraries")
+        else:  # results from before the set-up edit
+            runs = ("one cold run each (preparation and compile warm-up apart; the libraries' set-up on the "
+                    "process's first edit inside the first row's figures)")
         parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, {runs}. Measured on "
                      f"{source(part)}.{clocks(found['rows'])}\n\n{table}\n")
     return "\n".join(parts)
@@ -287,9 +286,9 @@ def parallel() -> str:
     """Section 8: one edit on one GPU against two (scripts/gpu/parallel_bench.sh), each machine's runs against its
     own single GPU, speed only: the image checks are in each part's table.md, with the caveat the section's text
     gives."""
+    runs = [results(part) for part in PARALLEL_RUNS]
     rows, machines = [], []
-    for part in PARALLEL_RUNS:
-        found = results(part)
+    for part, found in zip(PARALLEL_RUNS, runs):
         environment = found["environment"]
         machine = f"{environment['gpu']} x2, {environment['date']}"
         machines.append(f"{machine} (`docs/benchmarks/{part}/`)")
@@ -299,7 +298,7 @@ def parallel() -> str:
     table = markdown_table(rows, {"machine": "machine", "run": "run", "parallel": "processes and split",
                                   "edit": "edit s", "step": "denoise s / step", "speedup edit": "speedup (edit)",
                                   "speedup step": "speedup (step)", "peak": "peak GiB (rank 0)"})
-    newest = results(PARALLEL_RUNS[0])
+    newest = runs[0]
     single, link = newest["rows"][0], newest.get("link")
     measured_link = "" if link is None else (
         f" Ulysses's all-to-alls alone on the {newest['environment']['gpu']} pair's link: {link['block_ms']:.2f} ms "

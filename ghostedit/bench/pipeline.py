@@ -57,16 +57,11 @@ def edit_seconds(summary: dict) -> float:
     return summary["total_s"] - sum(summary["stages_s"].get(stage, 0.0) for stage in ONE_TIME_STAGES)
 
 
-def timed_runs(engine, request, config: OptimizationConfig, count: int) -> tuple[list, dict | None]:
-    """`count` edits, and the GPU's clock while they ran (telemetry.ClockSampler; None on a CPU)."""
-    with ClockSampler(engine.device) as clock:
-        runs = [engine.run(request, config) for _ in range(count)]
-    return runs, clock.summary()
-
-
 def bench_configuration(engine, request, config: OptimizationConfig, repeats: int) -> dict:
-    (cold,), cold_clock = timed_runs(engine, request, config, 1)
-    warm, warm_clock = timed_runs(engine, request, config, repeats)
+    with ClockSampler(engine.device) as cold_clock:  # the GPU's clock while the figures' runs ran
+        cold = engine.run(request, config)
+    with ClockSampler(engine.device) as warm_clock:
+        warm = [engine.run(request, config) for _ in range(repeats)]
     warm, clock = (warm, warm_clock) if repeats else ([cold], cold_clock)
     summaries = [run.telemetry.summary() for run in warm]
     cold_summary = cold.telemetry.summary()
@@ -76,7 +71,7 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "text": config.text,
         "s_per_step": statistics.median(s["denoise_s_per_step"] for s in summaries),
         "end_to_end_s": statistics.median(edit_seconds(s) for s in summaries),
-        "gpu_clock": clock,
+        "gpu_clock": clock.summary(),
         "prepare_s": cold_stages.get("prepare", 0.0),
         "warmup_s": cold_stages.get("compile warm-up", 0.0),
         # the cold run's too: preparing a configuration is part of what must fit
