@@ -1,0 +1,105 @@
+"""The DiT's feed-forward layers under torchao FP8 with their GELU and its output's FP8 quantization in one Triton
+kernel (the `fused-gelu-quant` rewrite).
+
+Under `fp8=torchao` each feed-forward layer runs: up projection (FP8 GEMM, bf16 out), DiffSynth's GELU
+(x * sigmoid(1.702 x)), then torchao quantizes the GELU's output per row for the down projection (the row's largest
+magnitude / 448, then divided and cast to float8_e4m3fn) before the next FP8 GEMM. Inductor fuses GELU and
+quantization into one persistent reduction that keeps each 12288-wide row in registers; the profile in
+docs/benchmarks.md (section 6) measured it as the largest kernel outside the GEMMs and the attention, at about
+half the memory bandwidth that reading the bf16 rows and writing the FP8 ones takes.
+
+The kernel here gives each row to one program, which holds the row in registers and computes its GELU once
+(measured against other layouts by scripts/gpu/gelu_quant_probe.py). It computes what torchao's quantization computes
+(the GELU rounded to bf16, torchao's scale and division, the same cast); a row of zeros gets a tiny scale instead
+of torchao's zero scale (whose division gives NaN). The down projection then runs on torchao's FP8 weight tensors
+through the same torch._scaled_mm call torchao makes, so a fused LoRA written into those tensors stays in effect.
+"""
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+SMALLEST_AMAX = 1e-12  # a row of zeros: any positive scale quantizes it to zeros
+# the fastest of scripts/gpu/gelu_quant_probe.py's candidates on an H100 (docs/benchmarks/gelu-quant/)
+WARPS = 8
+
+
+@functools.cache
+def _kernel():
+    """The Triton kernel, defined on first use (Triton is imported only when a GPU configuration asks for it)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gelu_rowwise_fp8(x_ptr, out_ptr, scale_ptr, fp8_max, smallest_amax, n_columns: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        columns = tl.arange(0, BLOCK)
+        mask = columns < n_columns
+        x = tl.load(x_ptr + row * n_columns + columns, mask=mask, other=0.0).to(tl.float32)
+        gelu = (x * tl.sigmoid(1.702 * x)).to(tl.bfloat16).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), smallest_amax) / fp8_max
+        tl.store(scale_ptr + row, scale)
+        quantized = tl.clamp(gelu / scale, -fp8_max, fp8_max)
+        tl.store(out_ptr + row * n_columns + columns, quantized.to(tl.float8e4nv), mask=mask)
+
+    return gelu_rowwise_fp8
+
+
+def gelu_rowwise_fp8_launch(x: torch.Tensor, warps: int = WARPS):
+    """GELU of the contiguous bf16 matrix `x` quantized per row: (float8_e4m3fn values, float32 scales [rows, 1])."""
+    import triton
+    n_rows, n_columns = x.shape
+    out = torch.empty((n_rows, n_columns), dtype=FP8, device=x.device)
+    scale = torch.empty((n_rows, 1), dtype=torch.float32, device=x.device)
+    _kernel()[(n_rows,)](x, out, scale, FP8_MAX, SMALLEST_AMAX, n_columns=n_columns,
+                         BLOCK=triton.next_power_of_2(n_columns), num_warps=warps)
+    return out, scale
+
+
+# An opaque op to compiled blocks: Inductor's own compilation of this user-defined kernel (torch.library.triton_op)
+# failed in Triton's LLVM lowering on the H100 with torch 2.11, while Triton's JIT compiles it (gelu_quant_probe).
+@torch.library.custom_op("ghostedit::gelu_rowwise_fp8", mutates_args=())
+def gelu_rowwise_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return gelu_rowwise_fp8_launch(x.contiguous())
+
+
+@gelu_rowwise_fp8.register_fake
+def _(x):
+    return x.new_empty(x.shape, dtype=FP8), x.new_empty((x.shape[0], 1), dtype=torch.float32)
+
+
+def fp8_mlp_forward(feed_forward: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """DiffSynth's QwenFeedForward (up projection, GELU, dropout of p=0, down projection) with the fused kernel
+    between two torchao FP8 linears."""
+    up = feed_forward.net[0].proj(hidden)
+    activation, activation_scale = gelu_rowwise_fp8(up.reshape(-1, up.shape[-1]))
+    down = feed_forward.net[2]
+    weight = down.weight  # torchao's Float8Tensor: qdata [out, in] float8, scale [out, 1]
+    out = torch._scaled_mm(activation, weight.qdata.t(), scale_a=activation_scale, scale_b=weight.scale.t(),
+                           bias=down.bias, out_dtype=hidden.dtype, use_fast_accum=weight.mm_config.use_fast_accum)
+    return out.reshape(*hidden.shape[:-1], out.shape[-1])
+
+
+def is_torchao_fp8_mlp(feed_forward: torch.nn.Module) -> bool:
+    """True when both linears of `feed_forward` hold torchao's rowwise FP8 weights (fp8=torchao, no runtime LoRA
+    wrapped around them)."""
+    from torchao.quantization import Float8Tensor
+    up, down = feed_forward.net[0].proj, feed_forward.net[2]
+    return all(type(layer) is torch.nn.Linear and isinstance(layer.weight, Float8Tensor) for layer in (up, down))
+
+
+def fuse_gelu_quantization(dit: torch.nn.Module) -> int:
+    """Routes every feed-forward layer of the DiT's blocks through fp8_mlp_forward; returns how many."""
+    layers = [block.img_mlp for block in dit.transformer_blocks] + [block.txt_mlp for block in dit.transformer_blocks]
+    unfit = [layer for layer in layers if not is_torchao_fp8_mlp(layer)]
+    if unfit:
+        raise ValueError(f"{len(unfit)} of {len(layers)} feed-forward layers are not torchao FP8 linears: the fused "
+                         "GELU quantization needs fp8=torchao")
+    for layer in layers:
+        layer.forward = types.MethodType(fp8_mlp_forward, layer)
+    return len(layers)
