@@ -71,3 +71,12 @@ def test_the_dit_block_says_how_much_of_the_forward_is_outside_the_blocks(monkey
     changed = {**dit, "experiments": {**dit["experiments"], "forward_ms": 215.0, "block_loop_ms": 204.8}}
     monkeypatch.setattr(docs, "results", lambda part: changed if part == "dit" else committed(part))
     assert "the whole forward 215.0 ms, 10.2 ms of it outside the blocks" in docs.dit_shapes()
+
+
+def test_a_result_measured_before_a_preset_gained_a_rewrite_is_named_for_it():
+    from ghostedit.config import OptimizationConfig
+    best = OptimizationConfig.parse("best")
+    older = best.replace(rewrites=tuple(flag for flag in best.flags("rewrites") if flag != "fused-gelu-quant"))
+    assert docs.name({"text": older.text, "config": older.label}) == "best without fused-gelu-quant"
+    bare = OptimizationConfig(fp8="torchao", compile="regional")  # more than one rewrite left out: its own label
+    assert docs.name({"text": bare.text, "config": bare.label}) == bare.label

@@ -43,7 +43,22 @@ def name(row: dict) -> str:
         label = OptimizationConfig.parse(preset).label
         if row["config"].startswith(label + " + "):
             return f"{preset} + {row['config'].removeprefix(label + ' + ')}"
+        left_out = _rewrite_left_out(row["text"], preset)
+        if left_out:
+            return f"{preset} without {left_out}"
     return row["config"]
+
+
+def _rewrite_left_out(text: str, preset: str) -> str | None:
+    """The one rewrite of `preset` that a configuration without LoRAs leaves out when it is otherwise the preset (a
+    result measured before the preset gained it)."""
+    if "lora=" in text:
+        return None
+    config, named = OptimizationConfig.parse(text).settings(), OptimizationConfig.parse(preset).settings()
+    rewrites, preset_rewrites = set(config.pop("rewrites")), set(named.pop("rewrites"))
+    if config != named or not rewrites < preset_rewrites or len(preset_rewrites - rewrites) != 1:
+        return None
+    return (preset_rewrites - rewrites).pop()
 
 
 def clocks(rows: list[dict]) -> str:
@@ -56,9 +71,14 @@ def clocks(rows: list[dict]) -> str:
     capped = sorted(clock["power_capped_share"] * 100 for clock in found)
     thermal = max(clock["thermal_share"] for clock in found) * 100
     return (f" While timed, the GPU's SM clock (NVML, sampled every {found[0]['interval_s'] * 1000:.0f} ms while the "
-            f"GPU was busy) had medians of {medians[0]:.0f}-{medians[-1]:.0f} MHz over the rows, against the card's "
-            f"highest {found[0]['sm_clock_max_mhz']:.0f} MHz; the power limit held it back in "
-            f"{capped[0]:.0f}-{capped[-1]:.0f} percent of the samples, heat in at most {thermal:.0f} percent.")
+            f"GPU was busy) had medians of {_span(medians)} MHz over the rows, against the card's highest "
+            f"{found[0]['sm_clock_max_mhz']:.0f} MHz; the power limit held it back in {_span(capped)} percent of the "
+            f"samples, heat in at most {thermal:.0f} percent.")
+
+
+def _span(values: list[float]) -> str:
+    """"a-b" for sorted values, one number when they are all the same."""
+    return f"{values[0]:.0f}" if f"{values[0]:.0f}" == f"{values[-1]:.0f}" else f"{values[0]:.0f}-{values[-1]:.0f}"
 
 
 def dit_shapes() -> str:
@@ -236,11 +256,13 @@ def profile() -> str:
     found = json.loads(path.read_text())
     variant = next(iter(found["variants"].values()))
     families = variant["families_ms"]
+    ours = sum(kernel["ms"] for kernel in variant["top_kernels"] if kernel["name"] == "gelu_rowwise_fp8")
     rows = [{"kernels": "FP8 GEMMs", "ms": families["gemm"], "ideal": found["ideal"]["gemm_ms"]},
             {"kernels": "attention", "ms": families["attention"], "ideal": found["ideal"]["attention_ms"]},
             {"kernels": "Inductor's fused glue (quantization, norms, modulation, RoPE, gates)",
              "ms": families["inductor"], "ideal": ""},
-            {"kernels": "other", "ms": families["other"], "ideal": ""},
+            {"kernels": "GhostEdit's GELU and FP8 quantization kernel (fused-gelu-quant)", "ms": ours, "ideal": ""},
+            {"kernels": "other", "ms": families["other"] - ours, "ideal": ""},
             {"kernels": "sum of kernels", "ms": variant["total_kernel_ms"], "ideal": ""},
             {"kernels": "measured forward", "ms": variant["ms_per_forward"], "ideal": ""}]
     table = markdown_table(rows, {"kernels": "kernels per forward", "ms": "ms",
@@ -249,6 +271,46 @@ def profile() -> str:
     return (f"torch.profiler over three forwards of {found['config']} at 1024x1024 "
             f"(`scripts/gpu/profile_dit.py`, {found['gpu']}, torch {found['torch']}, committed "
             f"{_committed_on(path)}, `docs/benchmarks/profile/`).\n\n{table}\n\nLargest kernels:\n{top}\n")
+
+
+def fused_gelu() -> str:
+    """Section 6: the feed-forward layers' GELU and FP8 quantization in one kernel (ghostedit/optimize/fp8_mlp.py):
+    the kernel alone against Inductor's and other layouts (scripts/gpu/gelu_quant_probe.py), then the feed-forward
+    layer and the DiT forward with and without it."""
+    path = RESULTS / "gelu-quant" / "gelu-quant.json"
+    found = json.loads(path.read_text())
+    rows = []
+    for stream, kernels in found["kernels"].items():
+        def fastest(prefix):
+            return min(((kernel, entry) for kernel, entry in kernels.items() if kernel.startswith(prefix)),
+                       key=lambda item: item[1]["ms"])
+        for what, (kernel, entry) in (
+                ("Inductor's kernel (torchao's quantization, compiled)", fastest("inductor")),
+                ("PyTorch's cast alone, the same bytes moved", fastest("cast alone")),
+                ("GhostEdit's kernel as the rewrite runs it", fastest("ghostedit (the engine's setting)")),
+                ("candidate: rows read twice, fastest setting", fastest("two passes")),
+                ("candidate: input range first, fastest setting", fastest("bounds"))):
+            setting = (f"warps={found['engine_warps']}" if kernel.startswith("ghostedit") else
+                       " ".join(part for part in kernel.split() if "=" in part))
+            rows.append({"stream": stream, "kernel": what, "setting": setting,
+                         "us": entry["ms"] * 1000, "bandwidth": entry["gb_per_s"],
+                         "differing": entry.get("fp8_values_differing", "")})
+    table = markdown_table(rows, {"stream": "stream", "kernel": "kernel", "setting": "setting", "us": "us",
+                                  "bandwidth": "GB/s", "differing": "share of FP8 values unlike the reference"})
+    layer = found["feed_forward"]
+    dit = {name(row): row for row in results("fused-gelu")["rows"]}
+    without, fused = dit["best without fused-gelu-quant"], dit["best"]
+    environment = results("fused-gelu")["environment"]
+    return (f"The GELU and its quantization alone at 1024x1024, 12288 values a row (`scripts/gpu/gelu_quant_probe.py`, "
+            f"{found['gpu']}, torch {found['torch']}, committed {_committed_on(path)}, `docs/benchmarks/gelu-quant/`; "
+            f"the reference: torchao's quantization of the GELU computed in float32):\n\n{table}\n\n"
+            f"One image-stream feed-forward layer, compiled: {layer['torchao + inductor']['ms'] * 1000:.0f} us with "
+            f"torchao and Inductor, {layer['fused GELU quantization']['ms'] * 1000:.0f} us with the fused kernel "
+            f"(output {layer['fused GELU quantization']['rel_error_vs_torchao']:.4f} relative to torchao's). "
+            f"One DiT forward at 1024x1024 in one process ({environment['gpu']}, {environment['date']}, "
+            f"`{environment['command']}`, `docs/benchmarks/fused-gelu/`): best without the rewrite "
+            f"{without['ms_per_forward']:.1f} ms, with it {fused['ms_per_forward']:.1f} ms ({fused['speedup']:.3f}x), "
+            f"one block's output {fused['block_rel_error']:.4f} relative to the run without it.\n")
 
 
 def profile_edit() -> str:
@@ -360,7 +422,8 @@ def targets() -> str:
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
             "end-to-end": end_to_end, "step-cache": step_cache, "process-time": process_time,
-            "lora-switch": lora_switch, "profile": profile, "profile-edit": profile_edit, "attention": attention,
+            "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
+            "profile-edit": profile_edit, "attention": attention,
             "parallel": parallel}
 
 

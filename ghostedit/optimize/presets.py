@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-EXACT = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel"
+EXACT = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel+fused-gelu-quant"
 BEST = EXACT + ",attention=cudnn-fp8"
 PRESETS = {"best": BEST, "exact": EXACT}
 
