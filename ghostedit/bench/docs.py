@@ -228,7 +228,7 @@ def memory() -> str:
                                          "text encoder": "text encoder lives in"})
     return (f"The full-size model at 1024x1024, {full['steps']} steps, CFG {full['cfg_scale']:g}: every "
             f"configuration the page offers, one after another in one process on the whole card (memory mode "
-            f"auto). Measured on {source('card-full')}.\n\n{table}\n\nThe best configuration on smaller cards, "
+            f"auto). Measured on {source('card-full')}.\n\n{table}\n\nOn smaller cards (configuration in the table), "
             f"emulated with `--gpu-memory` (`torch.cuda.set_per_process_memory_fraction`), 4 steps, CFG 1. Measured "
             f"on {source('card-24')}.\n\n{cards_table}\n")
 
@@ -239,7 +239,7 @@ def lora_switch() -> str:
             for row in found["rows"]]
     table = markdown_table(rows, {"switch": "fused LoRA switch", "seconds": "s", "frames": "recompiled frames"})
     runtime = found["runtime_scale"]
-    return (f"The best configuration at 1024x1024, LoRAs of rank {found['rank']} on {found['layers']} layers, "
+    return (f"The configuration {name(found)} at 1024x1024, LoRAs of rank {found['rank']} on {found['layers']} layers, "
             f"fused in place into the compiled FP8 DiT. Measured on {source('lora-switch')}.\n\n{table}\n\n"
             f"A runtime LoRA's scale: set in {runtime['set_scales_s']:.3f} s with "
             f"{runtime['new_compiled_frames']} recompiled frames.\n")
@@ -391,7 +391,8 @@ def headline() -> str:
         f"- the best configuration ready in {ready_new['prepare_s'] + ready_new['first_call_s']:.1f} s on a machine "
         f"that never compiled it, {ready_packaged['prepare_s'] + ready_packaged['first_call_s']:.1f} s on one given "
         f"its compiled package, {ready_restart['prepare_s'] + ready_restart['first_call_s']:.1f} s after a restart;",
-        f"- switching fused LoRAs on it: {min(switches):.2f}-{max(switches):.2f} s, nothing recompiled.", ""])
+        f"- switching fused LoRAs on {name(results('lora-switch'))}: {min(switches):.2f}-{max(switches):.2f} s, "
+        "nothing recompiled.", ""])
 
 
 def targets() -> str:
@@ -404,20 +405,20 @@ def targets() -> str:
     switches = [row["switch_s"] for row in results("lora-switch")["rows"]]
     card24 = results("card-24")
     # the DiT bench's own figure (median of its repeats), not the lower of it and the ready runs' shorter medians
-    checks = [("one DiT forward at 1024x1024, best (ms)", 170, dit["best", "1024x1024"]["ms_per_forward"]),
-              ("4 steps CFG 1 end to end, best (s)", 0.9, e2e4["best"]["end_to_end_s"]),
-              ("40 steps CFG 4 end to end, best (s)", 14, e2e40["best"]["end_to_end_s"]),
-              ("ready on a machine that never compiled it (s)", 15, new["prepare_s"] + new["first_call_s"]),
+    checks = [("one DiT forward at 1024x1024 (ms)", 170, dit["best", "1024x1024"]["ms_per_forward"], "best"),
+              ("4 steps CFG 1 end to end (s)", 0.9, e2e4["best"]["end_to_end_s"], "best"),
+              ("40 steps CFG 4 end to end (s)", 14, e2e40["best"]["end_to_end_s"], "best"),
+              ("ready on a machine that never compiled it (s)", 15, new["prepare_s"] + new["first_call_s"], name(new)),
               ("ready on a new machine given its compiled package (s)", 15,
-               packaged["prepare_s"] + packaged["first_call_s"]),
-              ("ready after a restart (s)", 5, restart["prepare_s"] + restart["first_call_s"]),
-              ("slowest fused LoRA switch (s)", 2, max(switches)),
-              ("24 GiB card: load and edit peak (GiB)", 22, max(card24["load_peak_gib"],
-                                                                card24["rows"][0]["peak_gib"]))]
-    rows = [{"target": what, "at most": limit, "measured": measured, "met": "yes" if measured <= limit else "no"}
-            for what, limit, measured in checks]
-    return markdown_table(rows, {"target": "target", "at most": "at most", "measured": "measured",
-                                 "met": "met"}) + "\n"
+               packaged["prepare_s"] + packaged["first_call_s"], name(packaged)),
+              ("ready after a restart (s)", 5, restart["prepare_s"] + restart["first_call_s"], name(restart)),
+              ("slowest fused LoRA switch (s)", 2, max(switches), name(results("lora-switch"))),
+              ("24 GiB card: load and edit peak (GiB)", 22, max(card24["load_peak_gib"], card24["rows"][0]["peak_gib"]),
+               name(card24["rows"][0]))]
+    rows = [{"target": what, "at most": limit, "measured": measured, "met": "yes" if measured <= limit else "no",
+             "configuration": configuration} for what, limit, measured, configuration in checks]
+    return markdown_table(rows, {"target": "target", "at most": "at most", "measured": "measured", "met": "met",
+                                 "configuration": "measured on"}) + "\n"
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
