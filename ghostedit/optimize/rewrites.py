@@ -13,6 +13,8 @@ inductor-cdt  Inductor's coordinate-descent tuning of its generated kernels whil
 inductor-multi-kernel  Inductor generates each reduction two ways, whole rows in registers (persistent) and
               looped, and times both on first use: by default it loops over rows longer than 1024 (the FP8 MLP's
               quantization reads its 12288-wide rows twice).
+fused-gelu-quant  With fp8=torchao: each feed-forward layer's GELU and its output's rowwise FP8 quantization in one
+              Triton kernel of GhostEdit's (ghostedit/optimize/fp8_mlp.py).
 Each is measured alone by the bench and offered only as a toggle; none changes the model's function beyond
 floating-point rounding.
 """
@@ -152,15 +154,3 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
         seq_txt = txt_q.shape[1]
         return self.to_out(joint[:, seq_txt:]), self.to_add_out(joint[:, :seq_txt])
 
-
-# Inductor settings offered as rewrites: (options given to the compiled blocks, what they do in words)
-INDUCTOR_SETTINGS = {
-    "inductor-cdt": ({"coordinate_descent_tuning": True}, "coordinate-descent tuning"),
-    "inductor-multi-kernel": ({"triton.multi_kernel": 1}, "multi-kernel reductions"),
-}
-
-
-def inductor_settings(rewrites: tuple[str, ...]) -> tuple[dict, list[str]]:
-    """The Inductor options the rewrites ask for, and their words."""
-    chosen = [INDUCTOR_SETTINGS[name] for name in rewrites if name in INDUCTOR_SETTINGS]
-    return {key: value for options, _ in chosen for key, value in options.items()}, [words for _, words in chosen]
