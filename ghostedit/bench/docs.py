@@ -273,6 +273,12 @@ def profile() -> str:
             f"{_committed_on(path)}, `docs/benchmarks/profile/`).\n\n{table}\n\nLargest kernels:\n{top}\n")
 
 
+def _fastest(kernels: dict, prefix: str) -> tuple[str, dict]:
+    """The fastest of a probe's kernels whose names start with `prefix`: (name, its entry)."""
+    return min(((kernel, entry) for kernel, entry in kernels.items() if kernel.startswith(prefix)),
+               key=lambda item: item[1]["ms"])
+
+
 def fused_gelu() -> str:
     """Section 6: the feed-forward layers' GELU and FP8 quantization in one kernel (ghostedit/optimize/fp8_mlp.py):
     the kernel alone against Inductor's and other layouts (scripts/gpu/gelu_quant_probe.py), then the feed-forward
@@ -281,15 +287,12 @@ def fused_gelu() -> str:
     found = json.loads(path.read_text())
     rows = []
     for stream, kernels in found["kernels"].items():
-        def fastest(prefix):
-            return min(((kernel, entry) for kernel, entry in kernels.items() if kernel.startswith(prefix)),
-                       key=lambda item: item[1]["ms"])
         for what, (kernel, entry) in (
-                ("Inductor's kernel (torchao's quantization, compiled)", fastest("inductor")),
-                ("PyTorch's cast alone, the same bytes moved", fastest("cast alone")),
-                ("GhostEdit's kernel as the rewrite runs it", fastest("ghostedit (the engine's setting)")),
-                ("candidate: rows read twice, fastest setting", fastest("two passes")),
-                ("candidate: input range first, fastest setting", fastest("bounds"))):
+                ("Inductor's kernel (torchao's quantization, compiled)", _fastest(kernels, "inductor")),
+                ("PyTorch's cast alone, the same bytes moved", _fastest(kernels, "cast alone")),
+                ("GhostEdit's kernel as the rewrite runs it", _fastest(kernels, "ghostedit (the engine's setting)")),
+                ("candidate: rows read twice, fastest setting", _fastest(kernels, "two passes")),
+                ("candidate: input range first, fastest setting", _fastest(kernels, "bounds"))):
             setting = (f"warps={found['engine_warps']}" if kernel.startswith("ghostedit") else
                        " ".join(part for part in kernel.split() if "=" in part))
             rows.append({"stream": stream, "kernel": what, "setting": setting,
