@@ -20,6 +20,8 @@ import torch
 from ..device import Availability, needs_cuda
 
 TE_SCALING = {"te": "current", "te-delayed": "delayed"}
+FP8 = torch.float8_e4m3fn   # the FP8 format of GhostEdit's own kernels (the FP8 attention, the fused GELU quantization)
+FP8_MAX = torch.finfo(FP8).max  # 448
 
 
 @dataclass

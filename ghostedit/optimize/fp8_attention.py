@@ -22,9 +22,8 @@ import threading
 import torch
 
 from ..device import load_torch_cudnn
+from .fp8 import FP8, FP8_MAX
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max  # 448
 # the softmax probabilities before normalization lie in [0, 1]: mapped onto FP8's whole range
 SOFTMAX_SCALE = FP8_MAX
 

@@ -21,8 +21,8 @@ import types
 
 import torch
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
+from .fp8 import FP8, FP8_MAX
+
 SMALLEST_AMAX = 1e-12  # a row of zeros: any positive scale quantizes it to zeros
 # the fastest of scripts/gpu/gelu_quant_probe.py's candidates on an H100 (docs/benchmarks/gelu-quant/)
 WARPS = 8
