@@ -95,8 +95,7 @@ def dit_shapes() -> str:
                                   "exact x": "exact speedup", "best error": "best rel. error",
                                   "exact error": "exact rel. error"})
     experiments = found["experiments"]
-    outside = ("" if experiments.get("forward_ms") is None else  # results from before it was measured
-               f"; the whole forward {experiments['forward_ms']:.1f} ms, "
+    outside = (f"; the whole forward {experiments['forward_ms']:.1f} ms, "
                f"{experiments['forward_ms'] - experiments['block_loop_ms']:.1f} ms of it outside the blocks (the "
                f"uncompiled embeddings and output layer, and the forward's start before its first kernel)")
     graph = (f"the transformer blocks {experiments['block_loop_ms']:.1f} ms as a Python loop, "
@@ -133,14 +132,9 @@ def end_to_end() -> str:
                                       "decoding": "decoding s", "speedup": "speedup", "psnr": "PSNR dB vs stock",
                                       "warmup": "first-use compile s (apart)", "peak": "peak GiB"})
         side = found["size"][0]
-        if found["repeats"]:
-            runs = f"median of {found['repeats']} after warm-up"
-        elif found.get("cold_rows_after"):
-            runs = (f"one cold run each (preparation and compile warm-up apart), after {found['cold_rows_after']}, "
-                    "which set up the libraries")
-        else:  # results from before the set-up edit
-            runs = ("one cold run each (preparation and compile warm-up apart; the libraries' set-up on the "
-                    "process's first edit inside the first row's figures)")
+        runs = (f"median of {found['repeats']} after warm-up" if found["repeats"] else
+                f"one cold run each (preparation and compile warm-up apart), after {found['cold_rows_after']}, "
+                "which set up the libraries")
         parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, {runs}. Measured on "
                      f"{source(part)}.{clocks(found['rows'])}\n\n{table}\n")
     return "\n".join(parts)
@@ -287,17 +281,17 @@ def fused_gelu() -> str:
     found = json.loads(path.read_text())
     rows = []
     for stream, kernels in found["kernels"].items():
-        for what, (kernel, entry) in (
-                ("Inductor's kernel (torchao's quantization, compiled)", _fastest(kernels, "inductor")),
-                ("PyTorch's cast alone, the same bytes moved", _fastest(kernels, "cast alone")),
-                ("GhostEdit's kernel as the rewrite runs it", _fastest(kernels, "ghostedit (the engine's setting)")),
-                ("candidate: rows read twice, fastest setting", _fastest(kernels, "two passes")),
-                ("candidate: input range first, fastest setting", _fastest(kernels, "bounds"))):
-            setting = (f"warps={found['engine_warps']}" if kernel.startswith("ghostedit") else
-                       " ".join(part for part in kernel.split() if "=" in part))
-            rows.append({"stream": stream, "kernel": what, "setting": setting,
-                         "us": entry["ms"] * 1000, "bandwidth": entry["gb_per_s"],
-                         "differing": entry.get("fp8_values_differing", "")})
+        picked = [("Inductor's kernel (torchao's quantization, compiled)", "", kernels["inductor (best configuration)"]),
+                  ("PyTorch's cast alone, the same bytes moved", "", kernels["cast alone (read bf16, write fp8)"]),
+                  ("GhostEdit's kernel as the rewrite runs it", f"warps={found['engine_warps']}",
+                   kernels["ghostedit (the engine's setting)"])]
+        for what, prefix in (("candidate: rows read twice, fastest setting", "two passes"),
+                             ("candidate: input range first, fastest setting", "bounds")):
+            kernel, entry = _fastest(kernels, prefix)
+            picked.append((what, kernel.removeprefix(prefix).strip(), entry))
+        rows += [{"stream": stream, "kernel": what, "setting": setting, "us": entry["ms"] * 1000,
+                  "bandwidth": entry["gb_per_s"], "differing": entry.get("fp8_values_differing", "")}
+                 for what, setting, entry in picked]
     table = markdown_table(rows, {"stream": "stream", "kernel": "kernel", "setting": "setting", "us": "us",
                                   "bandwidth": "GB/s", "differing": "share of FP8 values unlike the reference"})
     layer = found["feed_forward"]

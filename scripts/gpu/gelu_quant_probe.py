@@ -93,18 +93,20 @@ def candidate(kernel, x: torch.Tensor, warps: int, rows_per_program: int = 1, **
     return out, scale
 
 
+def torchao_rowwise(values: torch.Tensor):
+    """torchao's rowwise FP8 quantization, as its FP8 linear quantizes an activation: (FP8 values, scales)."""
+    scale = _choose_scale_float8(values, [1, values.shape[-1]], fp8_mlp.FP8)
+    return _quantize_affine_float8(values, scale, fp8_mlp.FP8), scale
+
+
 def quantized_gelu(x: torch.Tensor):
-    """torchao's quantization of DiffSynth's GELU, as compiled blocks run it without the fused-gelu-quant rewrite."""
-    gelu = x * torch.sigmoid(1.702 * x)
-    scale = _choose_scale_float8(gelu, [1, x.shape[-1]], fp8_mlp.FP8)
-    return _quantize_affine_float8(gelu, scale, fp8_mlp.FP8), scale
+    """DiffSynth's GELU quantized by torchao, as compiled blocks run it without the fused-gelu-quant rewrite."""
+    return torchao_rowwise(x * torch.sigmoid(1.702 * x))
 
 
 def float32_reference(x: torch.Tensor):
-    """The same quantization of the GELU computed in float32 and rounded to bf16 once."""
-    gelu = (x.float() * torch.sigmoid(1.702 * x.float())).to(torch.bfloat16)
-    scale = _choose_scale_float8(gelu, [1, x.shape[-1]], fp8_mlp.FP8)
-    return _quantize_affine_float8(gelu, scale, fp8_mlp.FP8), scale
+    """The same with the GELU computed in float32 and rounded to bf16 once."""
+    return torchao_rowwise((x.float() * torch.sigmoid(1.702 * x.float())).to(torch.bfloat16))
 
 
 def differences(result, reference) -> dict:
