@@ -136,3 +136,16 @@ def test_a_scripted_bench_process_can_leave_without_its_teardown(tmp_path, skip)
     assert ("teardown ran" in done.stdout) is not skip
     assert done.stdout.rstrip().splitlines()[-1 if skip else -2].startswith("process timeline")
     assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["config"] == "stock"
+
+
+def test_the_lora_switch_level_runs_as_bench_sh_runs_it(tmp_path):
+    """bench.sh all's lora-switch process (no --steps): every switch timed, none recompiling."""
+    args = build_parser().parse_args(["bench", "--model", "tiny", "--device", "cpu", "--out-dir", str(tmp_path),
+                                      "--level", "lora-switch", "--width", "64", "--height", "64", "--cfg", "1",
+                                      "--lora-rank", "4", "--configs", "baseline"])
+    assert args.run(args) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [row["switch"] for row in results["rows"]] == [
+        "first LoRA (none to A)", "A to B", "B to A + B stacked", "back to none", "none to A again"]
+    assert all(row["switch_s"] > 0 and row["new_compiled_frames"] == 0 for row in results["rows"])
+    assert results["runtime_scale"]["cache_hit"]

@@ -198,7 +198,7 @@ def _lora_switch(args, engine, configs, out_dir: Path, context: dict, timeline: 
     from . import pipeline
     from .lora_switch import run_lora_switch_bench
     args.image = args.image or [str(pipeline.DEFAULT_IMAGE)]
-    request = request_from_args(args, 1)
+    request = request_from_args(args, 2)  # the fewest steps the model's schedule runs (models/exact.py)
     results = run_lora_switch_bench(engine, request, configs[0], args.lora_rank, out_dir / "loras")
     timeline.mark("LoRA switches")
     write_results(out_dir, {**context, **results})
