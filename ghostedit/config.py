@@ -134,6 +134,16 @@ class OptimizationConfig:
     def replace(self, loras=None, **settings) -> "OptimizationConfig":
         return OptimizationConfig(loras=self.loras if loras is None else loras, **{**self.settings(), **settings})
 
+    def for_runtime_loras(self) -> "OptimizationConfig":
+        """This configuration without the choices that refuse runtime LoRAs (each back at its toggle's default)."""
+        refusing = {toggle.name for toggle in registry.toggles()
+                    if toggle.choice(self.value(toggle.name)).needs_fused_loras}
+        settings = {name: value for name, value in self.settings().items() if name not in refusing}
+        for group, flags in settings.items():
+            if isinstance(flags, tuple):
+                settings[group] = tuple(flag for flag in flags if flag not in refusing)
+        return OptimizationConfig(loras=self.loras, **settings)
+
     @property
     def fused_loras(self) -> tuple[LoraChoice, ...]:
         return tuple(lora for lora in self.loras if lora.mode == "fused")

@@ -138,3 +138,15 @@ def test_presets_name_the_best_configuration_once():
     assert OptimizationConfig.parse("best") == OptimizationConfig.parse(BEST)
     assert OptimizationConfig.parse("best").replace(attention="diffsynth") == OptimizationConfig.parse(EXACT)
     assert OptimizationConfig.parse(OptimizationConfig.parse("best").text) == OptimizationConfig.parse("best")
+
+
+def test_the_best_configuration_for_runtime_loras_drops_only_the_rewrites_that_refuse_them():
+    from ghostedit.config import LoraChoice
+    best = OptimizationConfig.parse("best")
+    runtime_lora = LoraChoice("a.safetensors", "0" * 64, 0.5, "runtime")
+    with pytest.raises(ValueError, match="needs fused LoRAs"):
+        best.replace(loras=(runtime_lora,))
+    for_runtime = best.for_runtime_loras()
+    assert set(best.flags("rewrites")) - set(for_runtime.flags("rewrites")) == {"fused-gelu-quant"}
+    assert {**best.settings(), "rewrites": ()} == {**for_runtime.settings(), "rewrites": ()}  # nothing else moved
+    assert for_runtime.replace(loras=(runtime_lora,)).runtime_loras == (runtime_lora,)

@@ -69,9 +69,10 @@ def run_lora_switch_bench(engine, request, config: OptimizationConfig, rank: int
 
 
 def _runtime_scale_change(engine, request, config, lora: LoraChoice) -> dict:
-    """A runtime LoRA prepared once; a new scale is a cache hit whose only cost is rewriting the small B matrices."""
+    """A runtime LoRA prepared once; a new scale is a cache hit whose only cost is rewriting the small B matrices.
+    Run on the configuration less the rewrites that refuse runtime LoRAs."""
     from ..optimize import lora as lora_layers
-    runtime = config.replace(loras=(LoraChoice(lora.path, lora.sha256, 0.5, "runtime"),))
+    runtime = config.for_runtime_loras().replace(loras=(LoraChoice(lora.path, lora.sha256, 0.5, "runtime"),))
     engine.run(request, runtime)
     frames = compiled_frames()
     again = engine.run(request, runtime.replace(loras=(LoraChoice(lora.path, lora.sha256, 1.0, "runtime"),)))
@@ -81,4 +82,4 @@ def _runtime_scale_change(engine, request, config, lora: LoraChoice) -> dict:
     synchronize(engine.device)
     return {"cache_hit": again.telemetry.cache_hit, "new_compiled_frames": compiled_frames() - frames,
             "set_scales_s": time.perf_counter() - start, "edit_s": again.telemetry.total_seconds,
-            "s_per_step": again.telemetry.denoise_seconds_per_step}
+            "s_per_step": again.telemetry.denoise_seconds_per_step, "config": runtime.replace(loras=()).label}

@@ -13,9 +13,9 @@
 #             $STEP_CACHE); either alone too. The compiled text encoder was measured once (docs/benchmarks.md,
 #             section 3), not in every run
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
-#   scripts/gpu/bench.sh all       issue 16: every configuration the page offers, one after another in one process
-#             on the whole card; then fused LoRA switches on the best configuration (rank 32, 840 layers) and a
-#             runtime LoRA's scale
+#   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
+#     card-full    every configuration the page offers, one after another in one process on the whole card
+#     lora-switch  fused LoRA switches on the best configuration (rank 32, 840 layers) and a runtime LoRA's scale
 # Results go to $RESULTS/<phase>/ (results.json, table.md, chart.png, <phase>.log; default ./bench-results), and with
 # $OUT set (the device tool's folder, which takes few files) each process's into $OUT/<process>.tar.gz as it ends.
 # DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU with configurations a CPU can run.
@@ -102,16 +102,21 @@ cards() {
   done
 }
 
-all() {
+card-full() {
   local all=(baseline attention=auto fp8=storage fp8=torchao compile=regional "fp8=torchao,compile=regional"
              "$EXACT" "$BEST")
   [ -z "${DRY_RUN:-}" ] || all=(baseline fp8=storage compile=regional)
   bench card-full --width "$SIDE" --height "$SIDE" --steps 2 --cfg 4 --repeats 0 --configs "${all[@]}"
+}
+
+lora-switch() {
   bench lora-switch --level lora-switch --width "$SIDE" --height "$SIDE" --cfg 1 --lora-rank 32 --configs "$BEST"
   rm -rf "$RESULTS/lora-switch/loras"  # 1.2 GB of random LoRAs
 }
 
+all() { card-full; lora-switch; }
+
 case ${1:-} in
-  speed|dit|ready|e2e|e2e-4|e2e-40|cards|all) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|e2e-4|e2e-40|cards|all" >&2; exit 2 ;;
+  speed|dit|ready|e2e|e2e-4|e2e-40|cards|all|card-full|lora-switch) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|e2e-4|e2e-40|cards|all|card-full|lora-switch" >&2; exit 2 ;;
 esac

@@ -27,9 +27,11 @@ from ghostedit.engine import Engine
 from ghostedit.optimize import registry
 from ghostedit.optimize.compile import compile_regions
 from ghostedit.telemetry import RunRecorder, median_ms
-# Kernel families by name, first match wins: Inductor names its kernels after the ops they fuse ("scaled_mm" when
-# one quantizes a GEMM's input), and FlashAttention-4's kernels are CUTLASS kernels
-FAMILIES = (("inductor", r"^triton_"),
+# Kernel families by name, first match wins: GhostEdit's own Triton kernels (ghostedit/optimize/fp8_mlp.py) by their
+# function names; Inductor names its kernels after the ops they fuse ("scaled_mm" when one quantizes a GEMM's
+# input), and FlashAttention-4's kernels are CUTLASS kernels
+FAMILIES = (("ghostedit", r"^gelu_rowwise_fp8$"),
+            ("inductor", r"^triton_"),
             ("attention", r"flash|fmha|sdpa|attn|fprop"),
             ("gemm", r"gemm|cutlass|xmma|nvjet|f8f8bf16|scaled_mm|matmul|sm90_"),
             ("other", r""))
