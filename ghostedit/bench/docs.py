@@ -20,7 +20,7 @@ BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /f
 # The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
 PHASES = {"dit": "dit", "ready-never-compiled": "ready", "ready-package-only": "ready", "ready-restart": "ready",
           "e2e-4": "e2e", "e2e-40": "e2e", "card-24": "cards", "card-48": "cards", "card-full": "all",
-          "lora-switch": "all"}
+          "lora-switch": "lora-switch"}
 READY = {"ready-never-compiled": "a process that never compiled it (empty compile cache, no package)",
          "ready-package-only": "a new machine given its package (`ghostedit compiled install`)",
          "ready-restart": "a restarted process (compile cache on disk)"}
@@ -263,7 +263,8 @@ def lora_switch() -> str:
     runtime = found["runtime_scale"]
     return (f"The configuration {name(found)} at 1024x1024, LoRAs of rank {found['rank']} on {found['layers']} layers, "
             f"fused in place into the compiled FP8 DiT. Measured on {source('lora-switch')}.\n\n{table}\n\n"
-            f"A runtime LoRA's scale: set in {runtime['set_scales_s']:.3f} s with "
+            f"A runtime LoRA's scale, on {runtime['config']} (fused-gelu-quant refuses runtime LoRAs): set in "
+            f"{runtime['set_scales_s']:.3f} s with "
             f"{runtime['new_compiled_frames']} recompiled frames.\n")
 
 
@@ -446,8 +447,8 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "multi-kernel": multi_kernel, "end-to-end": end_to_end, "step-cache": step_cache, "process-time": process_time,
-            "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
+            "multi-kernel": multi_kernel, "end-to-end": end_to_end, "step-cache": step_cache,
+            "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "profile-edit": profile_edit, "attention": attention,
             "parallel": parallel}
 
