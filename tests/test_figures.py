@@ -76,7 +76,10 @@ def test_the_dit_block_says_how_much_of_the_forward_is_outside_the_blocks(monkey
 def test_a_result_measured_before_a_preset_gained_a_rewrite_is_named_for_it():
     from ghostedit.config import OptimizationConfig
     best = OptimizationConfig.parse("best")
-    older = best.replace(rewrites=tuple(flag for flag in best.flags("rewrites") if flag != "fused-gelu-quant"))
-    assert docs.name({"text": older.text, "config": older.label}) == "best without fused-gelu-quant"
-    bare = OptimizationConfig(fp8="torchao", compile="regional")  # more than one rewrite left out: its own label
+    older = best.replace(rewrites=tuple(flag for flag in best.flags("rewrites") if flag != "fp8-attention-out"))
+    assert docs.name({"text": older.text, "config": older.label}) == "best without fp8-attention-out"
+    oldest = older.replace(rewrites=tuple(flag for flag in older.flags("rewrites") if flag != "fused-qk-norm-rope"))
+    assert docs.name({"text": oldest.text, "config": oldest.label}) == \
+        "best without fp8-attention-out and fused-qk-norm-rope"
+    bare = OptimizationConfig(fp8="torchao", compile="regional")  # more than two rewrites left out: its own label
     assert docs.name({"text": bare.text, "config": bare.label}) == bare.label

@@ -43,22 +43,32 @@ def name(row: dict) -> str:
         label = OptimizationConfig.parse(preset).label
         if row["config"].startswith(label + " + "):
             return f"{preset} + {row['config'].removeprefix(label + ' + ')}"
-        left_out = _rewrite_left_out(row["text"], preset)
+        left_out = _rewrites_left_out(row["text"], preset)
         if left_out:
-            return f"{preset} without {left_out}"
+            return f"{preset} without {_words(left_out)}"
     return row["config"]
 
 
-def _rewrite_left_out(text: str, preset: str) -> str | None:
-    """The one rewrite of `preset` that a configuration without LoRAs leaves out when it is otherwise the preset (a
-    result measured before the preset gained it)."""
+def _rewrites_left_out(text: str, preset: str) -> list[str]:
+    """The rewrites of `preset` that a configuration without LoRAs leaves out when it is otherwise the preset (a
+    result measured before the preset gained them, or an A/B of one), at most two; none otherwise."""
     if "lora=" in text:
-        return None
+        return []
     config, named = OptimizationConfig.parse(text).settings(), OptimizationConfig.parse(preset).settings()
     rewrites, preset_rewrites = set(config.pop("rewrites")), set(named.pop("rewrites"))
-    if config != named or not rewrites < preset_rewrites or len(preset_rewrites - rewrites) != 1:
-        return None
-    return (preset_rewrites - rewrites).pop()
+    if config != named or not rewrites < preset_rewrites or len(preset_rewrites - rewrites) > 2:
+        return []
+    return sorted(preset_rewrites - rewrites)
+
+
+def _words(names: list[str]) -> str:
+    return " and ".join(names)
+
+
+def _with_and_without(rows: list[dict], rewrite: str) -> tuple[dict, dict]:
+    """An A/B's two rows: the one whose configuration has `rewrite`, the one without it."""
+    has = {rewrite in OptimizationConfig.parse(row["text"]).flags("rewrites"): row for row in rows}
+    return has[True], has[False]
 
 
 def clocks(rows: list[dict]) -> str:
@@ -131,12 +141,11 @@ def multi_kernel() -> str:
     both ways (docs/benchmarks/multi-kernel/)."""
     folder = RESULTS / "multi-kernel"
     found = results("multi-kernel")
-    rows = {name(row): row for row in found["rows"]}
-    with_it, without = rows["best"], rows["best without inductor-multi-kernel"]
+    with_it, without = _with_and_without(found["rows"], "inductor-multi-kernel")
     cold = {label: json.loads((folder / f"first-call-cold-{label}.json").read_text())
             for label in ("best", "without-multi-kernel")}
     environment = found["environment"]
-    return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best) at 1024x1024 on {environment['gpu']}, torch "
+    return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best) on {name(with_it)} at 1024x1024 on {environment['gpu']}, torch "
             f"{environment['torch']}, {environment['date']}: the first forward of a process that never compiled "
             f"took {cold['best']['first_call_s']:.1f} s with it and {cold['without-multi-kernel']['first_call_s']:.1f} "
             f"s without (`scripts/gpu/profile_first_call.py cold`, empty compile caches each; Inductor's code "
@@ -323,8 +332,7 @@ def fused_gelu() -> str:
     table = markdown_table(rows, {"stream": "stream", "kernel": "kernel", "setting": "setting", "us": "us",
                                   "bandwidth": "GB/s", "differing": "share of FP8 values unlike the reference"})
     layer = found["feed_forward"]
-    dit = {name(row): row for row in results("fused-gelu")["rows"]}
-    without, fused = dit["best without fused-gelu-quant"], dit["best"]
+    fused, without = _with_and_without(results("fused-gelu")["rows"], "fused-gelu-quant")
     environment = results("fused-gelu")["environment"]
     return (f"The GELU and its quantization alone at 1024x1024, 12288 values a row (`scripts/gpu/gelu_quant_probe.py`, "
             f"{found['gpu']}, torch {found['torch']}, committed {_committed_on(path)}, `docs/benchmarks/gelu-quant/`; "
@@ -333,8 +341,8 @@ def fused_gelu() -> str:
             f"torchao and Inductor, {layer['fused GELU quantization']['ms'] * 1000:.0f} us with the fused kernel "
             f"(output {layer['fused GELU quantization']['rel_error_vs_torchao']:.4f} relative to torchao's). "
             f"One DiT forward at 1024x1024 in one process ({environment['gpu']}, {environment['date']}, "
-            f"`{environment['command']}`, `docs/benchmarks/fused-gelu/`): best without the rewrite "
-            f"{without['ms_per_forward']:.1f} ms, with it {fused['ms_per_forward']:.1f} ms ({fused['speedup']:.3f}x), "
+            f"`{environment['command']}`, `docs/benchmarks/fused-gelu/`): {name(without)} "
+            f"{without['ms_per_forward']:.1f} ms, with the rewrite {fused['ms_per_forward']:.1f} ms ({fused['speedup']:.3f}x), "
             f"one block's output {fused['block_rel_error']:.4f} relative to the run without it.\n")
 
 

@@ -104,7 +104,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> t
     return _EXTERNAL[backend](q, k, v).transpose(1, 2)
 
 
-def _refuse_masks(backend: str, attention_mask, enable_fp8_attention) -> None:
+def refuse_masks(backend: str, attention_mask, enable_fp8_attention) -> None:
     if attention_mask is not None or enable_fp8_attention:
         raise RuntimeError(f"attention backend {backend} does not take masks or FP8 attention; "
                            "use the 'diffsynth' backend for entity-masked prompts")
@@ -124,7 +124,7 @@ def _local_attention(q, k, v, num_heads, attention_mask=None, enable_fp8_attenti
     if backend == "diffsynth":
         return _diffsynth_attention(q, k, v, num_heads, attention_mask=attention_mask,
                                     enable_fp8_attention=enable_fp8_attention)
-    _refuse_masks(backend, attention_mask, enable_fp8_attention)
+    refuse_masks(backend, attention_mask, enable_fp8_attention)
     if backend in SDPA_BACKENDS:
         return rearrange(attend(q, k, v, backend), "b n s d -> b s (n d)")
     return _EXTERNAL[backend](q, k, v).flatten(2)
@@ -149,7 +149,7 @@ def joint_attention(streams, num_heads: int, attention_mask=None, enable_fp8_att
 
 def _local_joint_attention(streams, num_heads: int, attention_mask, enable_fp8_attention, q_scale, k_scale):
     if _active_backend == "cudnn-fp8":
-        _refuse_masks(_active_backend, attention_mask, enable_fp8_attention)
+        refuse_masks(_active_backend, attention_mask, enable_fp8_attention)
         return fp8_attention.joint_attention(streams, q_scale, k_scale).flatten(2)
     q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) for parts in zip(*streams))
     return _local_attention(q, k, v, num_heads, attention_mask, enable_fp8_attention)

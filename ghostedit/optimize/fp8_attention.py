@@ -187,9 +187,23 @@ def joint_attention(streams, q_scale: torch.Tensor | None = None, k_scale: torch
     queries, keys, values = zip(*streams)
     q8, q_descale = _fp8_parts(queries, q_scale)
     k8, k_descale = _fp8_parts(keys, k_scale)
+    return attend(q8, q_descale, k8, k_descale, values)
+
+
+def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
+           values) -> torch.Tensor:
+    """The attention of FP8 q and k (parts the kernel's op joins) over the bf16 `values` of each stream, which are
+    joined and cast in one pass; the output in the values' dtype, [batch, seq, heads, head_dim]."""
+    output, v_descale = attend_in_fp8(q8, q_descale, k8, k_descale, values)
+    return (output.float() * v_descale).to(values[0].dtype)
+
+
+def attend_in_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
+                  values) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend's output as cuDNN writes it: float8_e4m3fn [batch, seq, heads, head_dim] and the factor [1, 1, 1, 1]
+    that gives its real values."""
     v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
-    output = cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale)
-    return (output.float() * v_descale).to(queries[0].dtype)
+    return cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), v_descale
 
 
 def _fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:

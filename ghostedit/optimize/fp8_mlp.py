@@ -16,48 +16,26 @@ through the same torch._scaled_mm call torchao makes, so a fused LoRA written in
 """
 from __future__ import annotations
 
-import functools
 import types
 
 import torch
 
-from .fp8 import FP8, FP8_MAX
+from .fp8 import FP8, FP8_MAX, is_torchao_fp8, torchao_fp8_linear
 
 SMALLEST_AMAX = 1e-12  # a row of zeros: any positive scale quantizes it to zeros
 # the fastest of scripts/gpu/gelu_quant_probe.py's candidates on an H100 (docs/benchmarks/gelu-quant/)
 WARPS = 8
 
 
-@functools.cache
-def _kernel():
-    """The Triton kernel, defined on first use (Triton is imported only when a GPU configuration asks for it)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def gelu_rowwise_fp8(x_ptr, out_ptr, scale_ptr, fp8_max, smallest_amax, n_columns: tl.constexpr,
-                         BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        columns = tl.arange(0, BLOCK)
-        mask = columns < n_columns
-        x = tl.load(x_ptr + row * n_columns + columns, mask=mask, other=0.0).to(tl.float32)
-        gelu = (x * tl.sigmoid(1.702 * x)).to(tl.bfloat16).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), smallest_amax) / fp8_max
-        tl.store(scale_ptr + row, scale)
-        quantized = tl.clamp(gelu / scale, -fp8_max, fp8_max)
-        tl.store(out_ptr + row * n_columns + columns, quantized.to(tl.float8e4nv), mask=mask)
-
-    return gelu_rowwise_fp8
-
-
 def gelu_rowwise_fp8_launch(x: torch.Tensor, warps: int = WARPS):
     """GELU of the contiguous bf16 matrix `x` quantized per row: (float8_e4m3fn values, float32 scales [rows, 1])."""
     import triton
+    from . import kernels
     n_rows, n_columns = x.shape
     out = torch.empty((n_rows, n_columns), dtype=FP8, device=x.device)
     scale = torch.empty((n_rows, 1), dtype=torch.float32, device=x.device)
-    _kernel()[(n_rows,)](x, out, scale, FP8_MAX, SMALLEST_AMAX, n_columns=n_columns,
-                         BLOCK=triton.next_power_of_2(n_columns), num_warps=warps)
+    kernels.gelu_rowwise_fp8[(n_rows,)](x, out, scale, FP8_MAX, SMALLEST_AMAX, n_columns=n_columns,
+                                        BLOCK=triton.next_power_of_2(n_columns), num_warps=warps)
     return out, scale
 
 
@@ -78,19 +56,13 @@ def fp8_mlp_forward(feed_forward: torch.nn.Module, hidden: torch.Tensor) -> torc
     between two torchao FP8 linears."""
     up = feed_forward.net[0].proj(hidden)
     activation, activation_scale = gelu_rowwise_fp8(up.reshape(-1, up.shape[-1]))
-    down = feed_forward.net[2]
-    weight = down.weight  # torchao's Float8Tensor: qdata [out, in] float8, scale [out, 1]
-    out = torch._scaled_mm(activation, weight.qdata.t(), scale_a=activation_scale, scale_b=weight.scale.t(),
-                           bias=down.bias, out_dtype=hidden.dtype, use_fast_accum=weight.mm_config.use_fast_accum)
+    out = torchao_fp8_linear(feed_forward.net[2], activation, activation_scale)
     return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
 
 def is_torchao_fp8_mlp(feed_forward: torch.nn.Module) -> bool:
-    """True when both linears of `feed_forward` hold torchao's rowwise FP8 weights (fp8=torchao, no runtime LoRA
-    wrapped around them)."""
-    from torchao.quantization import Float8Tensor
-    up, down = feed_forward.net[0].proj, feed_forward.net[2]
-    return all(type(layer) is torch.nn.Linear and isinstance(layer.weight, Float8Tensor) for layer in (up, down))
+    """True when both linears of `feed_forward` hold torchao's rowwise FP8 weights."""
+    return is_torchao_fp8(feed_forward.net[0].proj) and is_torchao_fp8(feed_forward.net[2])
 
 
 def fuse_gelu_quantization(dit: torch.nn.Module) -> int:

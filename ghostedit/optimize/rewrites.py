@@ -13,6 +13,11 @@ inductor-cdt  Inductor's coordinate-descent tuning of its generated kernels whil
 inductor-multi-kernel  Inductor generates each reduction two ways, whole rows in registers (persistent) and
               looped, and times both on first use: by default it loops over rows longer than 1024 (the FP8 MLP's
               quantization reads its 12288-wide rows twice).
+fused-qk-norm-rope  With attention=cudnn-fp8: the q and k of both streams normalized, rotated and cast to FP8 in
+              one Triton kernel of GhostEdit's that writes them joined (ghostedit/optimize/fp8_qk.py).
+fp8-attention-out  With fused-qk-norm-rope and fp8=torchao: the FP8 attention's output goes into the output
+              projections' FP8 GEMMs as cuDNN wrote it, its one scale as every row's, instead of dequantized to bf16
+              and quantized again per row (one rounding fewer).
 fused-gelu-quant  With fp8=torchao: each feed-forward layer's GELU and its output's rowwise FP8 quantization in one
               Triton kernel of GhostEdit's (ghostedit/optimize/fp8_mlp.py).
 Each is measured alone by the bench and offered only as a toggle; none changes the model's function beyond
@@ -24,7 +29,7 @@ import torch
 from diffsynth.models import qwen_image_dit
 
 from ..diffsynth_patches import check_version, replace
-from . import attention, fp8_attention
+from . import attention, fp8_attention, fp8_qk
 
 check_version()  # JointAttention below builds on DiffSynth's attention class ("joint attention layers")
 
@@ -117,6 +122,29 @@ def qk_bounds(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {"q": bound(module.norm_q, module.norm_added_q), "k": bound(module.norm_k, module.norm_added_k)}
 
 
+def fuse_qk_norm_rope(layers: list[torch.nn.Module]) -> int:
+    """These JointAttention layers compute q and k for the FP8 attention with fp8_qk's kernel; returns how many."""
+    for module in layers:
+        norms = (module.norm_q, module.norm_k, module.norm_added_q, module.norm_added_k)
+        if len({norm.eps for norm in norms}) != 1:  # the kernel takes one eps for both streams
+            raise ValueError("the fused q/k kernel needs one RMSNorm eps for q and k of both streams")
+        module.fused_qk_norm_rope = True
+    return len(layers)
+
+
+def fp8_attention_out(layers: list[torch.nn.Module]) -> int:
+    """These JointAttention layers (already on fused_qk_norm_rope's path) hand the FP8 attention's output to their
+    output projections' FP8 GEMMs as it is; returns how many."""
+    from .fp8 import is_torchao_fp8
+    unfit = [module for module in layers if not (is_torchao_fp8(module.to_out[0]) and is_torchao_fp8(module.to_add_out))]
+    if unfit:
+        raise ValueError(f"{len(unfit)} of {len(layers)} attention layers' output projections are not torchao FP8 "
+                         "linears: the FP8 attention output needs fp8=torchao")
+    for module in layers:
+        module.fp8_attention_out = True
+    return len(layers)
+
+
 def _per_head(freqs):
     """RoPE frequencies over [seq, head_dim / 2], made to broadcast over [batch, seq, heads, head_dim / 2]."""
     return tuple(f.unsqueeze(1) for f in freqs) if isinstance(freqs, tuple) else freqs.unsqueeze(1)
@@ -126,7 +154,10 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
     """DiffSynth's joint attention, computed as DiffSynth computes it, in the projections' own layout,
     [batch, seq, heads, head_dim]: DiffSynth transposes each of q, k and v to [batch, heads, seq, head_dim] first, so
     its joins copy and transpose them. The projections may be fused (fused-qkv), and the FP8 attention gets bounds
-    on q and k (see qk_bounds) and quantizes each stream before the join."""
+    on q and k (see qk_bounds) and quantizes each stream before the join, or, with fused-qk-norm-rope, gets q and k
+    normalized, rotated, quantized and joined by one kernel."""
+    fused_qk_norm_rope = False
+    fp8_attention_out = False
 
     def _projections(self, image, text):
         if hasattr(self, "to_qkv"):
@@ -141,6 +172,14 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
         image_qkv, text_qkv = self._projections(image, text)
         img_q, img_k, img_v = (t.unflatten(-1, (self.num_heads, -1)) for t in image_qkv)
         txt_q, txt_k, txt_v = (t.unflatten(-1, (self.num_heads, -1)) for t in text_qkv)
+        seq_txt = txt_q.shape[1]
+        if self.fused_qk_norm_rope:
+            attention.refuse_masks("cudnn-fp8", attention_mask, enable_fp8_attention)
+            image_freqs, text_freqs = image_rotary_emb
+            output, descale = fp8_qk.joint_attention(
+                self, ((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), (text_freqs, image_freqs))
+            return (fp8_qk.out_projection(self.to_out[0], output[:, seq_txt:], descale, self.fp8_attention_out),
+                    fp8_qk.out_projection(self.to_add_out, output[:, :seq_txt], descale, self.fp8_attention_out))
         img_q, img_k = self.norm_q(img_q), self.norm_k(img_k)
         txt_q, txt_k = self.norm_added_q(txt_q), self.norm_added_k(txt_k)
         if image_rotary_emb is not None:
@@ -151,6 +190,5 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
         joint = attention.joint_attention(
             ((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), self.num_heads, attention_mask, enable_fp8_attention,
             self.q_scale, self.k_scale).to(img_q.dtype)
-        seq_txt = txt_q.shape[1]
         return self.to_out(joint[:, seq_txt:]), self.to_add_out(joint[:, :seq_txt])
 

@@ -3,7 +3,8 @@
 On the GPU machine (after `source scripts/gpu/setup.sh`):
     python3 scripts/gpu/profile_dit.py [--config CONFIG] [--engine-only] [--out DIR]
 Builds the full-size synthetic DiT alone, times the configuration's forward (CUDA events, median after warm-up,
-first call apart) with its blocks compiled two ways: as the engine compiles them (dynamic shapes) and for static
+first call apart; and the CPU's time to hand a forward to the GPU, with the calls that make it wait) with its blocks
+compiled two ways: as the engine compiles them (dynamic shapes) and for static
 shapes. Each is profiled with torch.profiler, its GPU kernels
 sorted into GEMMs, attention, Inductor-generated kernels and the rest, against the ideal times of
 the GEMMs and the attention at the measured ceilings. Writes profile.json and prints a summary.
@@ -24,13 +25,13 @@ import torch
 from ghostedit.bench.dit import dit_inputs, running
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
-from ghostedit.optimize import registry
+from ghostedit.optimize import kernels, registry
 from ghostedit.optimize.compile import compile_regions
 from ghostedit.telemetry import RunRecorder, median_ms
-# Kernel families by name, first match wins: GhostEdit's own Triton kernels (ghostedit/optimize/fp8_mlp.py) by their
+# Kernel families by name, first match wins: GhostEdit's own Triton kernels (ghostedit/optimize/kernels.py) by their
 # function names; Inductor names its kernels after the ops they fuse ("scaled_mm" when one quantizes a GEMM's
 # input), and FlashAttention-4's kernels are CUTLASS kernels
-FAMILIES = (("ghostedit", r"^gelu_rowwise_fp8$"),
+FAMILIES = (("ghostedit", "^(" + "|".join(kernels.NAMES) + ")$"),
             ("inductor", r"^triton_"),
             ("attention", r"flash|fmha|sdpa|attn|fprop"),
             ("gemm", r"gemm|cutlass|xmma|nvjet|f8f8bf16|scaled_mm|matmul|sm90_"),
@@ -60,7 +61,32 @@ def time_variant(call) -> dict:
     torch.cuda.synchronize()
     first_call_s = time.perf_counter() - start
     ms = median_ms(call, "cuda", repeats=10, warmup=2)
-    return {"first_call_s": first_call_s, "ms_per_forward": ms}
+    return {"first_call_s": first_call_s, "ms_per_forward": ms, **cpu_side(call)}
+
+
+def cpu_side(call, repeats: int = 10) -> dict:
+    """How long the CPU takes to hand one forward to the GPU (from the call to its return, the GPU idle at the start):
+    near the forward's GPU time, the CPU sets the pace. And how many times the forward makes the CPU wait for the
+    GPU (torch's sync debug mode, which counts the synchronizing calls it knows of)."""
+    import warnings
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    syncs = [str(warning.message)[:200] for warning in caught if "synchroniz" in str(warning.message)]
+    return {"cpu_launch_ms": sorted(times)[len(times) // 2], "synchronizing_calls": len(syncs),
+            "synchronizing_examples": sorted(set(syncs))[:5]}
 
 
 def kernel_breakdown(call, forwards: int = 3) -> dict:
@@ -111,8 +137,9 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     parser.add_argument("--config", default="best")
     parser.add_argument("--engine-only", action="store_true", help="skip the static-shapes variant")
+    parser.add_argument("--name", default="profile", help="the output folder under --out")
     args = parser.parse_args()
-    out = Path(args.out) / "profile"
+    out = Path(args.out) / args.name
     out.mkdir(parents=True, exist_ok=True)
     engine = Engine("synthetic", device="cuda", dit_only=True)
     base_dit = engine.load().dit
@@ -127,7 +154,7 @@ def main() -> None:
         prepared = compiled_variant(engine, config, dynamic)
         with running(prepared, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
             result = report["variants"][name] = time_variant(call)
-            print(name, {key: round(value, 2) for key, value in result.items()}, flush=True)
+            print(name, json.dumps(result), flush=True)
             result.update(kernel_breakdown(call))
         (out / "profile.json").write_text(json.dumps(report, indent=2))
         print_breakdown(result, report["ideal"])

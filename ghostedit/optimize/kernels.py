@@ -1,0 +1,72 @@
+"""GhostEdit's own Triton kernels, each run by the module that owns its rewrite through a custom op: the GELU and
+its rowwise FP8 quantization (fp8_mlp.py, fused-gelu-quant), and the FP8 attention's q and k normalized, rotated
+and cast (fp8_qk.py, fused-qk-norm-rope). This module imports Triton: those modules load it only when a GPU
+configuration runs them. Triton resolves a kernel's helper functions among the module's globals, hence one module
+for them."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gelu_rowwise_fp8(x_ptr, out_ptr, scale_ptr, fp8_max, smallest_amax, n_columns: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    columns = tl.arange(0, BLOCK)
+    mask = columns < n_columns
+    x = tl.load(x_ptr + row * n_columns + columns, mask=mask, other=0.0).to(tl.float32)
+    gelu = (x * tl.sigmoid(1.702 * x)).to(tl.bfloat16).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), smallest_amax) / fp8_max
+    tl.store(scale_ptr + row, scale)
+    quantized = tl.clamp(gelu / scale, -fp8_max, fp8_max)
+    tl.store(out_ptr + row * n_columns + columns, quantized.to(tl.float8e4nv), mask=mask)
+
+
+@triton.jit
+def _rotated_fp8(x_ptr, weight_even, weight_odd, cos_even, cos_odd, sin_even, sin_odd, scale, eps, fp8_max,
+                 inside, HEADS_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One token's heads [HEADS_BLOCK, HEAD_DIM] from x_ptr, normalized, rotated, scaled and cast; the pairs
+    (x[2i], x[2i+1]) that RoPE rotates are split apart in registers."""
+    heads = tl.arange(0, HEADS_BLOCK)[:, None]
+    x = tl.load(x_ptr + heads * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], mask=inside, other=0.0)
+    even, odd = tl.split(tl.reshape(x.to(tl.float32), (HEADS_BLOCK, HEAD_DIM // 2, 2)))
+    inverse_rms = tl.rsqrt((tl.sum(even * even, axis=1) + tl.sum(odd * odd, axis=1)) / HEAD_DIM + eps)[:, None]
+    even = even * inverse_rms * weight_even
+    odd = odd * inverse_rms * weight_odd
+    rotated = tl.join(even * cos_even + odd * sin_even, odd * cos_odd + even * sin_odd)
+    values = tl.clamp(tl.reshape(rotated, (HEADS_BLOCK, HEAD_DIM)) * scale, -fp8_max, fp8_max)
+    return values.to(tl.float8e4nv)
+
+@triton.jit
+def _pairs(ptr, HEAD_DIM: tl.constexpr):
+    """The even and odd elements of a [HEAD_DIM] vector as float32 [1, HEAD_DIM / 2] each."""
+    return tl.split(tl.reshape(tl.load(ptr + tl.arange(0, HEAD_DIM)).to(tl.float32), (1, HEAD_DIM // 2, 2)))
+
+@triton.jit
+def qk_norm_rope_fp8(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, q_scale_ptr, k_scale_ptr,
+                     q_out_ptr, k_out_ptr, n_tokens, seq, heads, q_batch_stride, q_token_stride, k_batch_stride,
+                     k_token_stride, out_first_token, out_seq, eps, fp8_max, HEAD_DIM: tl.constexpr,
+                     HEADS_BLOCK: tl.constexpr, TOKENS: tl.constexpr):
+    q_weight_even, q_weight_odd = _pairs(q_weight_ptr, HEAD_DIM)
+    k_weight_even, k_weight_odd = _pairs(k_weight_ptr, HEAD_DIM)
+    q_scale, k_scale = tl.load(q_scale_ptr), tl.load(k_scale_ptr)
+    out_heads = tl.arange(0, HEADS_BLOCK)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    for step in tl.static_range(TOKENS):
+        token = tl.program_id(0) * TOKENS + step
+        inside = (tl.arange(0, HEADS_BLOCK)[:, None] < heads) & (token < n_tokens)
+        token = tl.minimum(token, n_tokens - 1).to(tl.int64)  # a tile's last tokens may lie past the end
+        batch, position = token // seq, token % seq
+        cos_even, cos_odd = _pairs(cos_ptr + position * HEAD_DIM, HEAD_DIM)
+        sin_even, sin_odd = _pairs(sin_ptr + position * HEAD_DIM, HEAD_DIM)
+        out_start = (batch * out_seq + out_first_token + position) * heads * HEAD_DIM
+        q = _rotated_fp8(q_ptr + batch * q_batch_stride + position * q_token_stride, q_weight_even,
+                         q_weight_odd, cos_even, cos_odd, sin_even, sin_odd, q_scale, eps, fp8_max, inside,
+                         HEADS_BLOCK, HEAD_DIM)
+        tl.store(q_out_ptr + out_start + out_heads, q, mask=inside)
+        k = _rotated_fp8(k_ptr + batch * k_batch_stride + position * k_token_stride, k_weight_even,
+                         k_weight_odd, cos_even, cos_odd, sin_even, sin_odd, k_scale, eps, fp8_max, inside,
+                         HEADS_BLOCK, HEAD_DIM)
+        tl.store(k_out_ptr + out_start + out_heads, k, mask=inside)
+
+
+# the kernels' names, as the profiler lists them (scripts/gpu/profile_dit.py counts them as GhostEdit's)
+NAMES = (gelu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__)

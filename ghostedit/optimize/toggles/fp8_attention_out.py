@@ -1,0 +1,31 @@
+"""Flag `fp8-attention-out` (next to fused-qk-norm-rope and fp8=torchao): the FP8 attention's output goes into the
+output projections' FP8 GEMMs as cuDNN wrote it, instead of dequantized and quantized again
+(ghostedit/optimize/fp8_qk.py). One rounding fewer than without it."""
+from .. import attention
+from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, register
+
+
+def _prepare(context: PrepareContext, value: str) -> None:
+    if value == ON:
+        from .. import rewrites
+        layers = [module for module in context.shared["joint attention layers"] if module.fused_qk_norm_rope]
+        if not layers:  # fused-qk-norm-rope said why it is not applied (sequence parallel)
+            context.report["fp8-attention-out"] = "not applied: fused-qk-norm-rope is not"
+            return
+        fused = rewrites.fp8_attention_out(layers)
+        context.report["fp8-attention-out"] = f"{fused} attention layers: the FP8 attention output goes into the " \
+                                              "output projections' FP8 GEMMs as it is"
+
+
+register(Toggle(
+    name="fp8-attention-out", label="FP8 attention output straight into the FP8 output projections",
+    group="rewrites",
+    help="the output projections multiply the FP8 attention's output as cuDNN wrote it (its scale as every row's) "
+         "instead of a bf16 copy that they quantize again per row",
+    choices=(Choice(OFF, "off"), Choice(ON, "on", requires=(
+        Requires("fused-qk-norm-rope", values=(ON,), why="it takes the attention output on that rewrite's path"),
+        Requires("fp8", values=("torchao",), why="it feeds torchao's FP8 output projections")),
+        needs_fused_loras="runtime LoRA layers sit on the output projections it calls directly")),
+    order=67, prepare=_prepare,
+    availability=lambda value, device: attention.availability("cudnn-fp8", device),
+))
