@@ -175,7 +175,8 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
         seq_txt = txt_q.shape[1]
         if self.fused_qk_norm_rope:
             attention.refuse_masks("cudnn-fp8", attention_mask, enable_fp8_attention)
-            image_freqs, text_freqs = image_rotary_emb
+            # complex frequencies where a caller hands the stock ones (the bench's block check), real-rope's pairs else
+            image_freqs, text_freqs = (f if isinstance(f, tuple) else _as_cos_sin(f) for f in image_rotary_emb)
             output, descale = fp8_qk.joint_attention(
                 self, ((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), (text_freqs, image_freqs))
             return (fp8_qk.out_projection(self.to_out[0], output[:, seq_txt:], descale, self.fp8_attention_out),

@@ -74,8 +74,8 @@ ready() {
       "$PYTHON" -m ghostedit compiled export "$shipped"
       rm -rf "$GHOSTEDIT_HOME/compiled"
       "$PYTHON" -m ghostedit compiled install "$shipped"
-    else
-      rm -rf "$GHOSTEDIT_HOME/compiled"
+    else  # nor Triton's own cache of compiled kernels, which a machine kept warm between device calls still has
+      rm -rf "$GHOSTEDIT_HOME/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
     fi
     bench "ready-$label" --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
   done
