@@ -292,7 +292,8 @@ def profile() -> str:
             {"kernels": "attention", "ms": families["attention"], "ideal": found["ideal"]["attention_ms"]},
             {"kernels": "Inductor's fused glue (quantization, norms, modulation, RoPE, gates)",
              "ms": families["inductor"], "ideal": ""},
-            {"kernels": "GhostEdit's Triton kernels (fused-gelu-quant)", "ms": families["ghostedit"], "ideal": ""},
+            {"kernels": "GhostEdit's Triton kernels (fused-gelu-quant, fused-qk-norm-rope)", "ms": families["ghostedit"],
+             "ideal": ""},
             {"kernels": "other", "ms": families["other"], "ideal": ""},
             {"kernels": "sum of kernels", "ms": variant["total_kernel_ms"], "ideal": ""},
             {"kernels": "measured forward", "ms": variant["ms_per_forward"], "ideal": ""}]
@@ -344,6 +345,45 @@ def fused_gelu() -> str:
             f"`{environment['command']}`, `docs/benchmarks/fused-gelu/`): {name(without)} "
             f"{without['ms_per_forward']:.1f} ms, with the rewrite {fused['ms_per_forward']:.1f} ms ({fused['speedup']:.3f}x), "
             f"one block's output {fused['block_rel_error']:.4f} relative to the run without it.\n")
+
+
+def attention_io() -> str:
+    """Section 6: the FP8 attention's q/k kernel alone (scripts/gpu/qk_norm_rope_probe.py), then best with and
+    without its two attention rewrites in processes of their own, alternating (scripts/gpu/alternate.sh)."""
+    path = RESULTS / "qk-norm-rope" / "qk-norm-rope.json"
+    found = json.loads(path.read_text())
+    variants = found["variants"]
+    engine = f"ghostedit tokens={found['engine_tokens']} warps={found['engine_warps']}"
+    picked = [("compiled code, then the copy that joins the streams (without the rewrite)", "",
+               variants["compiled code and the join (without the rewrite)"]),
+              ("PyTorch's cast alone, the same bytes moved", "", variants["cast alone (read bf16, write fp8)"]),
+              ("GhostEdit's kernel as the rewrite runs it", engine.removeprefix("ghostedit "), variants[engine])]
+    fastest = min((name for name in variants if name.startswith("ghostedit ")), key=lambda n: variants[n]["kernel_ms"])
+    if fastest != engine:
+        picked.append(("GhostEdit's kernel, fastest setting", fastest.removeprefix("ghostedit "), variants[fastest]))
+    rows = [{"kernel": what, "setting": setting, "us": entry["ms"] * 1000, "kernel_us": entry["kernel_ms"] * 1000,
+             "bandwidth": entry["gb_per_s"], "differing": entry.get("fp8_values_differing", "")}
+            for what, setting, entry in picked]
+    table = markdown_table(rows, {"kernel": "q and k of both streams", "setting": "setting",
+                                  "us": "us (CUDA events)", "kernel_us": "us (kernels alone)",
+                                  "bandwidth": "GB/s (kernels alone)",
+                                  "differing": "share of FP8 values unlike the compiled code's"})
+    processes = [(folder.name, json.loads((folder / "results.json").read_text()))
+                 for folder in sorted((RESULTS / "attention-io").iterdir())]
+    runs = ", ".join(f"{name(found['rows'][0])} {found['rows'][0]['ms_per_forward']:.1f} ms"
+                     for _, found in processes)
+    environment = processes[0][1]["environment"]
+    before = json.loads((RESULTS / "earlier" / "profile-before-attention-io" / "profile.json").read_text())
+    after = json.loads((RESULTS / "profile" / "profile.json").read_text())
+    kernels_before, kernels_after = (next(iter(profile["variants"].values()))["total_kernel_ms"]
+                                     for profile in (before, after))
+    return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
+            f"(`scripts/gpu/qk_norm_rope_probe.py`, {found['gpu']}, torch {found['torch']}, committed "
+            f"{_committed_on(path)}, `docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
+            f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
+            f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, {environment['date']}, "
+            f"`docs/benchmarks/attention-io/`): {runs}. The kernels of one forward (`scripts/gpu/profile_dit.py`) "
+            f"summed to {kernels_before:.1f} ms before the two rewrites and {kernels_after:.1f} ms with them.\n")
 
 
 def profile_edit() -> str:
@@ -457,6 +497,7 @@ def targets() -> str:
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
             "multi-kernel": multi_kernel, "end-to-end": end_to_end, "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
+            "attention-io": attention_io,
             "profile-edit": profile_edit, "attention": attention,
             "parallel": parallel}
 
