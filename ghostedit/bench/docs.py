@@ -145,15 +145,15 @@ def multi_kernel() -> str:
     cold = {label: json.loads((folder / f"first-call-cold-{label}.json").read_text())
             for label in ("best", "without-multi-kernel")}
     environment = found["environment"]
-    return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best) on {name(with_it)} at 1024x1024 on {environment['gpu']}, torch "
-            f"{environment['torch']}, {environment['date']}: the first forward of a process that never compiled "
-            f"took {cold['best']['first_call_s']:.1f} s with it and {cold['without-multi-kernel']['first_call_s']:.1f} "
+    return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best) on {name(with_it)} at 1024x1024 on "
+            f"{environment['gpu']}, torch {environment['torch']}, {environment['date']}: the first forward of a "
+            f"process that never compiled took {cold['best']['first_call_s']:.1f} s with it and {cold['without-multi-kernel']['first_call_s']:.1f} "
             f"s without (`scripts/gpu/profile_first_call.py cold`, empty compile caches each; Inductor's code "
             f"generation {_inductor_codegen_s(cold['best']):.1f} s against "
             f"{_inductor_codegen_s(cold['without-multi-kernel']):.1f}); in one process (`{environment['command']}`, "
             f"`docs/benchmarks/multi-kernel/`) the forward took {with_it['ms_per_forward']:.1f} ms with it and "
-            f"{without['ms_per_forward']:.1f} ms without ({without['ms_per_forward'] / with_it['ms_per_forward']:.3f}x)."
-            f"\n")
+            f"{without['ms_per_forward']:.1f} ms without "
+            f"({without['ms_per_forward'] / with_it['ms_per_forward']:.3f}x).\n")
 
 
 def end_to_end() -> str:
@@ -292,8 +292,8 @@ def profile() -> str:
             {"kernels": "attention", "ms": families["attention"], "ideal": found["ideal"]["attention_ms"]},
             {"kernels": "Inductor's fused glue (quantization, norms, modulation, RoPE, gates)",
              "ms": families["inductor"], "ideal": ""},
-            {"kernels": "GhostEdit's Triton kernels (fused-gelu-quant, fused-qk-norm-rope)", "ms": families["ghostedit"],
-             "ideal": ""},
+            {"kernels": "GhostEdit's Triton kernels (fused-gelu-quant, fused-qk-norm-rope)",
+             "ms": families["ghostedit"], "ideal": ""},
             {"kernels": "other", "ms": families["other"], "ideal": ""},
             {"kernels": "sum of kernels", "ms": variant["total_kernel_ms"], "ideal": ""},
             {"kernels": "measured forward", "ms": variant["ms_per_forward"], "ideal": ""}]
@@ -343,7 +343,8 @@ def fused_gelu() -> str:
             f"(output {layer['fused GELU quantization']['rel_error_vs_torchao']:.4f} relative to torchao's). "
             f"One DiT forward at 1024x1024 in one process ({environment['gpu']}, {environment['date']}, "
             f"`{environment['command']}`, `docs/benchmarks/fused-gelu/`): {name(without)} "
-            f"{without['ms_per_forward']:.1f} ms, with the rewrite {fused['ms_per_forward']:.1f} ms ({fused['speedup']:.3f}x), "
+            f"{without['ms_per_forward']:.1f} ms, with the rewrite {fused['ms_per_forward']:.1f} ms "
+            f"({fused['speedup']:.3f}x), "
             f"one block's output {fused['block_rel_error']:.4f} relative to the run without it.\n")
 
 

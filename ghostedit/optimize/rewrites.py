@@ -30,6 +30,7 @@ from diffsynth.models import qwen_image_dit
 
 from ..diffsynth_patches import check_version, replace
 from . import attention, fp8_attention, fp8_qk
+from .fp8 import is_torchao_fp8
 
 check_version()  # JointAttention below builds on DiffSynth's attention class ("joint attention layers")
 
@@ -135,8 +136,8 @@ def fuse_qk_norm_rope(layers: list[torch.nn.Module]) -> int:
 def fp8_attention_out(layers: list[torch.nn.Module]) -> int:
     """These JointAttention layers (already on fused_qk_norm_rope's path) hand the FP8 attention's output to their
     output projections' FP8 GEMMs as it is; returns how many."""
-    from .fp8 import is_torchao_fp8
-    unfit = [module for module in layers if not (is_torchao_fp8(module.to_out[0]) and is_torchao_fp8(module.to_add_out))]
+    unfit = [module for module in layers
+             if not (is_torchao_fp8(module.to_out[0]) and is_torchao_fp8(module.to_add_out))]
     if unfit:
         raise ValueError(f"{len(unfit)} of {len(layers)} attention layers' output projections are not torchao FP8 "
                          "linears: the FP8 attention output needs fp8=torchao")
