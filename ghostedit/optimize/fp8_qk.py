@@ -1,5 +1,6 @@
-"""The joint attention's q and k for the cuDNN FP8 attention, normalized, rotated and cast to FP8 in one Triton
-kernel that writes each stream straight into the joined tensor (the `fused-qk-norm-rope` rewrite).
+"""The cuDNN FP8 attention's inputs and output in GhostEdit's own code: q and k normalized, rotated and cast to FP8
+in one Triton kernel that writes each stream straight into the joined tensor (the `fused-qk-norm-rope` rewrite),
+and the FP8 output handed to the output projections' FP8 GEMMs as it is (the `fp8-attention-out` rewrite).
 
 With `attention=cudnn-fp8` each block computes, for q and for k of both streams: the per-head RMSNorm, the rotary
 embedding (real cos/sin, the real-rope rewrite), the multiplication by the FP8 scale worked out from the bound of
@@ -15,7 +16,6 @@ the scale, clamped to FP8's range and cast. Each stream's tokens land at their p
 [batch, text + image, heads, head_dim] tensors, so no join is left to do.
 """
 from __future__ import annotations
-
 
 import torch
 
