@@ -29,6 +29,7 @@ import torch
 from diffsynth.models import qwen_image_dit
 
 from ..diffsynth_patches import check_version, replace
+from ..parallel import ulysses
 from . import attention, fp8_attention, fp8_qk
 from .fp8 import is_torchao_fp8
 
@@ -174,7 +175,7 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
         img_q, img_k, img_v = (t.unflatten(-1, (self.num_heads, -1)) for t in image_qkv)
         txt_q, txt_k, txt_v = (t.unflatten(-1, (self.num_heads, -1)) for t in text_qkv)
         seq_txt = txt_q.shape[1]
-        if self.fused_qk_norm_rope:
+        if self.fused_qk_norm_rope and not ulysses.active():  # sequence parallel: the image q and k leave unjoined
             attention.refuse_masks("cudnn-fp8", attention_mask, enable_fp8_attention)
             # complex frequencies where a caller hands the stock ones (the bench's block check), real-rope's pairs else
             image_freqs, text_freqs = (f if isinstance(f, tuple) else _as_cos_sin(f) for f in image_rotary_emb)

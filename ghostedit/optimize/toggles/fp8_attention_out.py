@@ -8,13 +8,9 @@ from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, regist
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
         from .. import rewrites
-        layers = [module for module in context.shared["joint attention layers"] if module.fused_qk_norm_rope]
-        if not layers:  # fused-qk-norm-rope said why it is not applied (sequence parallel)
-            context.report["fp8-attention-out"] = "not applied: fused-qk-norm-rope is not"
-            return
-        fused = rewrites.fp8_attention_out(layers)
+        fused = rewrites.fp8_attention_out(context.shared["joint attention layers"])
         context.report["fp8-attention-out"] = f"{fused} attention layers: the FP8 attention output goes into the " \
-                                              "output projections' FP8 GEMMs as it is"
+                                              "output projections' FP8 GEMMs as it is (not under sequence parallel)"
 
 
 register(Toggle(
