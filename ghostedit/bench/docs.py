@@ -45,7 +45,7 @@ def name(row: dict) -> str:
             return f"{preset} + {row['config'].removeprefix(label + ' + ')}"
         left_out = _rewrites_left_out(row["text"], preset)
         if left_out:
-            return f"{preset} without {_words(left_out)}"
+            return f"{preset} without {' and '.join(left_out)}"
     return row["config"]
 
 
@@ -59,10 +59,6 @@ def _rewrites_left_out(text: str, preset: str) -> list[str]:
     if config != named or not rewrites < preset_rewrites or len(preset_rewrites - rewrites) > 2:
         return []
     return sorted(preset_rewrites - rewrites)
-
-
-def _words(names: list[str]) -> str:
-    return " and ".join(names)
 
 
 def _with_and_without(rows: list[dict], rewrite: str) -> tuple[dict, dict]:
@@ -147,8 +143,9 @@ def multi_kernel() -> str:
     environment = found["environment"]
     return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best) on {name(with_it)} at 1024x1024 on "
             f"{environment['gpu']}, torch {environment['torch']}, {environment['date']}: the first forward of a "
-            f"process that never compiled took {cold['best']['first_call_s']:.1f} s with it and {cold['without-multi-kernel']['first_call_s']:.1f} "
-            f"s without (`scripts/gpu/profile_first_call.py cold`, empty compile caches each; Inductor's code "
+            f"process that never compiled took {cold['best']['first_call_s']:.1f} s with it and "
+            f"{cold['without-multi-kernel']['first_call_s']:.1f} s without (`scripts/gpu/profile_first_call.py "
+            f"cold`, empty compile caches each; Inductor's code "
             f"generation {_inductor_codegen_s(cold['best']):.1f} s against "
             f"{_inductor_codegen_s(cold['without-multi-kernel']):.1f}); in one process (`{environment['command']}`, "
             f"`docs/benchmarks/multi-kernel/`) the forward took {with_it['ms_per_forward']:.1f} ms with it and "
@@ -272,7 +269,7 @@ def lora_switch() -> str:
     runtime = found["runtime_scale"]
     return (f"The configuration {name(found)} at 1024x1024, LoRAs of rank {found['rank']} on {found['layers']} layers, "
             f"fused in place into the compiled FP8 DiT. Measured on {source('lora-switch')}.\n\n{table}\n\n"
-            f"A runtime LoRA's scale, on {runtime['config']} (fused-gelu-quant refuses runtime LoRAs): set in "
+            f"A runtime LoRA's scale, on {runtime['config']} (without the rewrites that refuse runtime LoRAs): set in "
             f"{runtime['set_scales_s']:.3f} s with "
             f"{runtime['new_compiled_frames']} recompiled frames.\n")
 
@@ -305,10 +302,10 @@ def profile() -> str:
             f"{_committed_on(path)}, `docs/benchmarks/profile/`).\n\n{table}\n\nLargest kernels:\n{top}\n")
 
 
-def _fastest(kernels: dict, prefix: str) -> tuple[str, dict]:
-    """The fastest of a probe's kernels whose names start with `prefix`: (name, its entry)."""
+def _fastest(kernels: dict, prefix: str, timing: str = "ms") -> tuple[str, dict]:
+    """The fastest by `timing` of a probe's kernels whose names start with `prefix`: (name, its entry)."""
     return min(((kernel, entry) for kernel, entry in kernels.items() if kernel.startswith(prefix)),
-               key=lambda item: item[1]["ms"])
+               key=lambda item: item[1][timing])
 
 
 def fused_gelu() -> str:
@@ -319,7 +316,8 @@ def fused_gelu() -> str:
     found = json.loads(path.read_text())
     rows = []
     for stream, kernels in found["kernels"].items():
-        picked = [("Inductor's kernel (torchao's quantization, compiled)", "", kernels["inductor (best configuration)"]),
+        picked = [("Inductor's kernel (torchao's quantization, compiled)", "",
+                   kernels["inductor (best configuration)"]),
                   ("PyTorch's cast alone, the same bytes moved", "", kernels["cast alone (read bf16, write fp8)"]),
                   ("GhostEdit's kernel as the rewrite runs it", f"warps={found['engine_warps']}",
                    kernels["ghostedit (the engine's setting)"])]
@@ -359,9 +357,9 @@ def attention_io() -> str:
                variants["compiled code and the join (without the rewrite)"]),
               ("PyTorch's cast alone, the same bytes moved", "", variants["cast alone (read bf16, write fp8)"]),
               ("GhostEdit's kernel as the rewrite runs it", engine.removeprefix("ghostedit "), variants[engine])]
-    fastest = min((name for name in variants if name.startswith("ghostedit ")), key=lambda n: variants[n]["kernel_ms"])
+    fastest, entry = _fastest(variants, "ghostedit ", "kernel_ms")
     if fastest != engine:
-        picked.append(("GhostEdit's kernel, fastest setting", fastest.removeprefix("ghostedit "), variants[fastest]))
+        picked.append(("GhostEdit's kernel, fastest setting", fastest.removeprefix("ghostedit "), entry))
     rows = [{"kernel": what, "setting": setting, "us": entry["ms"] * 1000, "kernel_us": entry["kernel_ms"] * 1000,
              "bandwidth": entry["gb_per_s"], "differing": entry.get("fp8_values_differing", "")}
             for what, setting, entry in picked]
@@ -369,11 +367,11 @@ def attention_io() -> str:
                                   "us": "us (CUDA events)", "kernel_us": "us (kernels alone)",
                                   "bandwidth": "GB/s (kernels alone)",
                                   "differing": "share of FP8 values unlike the compiled code's"})
-    processes = [(folder.name, json.loads((folder / "results.json").read_text()))
+    processes = [json.loads((folder / "results.json").read_text())
                  for folder in sorted((RESULTS / "attention-io").iterdir())]
-    runs = ", ".join(f"{name(found['rows'][0])} {found['rows'][0]['ms_per_forward']:.1f} ms"
-                     for _, found in processes)
-    environment = processes[0][1]["environment"]
+    runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
+                     for process in processes)
+    environment = processes[0]["environment"]
     before = json.loads((RESULTS / "earlier" / "profile-before-attention-io" / "profile.json").read_text())
     after = json.loads((RESULTS / "profile" / "profile.json").read_text())
     kernels_before, kernels_after = (next(iter(profile["variants"].values()))["total_kernel_ms"]

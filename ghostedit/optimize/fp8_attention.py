@@ -80,7 +80,17 @@ def to_fp8(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 def _scaled_fp8(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     from torchao.float8.float8_utils import to_fp8_saturated
-    return to_fp8_saturated(x.float() * scale, FP8), scale.reciprocal().reshape(1, 1, 1, 1)
+    return to_fp8_saturated(x.float() * scale, FP8), descale(scale)
+
+
+def descale(scale: torch.Tensor) -> torch.Tensor:
+    """The factor that undoes an FP8 `scale`, shaped [1, 1, 1, 1] as cuDNN takes it."""
+    return scale.reciprocal().reshape(1, 1, 1, 1)
+
+
+def dequantized(output: torch.Tensor, output_descale: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
+    """The FP8 attention's output [batch, seq, heads, head_dim] in `dtype`, its real values."""
+    return (output.float() * output_descale).to(dtype)
 
 
 def _handle(cudnn, device: torch.device):
@@ -195,7 +205,7 @@ def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tenso
     """The attention of FP8 q and k (parts the kernel's op joins) over the bf16 `values` of each stream, which are
     joined and cast in one pass; the output in the values' dtype, [batch, seq, heads, head_dim]."""
     output, v_descale = attend_in_fp8(q8, q_descale, k8, k_descale, values)
-    return (output.float() * v_descale).to(values[0].dtype)
+    return dequantized(output, v_descale, values[0].dtype)
 
 
 def attend_in_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,

@@ -87,8 +87,8 @@ def joint_attention(module, streams, freqs) -> tuple[torch.Tensor, torch.Tensor]
     q8, k8 = qk_norm_rope_fp8([text_q, image_q], [text_k, image_k], [module.norm_added_q.weight, module.norm_q.weight],
                               [module.norm_added_k.weight, module.norm_k.weight], list(cos), list(sin),
                               module.q_scale, module.k_scale, module.norm_q.eps)
-    return fp8_attention.attend_in_fp8([q8], module.q_scale.reciprocal().reshape(1, 1, 1, 1), [k8],
-                                       module.k_scale.reciprocal().reshape(1, 1, 1, 1), (text_v, image_v))
+    return fp8_attention.attend_in_fp8([q8], fp8_attention.descale(module.q_scale), [k8],
+                                       fp8_attention.descale(module.k_scale), (text_v, image_v))
 
 
 def out_projection(linear: torch.nn.Linear, output: torch.Tensor, descale: torch.Tensor,
@@ -97,9 +97,9 @@ def out_projection(linear: torch.nn.Linear, output: torch.Tensor, descale: torch
     output * descale). in_fp8 (the fp8-attention-out rewrite): the torchao FP8 GEMM takes the FP8 values as they
     are, with `descale` as every row's scale; else they are dequantized to bf16 and the layer quantizes them again
     per row."""
-    rows = output.flatten(2)
     if not in_fp8:
-        return linear((rows.float() * descale.reshape(1, 1, 1)).to(torch.bfloat16))
+        return linear(fp8_attention.dequantized(output, descale).flatten(2))
+    rows = output.flatten(2)
     flat = rows.reshape(-1, rows.shape[-1])
     projected = torchao_fp8_linear(linear, flat, descale.reshape(1, 1).expand(flat.shape[0], 1).contiguous())
     return projected.reshape(*rows.shape[:-1], projected.shape[-1])

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -68,7 +69,6 @@ def cpu_side(call, repeats: int = 10) -> dict:
     """How long the CPU takes to hand one forward to the GPU (from the call to its return, the GPU idle at the start):
     near the forward's GPU time, the CPU sets the pace. And how many times the forward makes the CPU wait for the
     GPU (torch's sync debug mode, which counts the synchronizing calls it knows of)."""
-    import warnings
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
