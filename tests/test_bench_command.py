@@ -44,7 +44,7 @@ def test_the_dit_experiments_time_the_whole_forward_beside_its_blocks(tmp_path):
                     "--experiments")
     experiments = results["experiments"]
     assert experiments["forward_ms"] > 0 and experiments["block_loop_ms"] > 0
-    assert experiments["cfg_two_forwards_ms"] > 0 and "cuda_graph_loop_ms" not in experiments  # graphs: GPU only
+    assert experiments["cfg_two_forwards_ms"] > 0
 
 
 def test_the_pipeline_level_marks_each_configuration(tmp_path):

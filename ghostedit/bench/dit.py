@@ -5,9 +5,8 @@ pipelines, the same run-time contexts and the same forward function as an edit (
 Per configuration: preparation and the first call (compile warm-up) timed apart; then the median of `repeats`
 forwards timed with CUDA events after two warm-up calls; the DiT output's relative error against the first
 (baseline) configuration's output on the same inputs, whole and for one block; memory: the prepared DiT's weights
-and the activation peak of a forward. Two lossless ideas are measured on the block loop of the fastest
-configuration, each alone: the conditional and unconditional branches batched into one forward, and the whole loop
-captured as one CUDA graph.
+and the activation peak of a forward. One lossless idea is measured on the block loop of the fastest
+configuration: the conditional and unconditional branches batched into one forward.
 """
 from __future__ import annotations
 
@@ -74,8 +73,9 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
 def running(prepared, config: OptimizationConfig, inputs: dict, device: str, recorder: RunRecorder):
     """A forward function for this prepared DiT inside its run-time contexts, and what the contexts resolved."""
     contexts, ran = dit_contexts(prepared, config, device, sequence_length(inputs), recorder)
-    model_fn, arguments = prepared.pipe.model_fn, {**inputs, "dit": prepared.dit}
-    with torch.no_grad(), contexts:
+    arguments = {**inputs, "dit": prepared.dit}
+    with torch.no_grad(), contexts:  # a context may put its own model_fn into the pipeline (cuda-graph)
+        model_fn = prepared.pipe.model_fn
         yield (lambda: forward(model_fn, arguments)), ran
 
 
@@ -172,7 +172,9 @@ def middle_block_output(dit, captured: dict, call) -> torch.Tensor:
 
 def lossless_batching_experiments(prepared, config, inputs: dict, device: str, repeats: int) -> dict:
     """The block loop timed three ways, and the whole forward beside it: what is left is the DiT's work outside
-    the blocks (embeddings, output layer, uncompiled) and the forward's start, before its first kernel."""
+    the blocks (embeddings, output layer, uncompiled) and the forward's start, before its first kernel. The loop
+    runs from Python: a configuration with cuda-graph runs here without it (its row times the graph)."""
+    config = config.replace(rewrites=tuple(flag for flag in config.flags("rewrites") if flag != "cuda-graph"))
     with running(prepared, config, inputs, device, RunRecorder(device)) as (call, _):
         dit = prepared.dit
         single = block_inputs(dit, call, 0)
@@ -185,27 +187,7 @@ def lossless_batching_experiments(prepared, config, inputs: dict, device: str, r
         result = {"config": config.label, "text": config.text, "forward_ms": whole, "block_loop_ms": blocks,
                   "cfg_two_forwards_ms": two_forwards, "cfg_batched_ms": batched,
                   "cfg_batching_gain": two_forwards / batched}
-        if device.startswith("cuda"):
-            result.update(_cuda_graph_experiment(dit, single, repeats, blocks))
     return result
-
-
-def _cuda_graph_experiment(dit, captured, repeats, eager_ms: float) -> dict:
-    """The block loop captured as one CUDA graph and replayed, against `eager_ms`, the loop run from Python."""
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run_blocks(dit, captured)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run_blocks(dit, captured)
-        replay = median_ms(graph.replay, "cuda", repeats)
-    except Exception as error:  # capture refused (a sync or a kernel that cannot be captured): report why
-        return {"cuda_graph_loop_ms": None, "cuda_graph_error": f"{type(error).__name__}: {error}"[:300]}
-    return {"cuda_graph_loop_ms": replay, "cuda_graph_gain": eager_ms / replay}
 
 
 def run_dit_bench(engine, configs: list[OptimizationConfig], shapes: list[tuple[int, int]], text_tokens: int,

@@ -50,7 +50,7 @@ def forward(model_fn, inputs: dict) -> torch.Tensor:
 def dit_contexts(prepared: PreparedPipeline, config, device: str, sequence_length: int, recorder: RunRecorder):
     """The run-time contexts of every toggle (attention backend, FP8 autocast, compile settings...) and what they
     resolved, for a run or a bench at this sequence length."""
-    context = registry.RunContext(prepared, device, sequence_length, recorder)
+    context = registry.RunContext(prepared, config, device, sequence_length, recorder)
     if lora_layers.has_runtime_lora(prepared.dit):
         lora_layers.set_runtime_scales(prepared.dit, {lora.sha256: lora.scale for lora in config.runtime_loras})
     return registry.run_contexts(config, context), context.ran

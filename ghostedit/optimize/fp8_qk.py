@@ -22,9 +22,9 @@ import torch
 from . import fp8_attention
 from .fp8 import FP8, FP8_MAX, torchao_fp8_linear
 
-# tokens per program and warps: the setting every committed run of the rewrite measured on the H100; the probe
-# (scripts/gpu/qk_norm_rope_probe.py) timed tokens=1, warps=2 faster alone, not yet measured in the forward
-TOKENS, WARPS = 2, 4
+# tokens per program and warps: the fastest setting of the probe's sweep on the H100
+# (scripts/gpu/qk_norm_rope_probe.py, docs/benchmarks.md section 6)
+TOKENS, WARPS = 1, 2
 
 
 def _check(part: torch.Tensor, cos: torch.Tensor) -> None:

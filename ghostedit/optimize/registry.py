@@ -64,9 +64,11 @@ class PrepareContext:
 
 @dataclass
 class RunContext:
-    """What a run-time context sees: the prepared pipeline, the device, the number of tokens a DiT forward attends
-    over at this run's shape, and the recorder (to time what it does as a stage of its own)."""
+    """What a run-time context sees: the prepared pipeline, the run's configuration, the device, the number of
+    tokens a DiT forward attends over at this run's shape, and the recorder (to time what it does as a stage of its
+    own)."""
     prepared: Any
+    config: Any
     device: str
     sequence_length: int
     recorder: Any

@@ -1,0 +1,181 @@
+"""CUDA graphs of the DiT's block loop (flag `cuda-graph`): the transformer blocks of one forward captured once per
+input shape and replayed, so that the GPU runs the thousands of kernels of a forward back to back instead of waiting
+for Python to launch each one (the gaps between kernels, and the whole forward whenever the CPU falls behind).
+
+A shape is captured at its second forward: the first runs the loop as it is, which is the warm-up a capture needs
+(compile, autotuning, cuDNN's plans, Inductor's multi-kernel picks). A graph replays fixed memory: the loop's inputs
+are copied into the graph's own tensors before each replay and its outputs copied out after. It reads the weights
+where they lay at capture, and it replays the kernels the run-time choices picked then (the attention backend), so
+the graphs are dropped whenever a run comes with other fused LoRAs (whose switch can give a layer new tensors) or
+another configuration, and that run captures again. The graphs of one prepared DiT share one memory pool: they
+never run at once, and each one's outputs are copied out before the next replay.
+
+It sits where the step cache sits (step_cache.py): between the engine and DiffSynth's model_fn, putting a block
+list of one entry into the DiT for the length of a forward, an entry that runs the whole loop."""
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..device import UnavailableOptionError
+
+MAX_GRAPHS = 8   # shapes kept per prepared DiT (output sizes, prompt lengths), the least recently used dropped
+
+
+@dataclass
+class _Graph:
+    replay: Callable[[], None]
+    inputs: list[Any]          # the loop's inputs as the graph reads them (tensors at fixed addresses)
+    outputs: tuple             # (text, image) where the graph writes them
+
+
+def cuda_capture(loop: Callable[[], tuple], pool):
+    """Captures `loop` as a CUDA graph in `pool` (None: a new one); returns (replay, loop's outputs, pool). Other
+    threads may use the GPU meanwhile (thread-local capture): a prepare running beside an edit is not captured."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        outputs = loop()
+    return graph.replay, outputs, graph.pool()
+
+
+class BlockLoopGraphs:
+    """The captured block loops of one prepared DiT, by input signature."""
+
+    def __init__(self, capture=cuda_capture):
+        self._capture = capture
+        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._seen: set[tuple] = set()
+        self._owner: tuple | None = None
+        self._pool = None
+        self._recorder = None
+        self.forwards = self.replayed = self.captured = 0
+
+    @contextlib.contextmanager
+    def running(self, owner: tuple, recorder):
+        """One run: `owner` says what the graphs are valid for (the configuration's settings and the fused LoRAs
+        object the prepared pipeline holds); graphs captured for another owner are dropped."""
+        if self._owner is None or self._owner[0] != owner[0] or self._owner[1] is not owner[1]:
+            self._graphs.clear()
+            self._seen.clear()
+            self._pool = None
+            self._owner = owner
+        self._recorder = recorder
+        self.forwards = self.replayed = self.captured = 0
+        try:
+            yield self
+        finally:
+            self._recorder = None
+
+    def run(self, blocks, inputs: dict) -> tuple:
+        """(text, image) after every block, for the keyword inputs DiffSynth hands each block."""
+        self.forwards += 1
+        leaves, spec = pytree.tree_flatten(inputs)
+        key = (spec, tuple(_leaf_key(leaf) for leaf in leaves))
+        graph = self._graphs.get(key)
+        if graph is None:
+            if key not in self._seen:  # the warm-up
+                self._seen.add(key)
+                return run_loop(blocks, inputs)
+            graph = self._record(blocks, leaves, spec, key)
+        self._graphs.move_to_end(key)
+        for held, leaf in zip(graph.inputs, leaves):
+            if isinstance(leaf, torch.Tensor):
+                held.copy_(leaf)
+        graph.replay()
+        self.replayed += 1
+        return tuple(output.clone() for output in graph.outputs)
+
+    def _record(self, blocks, leaves, spec, key) -> _Graph:
+        held = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        arguments = pytree.tree_unflatten(held, spec)
+        start = time.perf_counter()
+        with self._recorder.stage("CUDA graph capture", "capturing the DiT's blocks as a CUDA graph at this shape"):
+            replay, outputs, self._pool = self._capture(lambda: run_loop(blocks, arguments), self._pool)
+        self._recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
+        graph = self._graphs[key] = _Graph(replay, held, tuple(outputs))
+        self.captured += 1
+        while len(self._graphs) > MAX_GRAPHS:
+            self._graphs.popitem(last=False)
+        return graph
+
+    def words(self) -> str:
+        return (f"{self.replayed} of {self.forwards} DiT forwards replayed their blocks from CUDA graphs, "
+                f"{self.captured} captured on this run ({len(self._graphs)} shapes held; a shape is captured at its "
+                "second forward, the first is its warm-up)")
+
+
+def _leaf_key(leaf) -> tuple:
+    if isinstance(leaf, torch.Tensor):
+        return "tensor", tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device
+    return "value", leaf
+
+
+def run_loop(blocks, inputs: dict) -> tuple:
+    """The loop of DiffSynth's model_fn over the blocks (no ControlNet, no KV cache): (text, image)."""
+    image, text = inputs["image"], inputs["text"]
+    rest = {name: value for name, value in inputs.items() if name not in ("image", "text")}
+    for block in blocks:
+        text, image = block(image=image, text=text, **rest)
+    return text, image
+
+
+class _GraphedLoop(torch.nn.Module):
+    """The one entry of the block list a graphed forward sees: it runs all the DiT's blocks."""
+
+    def __init__(self, blocks: torch.nn.ModuleList, graphs: BlockLoopGraphs):
+        super().__init__()
+        self.blocks, self.graphs = blocks, graphs
+
+    def forward(self, image, text, attention_mask=None, kv_cache=None, **inputs):
+        if attention_mask is not None or kv_cache is not None:
+            raise UnavailableOptionError("cuda-graph replays the plain block loop: entity masks and KV caches are "
+                                         "not captured")
+        return self.graphs.run(self.blocks, {"image": image, "text": text, **inputs})
+
+
+_stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # prepared DiT -> its BlockLoopGraphs
+
+
+def graphs_of(dit: torch.nn.Module, capture=cuda_capture) -> BlockLoopGraphs:
+    """The graphs of a prepared DiT, kept as long as the DiT is (they hold no reference to it)."""
+    if dit not in _stores:
+        _stores[dit] = BlockLoopGraphs(capture)
+    return _stores[dit]
+
+
+def check_capturable(dit: torch.nn.Module, device: str) -> None:
+    """A graph reads every weight at one address on the device: weights kept in host memory and brought over per
+    layer cannot be replayed."""
+    elsewhere = {str(tensor.device) for tensor in [*dit.transformer_blocks.parameters(),
+                                                   *dit.transformer_blocks.buffers()]
+                 if tensor.device != torch.device(device)}
+    if elsewhere:
+        raise UnavailableOptionError(f"cuda-graph needs the DiT's blocks on {device}; some weights are on "
+                                     f"{', '.join(sorted(elsewhere))} (memory placement streams them per layer)")
+
+
+@contextlib.contextmanager
+def graphed(pipe, graphs: BlockLoopGraphs):
+    """Every DiT forward of `pipe` runs its block loop through `graphs` (DiffSynth calls `pipe.model_fn`)."""
+    model_fn = pipe.model_fn
+
+    def graphed_model_fn(dit=None, **inputs):
+        blocks = dit.transformer_blocks
+        dit.transformer_blocks = torch.nn.ModuleList([_GraphedLoop(blocks, graphs)])
+        try:
+            return model_fn(dit=dit, **inputs)
+        finally:
+            dit.transformer_blocks = blocks
+
+    pipe.model_fn = graphed_model_fn
+    try:
+        yield
+    finally:
+        pipe.model_fn = model_fn

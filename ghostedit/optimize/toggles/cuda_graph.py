@@ -1,0 +1,44 @@
+"""Flag `cuda-graph` (lossless): the DiT's block loop captured as a CUDA graph per shape and replayed
+(ghostedit/optimize/cuda_graphs.py). It changes only how a run goes: the graphs belong to the prepared DiT and are
+kept from run to run; what they did goes into the run's words."""
+import contextlib
+
+from ...device import Availability, UnavailableOptionError, needs_cuda
+from ..registry import OFF, ON, RUN, Choice, Requires, RunContext, Toggle, register
+
+
+@contextlib.contextmanager
+def _graphed(context: RunContext, value: str):
+    if value == OFF:
+        yield
+        return
+    from ...parallel import ulysses
+    from .. import cuda_graphs
+    if ulysses.active():
+        raise UnavailableOptionError("cuda-graph is not applied under sequence parallel: the all-to-alls around "
+                                     "each attention would be captured with the process group's state of the capture")
+    dit = context.prepared.dit
+    cuda_graphs.check_capturable(dit, context.device)
+    graphs = cuda_graphs.graphs_of(dit)
+    owner = (context.config.text, context.prepared.loras)
+    with graphs.running(owner, context.recorder), cuda_graphs.graphed(context.prepared.pipe, graphs):
+        try:
+            yield
+        finally:
+            context.ran.setdefault("words", {})["cuda-graph"] = graphs.words()
+
+
+def _availability(value: str, device: str) -> Availability:
+    return Availability.yes() if value == OFF else needs_cuda(device, "cuda-graph (CUDA graphs)")
+
+
+register(Toggle(
+    name="cuda-graph", label="DiT blocks replayed as a CUDA graph", group="rewrites",
+    help="each shape's block loop is captured at its second forward and replayed after: the GPU runs the kernels "
+         "back to back, without waiting for Python to launch each one (memory for one forward's activations stays "
+         "held between forwards)",
+    choices=(Choice(OFF, "off"), Choice(ON, "on", requires=(
+        Requires("step-cache", values=(OFF,), why="the step cache decides at each forward which blocks run, and a "
+                                                  "graph replays all of them"),))),
+    changes=RUN, order=97, run_context=_graphed, availability=_availability,
+))

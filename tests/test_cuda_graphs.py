@@ -1,0 +1,102 @@
+"""The CUDA-graph flag (`cuda-graph`, ghostedit/optimize/cuda_graphs.py) without a GPU: its declaration (a run-time
+rewrite, refused beside the step cache, unavailable on a CPU with the reason), and the graph store's bookkeeping on
+the tiny DiT through DiffSynth's own model_fn, with a stand-in capture that replays by running the captured loop
+again on the tensors the graph would read. That checks what a real graph depends on: each replay must see the new
+inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or another
+configuration drop the graphs. The captured kernels themselves are the GPU's: the DiT bench on the GPU compares
+the graphed forward's output with stock's (docs/benchmarks.md)."""
+import pytest
+import torch
+
+from dit_helpers import dit_engine, inputs_for
+from ghostedit import EditRequest, OptimizationConfig
+from ghostedit.config import InvalidRequestError
+from ghostedit.device import UnavailableOptionError
+from ghostedit.optimize import cuda_graphs, registry
+from ghostedit.telemetry import RunRecorder
+
+GRAPHED = OptimizationConfig(rewrites=("cuda-graph",))
+
+
+def replaying_capture(loop, pool):
+    """A CPU stand-in for cuda_capture: the outputs live in fixed tensors, and a replay recomputes them from the
+    held inputs the loop closes over (a wrapper that forgot to copy new inputs in would replay stale ones)."""
+    outputs = loop()
+
+    def replay():
+        for held, new in zip(outputs, loop()):
+            held.copy_(new)
+    return replay, outputs, pool
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    prepared, _ = dit_engine().prepare(OptimizationConfig())
+    return prepared
+
+
+def forwards(prepared, graphs, inputs_list, owner=("stock", None)):
+    with torch.no_grad(), graphs.running(owner, RunRecorder("cpu")), cuda_graphs.graphed(prepared.pipe, graphs):
+        return [prepared.pipe.model_fn(dit=prepared.dit, **inputs) for inputs in inputs_list]
+
+
+def varied(inputs: dict, seed: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {**inputs, "latents": torch.randn(inputs["latents"].shape, generator=generator),
+            "timestep": torch.tensor([100.0 * seed])}
+
+
+def test_the_flag_is_a_run_time_rewrite_refused_beside_the_step_cache_and_unavailable_on_a_cpu():
+    toggle = registry.get("cuda-graph")
+    assert toggle.group == "rewrites" and toggle.changes == registry.RUN
+    assert GRAPHED.cache_key == OptimizationConfig().cache_key  # the same prepared pipeline
+    assert "cuda-graph" not in GRAPHED.prepared_label and not GRAPHED.lossy
+    assert "CUDA GPU" in registry.availability(toggle, registry.ON, "cpu").reason
+    with pytest.raises(InvalidRequestError, match="step cache"):
+        OptimizationConfig(rewrites=("cuda-graph",), **{"step-cache": "fbcache-0"})
+
+
+def test_a_cpu_engine_refuses_it_with_the_reason(engine, house):
+    request = EditRequest(images=[house], prompt="make it night", width=64, height=64, steps=2)
+    with pytest.raises(UnavailableOptionError, match="CUDA GPU"):
+        engine.run(request, GRAPHED)
+
+
+def test_replays_give_the_loops_result_for_each_forwards_own_inputs(prepared):
+    inputs = inputs_for(dit_engine())
+    series = [varied(inputs, seed) for seed in range(1, 5)]
+    with torch.no_grad():
+        expected = [prepared.pipe.model_fn(dit=prepared.dit, **each) for each in series]
+    graphs = cuda_graphs.BlockLoopGraphs(replaying_capture)
+    outputs = forwards(prepared, graphs, series)
+    assert (graphs.forwards, graphs.captured, graphs.replayed) == (4, 1, 3)  # warmed, captured, then replayed
+    for output, reference in zip(outputs, expected):
+        torch.testing.assert_close(output, reference, rtol=0, atol=0)
+    assert len(prepared.dit.transformer_blocks) > 1  # the DiT's own blocks are back after the forwards
+    assert not any(isinstance(block, cuda_graphs._GraphedLoop) for block in prepared.dit.transformer_blocks)
+
+
+def test_each_shape_is_warmed_then_captured_and_kept_across_runs(prepared):
+    graphs = cuda_graphs.BlockLoopGraphs(replaying_capture)
+    small, large = inputs_for(dit_engine(), side=64), inputs_for(dit_engine(), side=96)
+    forwards(prepared, graphs, [small, large, small, large])
+    assert (graphs.captured, graphs.replayed) == (2, 2)
+    forwards(prepared, graphs, [small, large])
+    assert (graphs.captured, graphs.replayed) == (0, 2)
+    assert "2 of 2 DiT forwards replayed" in graphs.words() and "2 shapes held" in graphs.words()
+
+
+@pytest.mark.parametrize("next_owner", [("stock", object()), ("attention=sdpa-math", None)],
+                         ids=["other fused LoRAs", "another configuration"])
+def test_other_weights_or_another_configuration_drop_the_graphs(prepared, next_owner):
+    graphs = cuda_graphs.BlockLoopGraphs(replaying_capture)
+    inputs = inputs_for(dit_engine())
+    forwards(prepared, graphs, [inputs, inputs])
+    assert graphs.captured == 1
+    forwards(prepared, graphs, [inputs, inputs, inputs], owner=next_owner)
+    assert (graphs.captured, graphs.replayed) == (1, 2)  # warmed again, then captured again
+
+
+def test_weights_off_the_device_cannot_be_captured(prepared):
+    with pytest.raises(UnavailableOptionError, match="some weights are on cpu"):
+        cuda_graphs.check_capturable(prepared.dit, "cuda:0")
