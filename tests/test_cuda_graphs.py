@@ -5,6 +5,8 @@ again on the tensors the graph would read. That checks what a real graph depends
 inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or another
 configuration drop the graphs. The captured kernels themselves are the GPU's: the DiT bench on the GPU compares
 the graphed forward's output with stock's (docs/benchmarks.md)."""
+import contextlib
+
 import pytest
 import torch
 
@@ -18,15 +20,19 @@ from ghostedit.telemetry import RunRecorder
 GRAPHED = OptimizationConfig(rewrites=("cuda-graph",))
 
 
-def replaying_capture(loop, pool):
-    """A CPU stand-in for cuda_capture: the outputs live in fixed tensors, and a replay recomputes them from the
+class ReplayingCapture:
+    """A CPU stand-in for CudaCapture: the outputs live in fixed tensors, and a replay recomputes them from the
     held inputs the loop closes over (a wrapper that forgot to copy new inputs in would replay stale ones)."""
-    outputs = loop()
 
-    def replay():
-        for held, new in zip(outputs, loop()):
-            held.copy_(new)
-    return replay, outputs, pool
+    warming = contextlib.nullcontext
+
+    def capture(self, loop, pool):
+        outputs = loop()
+
+        def replay():
+            for held, new in zip(outputs, loop()):
+                held.copy_(new)
+        return replay, outputs, pool
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +73,7 @@ def test_replays_give_the_loops_result_for_each_forwards_own_inputs(prepared):
     series = [varied(inputs, seed) for seed in range(1, 5)]
     with torch.no_grad():
         expected = [prepared.pipe.model_fn(dit=prepared.dit, **each) for each in series]
-    graphs = cuda_graphs.BlockLoopGraphs(replaying_capture)
+    graphs = cuda_graphs.BlockLoopGraphs(ReplayingCapture())
     outputs = forwards(prepared, graphs, series)
     assert (graphs.forwards, graphs.captured, graphs.replayed) == (4, 1, 3)  # warmed, captured, then replayed
     for output, reference in zip(outputs, expected):
@@ -77,7 +83,7 @@ def test_replays_give_the_loops_result_for_each_forwards_own_inputs(prepared):
 
 
 def test_each_shape_is_warmed_then_captured_and_kept_across_runs(prepared):
-    graphs = cuda_graphs.BlockLoopGraphs(replaying_capture)
+    graphs = cuda_graphs.BlockLoopGraphs(ReplayingCapture())
     small, large = inputs_for(dit_engine(), side=64), inputs_for(dit_engine(), side=96)
     forwards(prepared, graphs, [small, large, small, large])
     assert (graphs.captured, graphs.replayed) == (2, 2)
@@ -89,7 +95,7 @@ def test_each_shape_is_warmed_then_captured_and_kept_across_runs(prepared):
 @pytest.mark.parametrize("next_owner", [("stock", object()), ("attention=sdpa-math", None)],
                          ids=["other fused LoRAs", "another configuration"])
 def test_other_weights_or_another_configuration_drop_the_graphs(prepared, next_owner):
-    graphs = cuda_graphs.BlockLoopGraphs(replaying_capture)
+    graphs = cuda_graphs.BlockLoopGraphs(ReplayingCapture())
     inputs = inputs_for(dit_engine())
     forwards(prepared, graphs, [inputs, inputs])
     assert graphs.captured == 1
@@ -97,6 +103,6 @@ def test_other_weights_or_another_configuration_drop_the_graphs(prepared, next_o
     assert (graphs.captured, graphs.replayed) == (1, 2)  # warmed again, then captured again
 
 
-def test_weights_off_the_device_cannot_be_captured(prepared):
-    with pytest.raises(UnavailableOptionError, match="some weights are on cpu"):
-        cuda_graphs.check_capturable(prepared.dit, "cuda:0")
+def test_weights_off_the_device_are_a_reason_not_to_capture(prepared):
+    assert "some of the DiT's weights are on cpu" in cuda_graphs.why_not_capturable(prepared.dit, "cuda:0")
+    assert cuda_graphs.why_not_capturable(prepared.dit, "cpu") is None

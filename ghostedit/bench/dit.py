@@ -170,11 +170,16 @@ def middle_block_output(dit, captured: dict, call) -> torch.Tensor:
     return run_blocks(dit, captured, slice(index, index + 1))
 
 
+def without_cuda_graph(config: OptimizationConfig) -> OptimizationConfig:
+    """The configuration with its block loop run from Python, where the bench reads what a block receives."""
+    return config.replace(rewrites=tuple(flag for flag in config.flags("rewrites") if flag != "cuda-graph"))
+
+
 def lossless_batching_experiments(prepared, config, inputs: dict, device: str, repeats: int) -> dict:
     """The block loop timed three ways, and the whole forward beside it: what is left is the DiT's work outside
     the blocks (embeddings, output layer, uncompiled) and the forward's start, before its first kernel. The loop
     runs from Python: a configuration with cuda-graph runs here without it (its row times the graph)."""
-    config = config.replace(rewrites=tuple(flag for flag in config.flags("rewrites") if flag != "cuda-graph"))
+    config = without_cuda_graph(config)
     with running(prepared, config, inputs, device, RunRecorder(device)) as (call, _):
         dit = prepared.dit
         single = block_inputs(dit, call, 0)
@@ -211,8 +216,9 @@ def run_dit_bench(engine, configs: list[OptimizationConfig], shapes: list[tuple[
             reference, block_reference = references.get(shape, (None, None))
             row, output, prepared = bench_configuration(engine, config, inputs[shape], repeats, reference,
                                                         block_reference)
-            if reference is None:
-                with running(prepared, config, inputs[shape], engine.device, RunRecorder(engine.device)) as (call, _):
+            if reference is None:  # a block's inputs are caught in the act, so the loop runs from Python here
+                with running(prepared, without_cuda_graph(config), inputs[shape], engine.device,
+                             RunRecorder(engine.device)) as (call, _):
                     references[shape] = (output.float(), middle_block_reference(prepared.dit, call))
             row.update(shape=shape_label(*shape), sequence=sequence_length(inputs[shape]))
             baseline = next(r for r in results["rows"] + [row] if r["shape"] == row["shape"])

@@ -2,8 +2,9 @@
 input shape and replayed, so that the GPU runs the thousands of kernels of a forward back to back instead of waiting
 for Python to launch each one (the gaps between kernels, and the whole forward whenever the CPU falls behind).
 
-A shape is captured at its second forward: the first runs the loop as it is, which is the warm-up a capture needs
-(compile, autotuning, cuDNN's plans, Inductor's multi-kernel picks). A graph replays fixed memory: the loop's inputs
+A shape is captured at its second forward: the first runs the loop, on the tensors the graph will read, as the
+warm-up a capture needs (compile, autotuning, cuDNN's plans, Inductor's multi-kernel picks: none may happen
+mid-capture). A graph replays fixed memory: the loop's inputs
 are copied into the graph's own tensors before each replay and its outputs copied out after. It reads the weights
 where they lay at capture, and it replays the kernels the run-time choices picked then (the attention backend), so
 the graphs are dropped whenever a run comes with other fused LoRAs (whose switch can give a layer new tensors) or
@@ -36,22 +37,38 @@ class _Graph:
     outputs: tuple             # (text, image) where the graph writes them
 
 
-def cuda_capture(loop: Callable[[], tuple], pool):
-    """Captures `loop` as a CUDA graph in `pool` (None: a new one); returns (replay, loop's outputs, pool). Other
-    threads may use the GPU meanwhile (thread-local capture): a prepare running beside an edit is not captured."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        outputs = loop()
-    return graph.replay, outputs, graph.pool()
+class CudaCapture:
+    """Captures on a stream of its own, where every shape's warm-up runs too: a capture must not meet work that is
+    done once per stream (cuBLAS's workspace for a stream is allocated on its first GEMM there). Other threads may
+    use the GPU meanwhile (thread-local capture): a prepare running beside an edit is not captured."""
+
+    def __init__(self):
+        self._stream = None
+
+    @contextlib.contextmanager
+    def warming(self):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            yield
+        torch.cuda.current_stream().wait_stream(self._stream)
+
+    def capture(self, loop: Callable[[], tuple], pool):
+        """`loop` as a CUDA graph in `pool` (None: a new one): (replay, loop's outputs, pool)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=self._stream, capture_error_mode="thread_local"):
+            outputs = loop()
+        return graph.replay, outputs, graph.pool()
 
 
 class BlockLoopGraphs:
     """The captured block loops of one prepared DiT, by input signature."""
 
-    def __init__(self, capture=cuda_capture):
-        self._capture = capture
+    def __init__(self, capture=None):
+        self._capture = capture or CudaCapture()
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        self._seen: set[tuple] = set()
+        self._warmed: OrderedDict[tuple, list] = OrderedDict()   # a warmed shape's inputs, until captured
         self._owner: tuple | None = None
         self._pool = None
         self._recorder = None
@@ -63,7 +80,7 @@ class BlockLoopGraphs:
         object the prepared pipeline holds); graphs captured for another owner are dropped."""
         if self._owner is None or self._owner[0] != owner[0] or self._owner[1] is not owner[1]:
             self._graphs.clear()
-            self._seen.clear()
+            self._warmed.clear()
             self._pool = None
             self._owner = owner
         self._recorder = recorder
@@ -79,25 +96,34 @@ class BlockLoopGraphs:
         leaves, spec = pytree.tree_flatten(inputs)
         key = (spec, tuple(_leaf_key(leaf) for leaf in leaves))
         graph = self._graphs.get(key)
-        if graph is None:
-            if key not in self._seen:  # the warm-up
-                self._seen.add(key)
-                return run_loop(blocks, inputs)
-            graph = self._record(blocks, leaves, spec, key)
-        self._graphs.move_to_end(key)
-        for held, leaf in zip(graph.inputs, leaves):
+        if graph is None and key not in self._warmed:
+            return self._warm_up(blocks, leaves, spec, key)
+        held = graph.inputs if graph is not None else self._warmed.pop(key)
+        for tensor, leaf in zip(held, leaves):
             if isinstance(leaf, torch.Tensor):
-                held.copy_(leaf)
+                tensor.copy_(leaf)
+        if graph is None:
+            graph = self._record(blocks, held, spec, key)
+        self._graphs.move_to_end(key)
         graph.replay()
         self.replayed += 1
         return tuple(output.clone() for output in graph.outputs)
 
-    def _record(self, blocks, leaves, spec, key) -> _Graph:
+    def _warm_up(self, blocks, leaves, spec, key) -> tuple:
+        """The loop run on the tensors the graph will read: compiled blocks guard on their inputs' make (a view's
+        base, say), so a capture given other tensors than its warm-up would recompile, and compile, mid-capture."""
         held = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        self._warmed[key] = held
+        while len(self._warmed) > MAX_GRAPHS:
+            self._warmed.popitem(last=False)
+        with self._capture.warming():
+            return run_loop(blocks, pytree.tree_unflatten(held, spec))
+
+    def _record(self, blocks, held: list, spec, key) -> _Graph:
         arguments = pytree.tree_unflatten(held, spec)
         start = time.perf_counter()
         with self._recorder.stage("CUDA graph capture", "capturing the DiT's blocks as a CUDA graph at this shape"):
-            replay, outputs, self._pool = self._capture(lambda: run_loop(blocks, arguments), self._pool)
+            replay, outputs, self._pool = self._capture.capture(lambda: run_loop(blocks, arguments), self._pool)
         self._recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
         graph = self._graphs[key] = _Graph(replay, held, tuple(outputs))
         self.captured += 1
@@ -143,22 +169,27 @@ class _GraphedLoop(torch.nn.Module):
 _stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # prepared DiT -> its BlockLoopGraphs
 
 
-def graphs_of(dit: torch.nn.Module, capture=cuda_capture) -> BlockLoopGraphs:
+def graphs_of(dit: torch.nn.Module) -> BlockLoopGraphs:
     """The graphs of a prepared DiT, kept as long as the DiT is (they hold no reference to it)."""
     if dit not in _stores:
-        _stores[dit] = BlockLoopGraphs(capture)
+        _stores[dit] = BlockLoopGraphs()
     return _stores[dit]
 
 
-def check_capturable(dit: torch.nn.Module, device: str) -> None:
-    """A graph reads every weight at one address on the device: weights kept in host memory and brought over per
-    layer cannot be replayed."""
+def why_not_capturable(dit: torch.nn.Module, device: str) -> str | None:
+    """Why this DiT's block loop cannot be replayed from a graph here, or None. A graph reads every weight at one
+    address on the device, and it would replay sequence parallel's all-to-alls with the state of their capture."""
+    from ..parallel import ulysses
+    if ulysses.active():
+        return "sequence parallel (Ulysses) is active: its all-to-alls around each attention are not captured"
+    target = torch.device(device)
     elsewhere = {str(tensor.device) for tensor in [*dit.transformer_blocks.parameters(),
                                                    *dit.transformer_blocks.buffers()]
-                 if tensor.device != torch.device(device)}
+                 if tensor.device.type != target.type or target.index not in (None, tensor.device.index)}
     if elsewhere:
-        raise UnavailableOptionError(f"cuda-graph needs the DiT's blocks on {device}; some weights are on "
-                                     f"{', '.join(sorted(elsewhere))} (memory placement streams them per layer)")
+        return (f"some of the DiT's weights are on {', '.join(sorted(elsewhere))}, not {device} (the memory "
+                "placement streams them to the GPU layer by layer)")
+    return None
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-EXACT = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel+fused-gelu-quant"
+EXACT = "fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-multi-kernel+fused-gelu-quant+cuda-graph"
 BEST = EXACT + "+fused-qk-norm-rope+fp8-attention-out,attention=cudnn-fp8"  # two rewrites of the FP8 attention's
 PRESETS = {"best": BEST, "exact": EXACT}
 

@@ -61,7 +61,9 @@ def _as_cos_sin(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Complex frequencies [..., head_dim / 2] as the real (cos, sin) that _rotary takes, each [..., head_dim]."""
     cos = freqs.real.float().repeat_interleave(2, dim=-1)
     sin = torch.stack((-freqs.imag.float(), freqs.imag.float()), dim=-1).flatten(-2)
-    return cos.contiguous(), sin.contiguous()
+    # tensors of their own, not views: compiled blocks guard on a view's base, which a CUDA graph's copies of its
+    # inputs (cuda_graphs.py) would not have
+    return cos.clone(), sin.clone()
 
 
 def use_real_rope(dit: torch.nn.Module) -> None:

@@ -1,9 +1,10 @@
 """Flag `cuda-graph` (lossless): the DiT's block loop captured as a CUDA graph per shape and replayed
 (ghostedit/optimize/cuda_graphs.py). It changes only how a run goes: the graphs belong to the prepared DiT and are
-kept from run to run; what they did goes into the run's words."""
+kept from run to run; what they did goes into the run's words. Where the blocks cannot be captured (weights
+streamed from host memory, sequence parallel) the run says so in its words and notes and runs them from Python."""
 import contextlib
 
-from ...device import Availability, UnavailableOptionError, needs_cuda
+from ...device import Availability, needs_cuda
 from ..registry import OFF, ON, RUN, Choice, Requires, RunContext, Toggle, register
 
 
@@ -12,13 +13,15 @@ def _graphed(context: RunContext, value: str):
     if value == OFF:
         yield
         return
-    from ...parallel import ulysses
     from .. import cuda_graphs
-    if ulysses.active():
-        raise UnavailableOptionError("cuda-graph is not applied under sequence parallel: the all-to-alls around "
-                                     "each attention would be captured with the process group's state of the capture")
     dit = context.prepared.dit
-    cuda_graphs.check_capturable(dit, context.device)
+    reason = cuda_graphs.why_not_capturable(dit, context.device)
+    if reason is not None:  # said in the run's words and notes: the blocks run from Python
+        words = f"not applied on this run: {reason}"
+        context.ran.setdefault("words", {})["cuda-graph"] = words
+        context.recorder.telemetry.notes.append(f"cuda-graph {words}")
+        yield
+        return
     graphs = cuda_graphs.graphs_of(dit)
     owner = (context.config.text, context.prepared.loras)
     with graphs.running(owner, context.recorder), cuda_graphs.graphed(context.prepared.pipe, graphs):
