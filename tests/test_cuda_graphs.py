@@ -1,5 +1,5 @@
 """The CUDA-graph flag (`cuda-graph`, ghostedit/optimize/cuda_graphs.py) without a GPU: its declaration (a run-time
-rewrite, refused beside the step cache, unavailable on a CPU with the reason), and the graph store's bookkeeping on
+rewrite, unavailable on a CPU with the reason, and the reasons a run gives for not capturing), and the graph store's bookkeeping on
 the tiny DiT through DiffSynth's own model_fn, with a stand-in capture that replays by running the captured loop
 again on the tensors the graph would read. That checks what a real graph depends on: each replay must see the new
 inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or another
@@ -12,7 +12,6 @@ import torch
 
 from dit_helpers import dit_engine, inputs_for
 from ghostedit import EditRequest, OptimizationConfig
-from ghostedit.config import InvalidRequestError
 from ghostedit.device import UnavailableOptionError
 from ghostedit.optimize import cuda_graphs, registry
 from ghostedit.telemetry import RunRecorder
@@ -52,14 +51,12 @@ def varied(inputs: dict, seed: int) -> dict:
             "timestep": torch.tensor([100.0 * seed])}
 
 
-def test_the_flag_is_a_run_time_rewrite_refused_beside_the_step_cache_and_unavailable_on_a_cpu():
+def test_the_flag_is_a_lossless_run_time_rewrite_unavailable_on_a_cpu():
     toggle = registry.get("cuda-graph")
     assert toggle.group == "rewrites" and toggle.changes == registry.RUN
     assert GRAPHED.cache_key == OptimizationConfig().cache_key  # the same prepared pipeline
     assert "cuda-graph" not in GRAPHED.prepared_label and not GRAPHED.lossy
     assert "CUDA GPU" in registry.availability(toggle, registry.ON, "cpu").reason
-    with pytest.raises(InvalidRequestError, match="step cache"):
-        OptimizationConfig(rewrites=("cuda-graph",), **{"step-cache": "fbcache-0"})
 
 
 def test_a_cpu_engine_refuses_it_with_the_reason(engine, house):
@@ -103,6 +100,9 @@ def test_other_weights_or_another_configuration_drop_the_graphs(prepared, next_o
     assert (graphs.captured, graphs.replayed) == (1, 2)  # warmed again, then captured again
 
 
-def test_weights_off_the_device_are_a_reason_not_to_capture(prepared):
-    assert "some of the DiT's weights are on cpu" in cuda_graphs.why_not_capturable(prepared.dit, "cuda:0")
-    assert cuda_graphs.why_not_capturable(prepared.dit, "cpu") is None
+def test_a_run_says_why_it_cannot_capture(prepared):
+    """The step cache, or weights off the device: the run's words say so and the blocks run from Python."""
+    cached = OptimizationConfig(rewrites=("cuda-graph",), **{"step-cache": "fbcache-0"})
+    assert "the step cache decides" in cuda_graphs.why_not_capturable(prepared.dit, "cpu", cached)
+    assert "some of the DiT's weights are on cpu" in cuda_graphs.why_not_capturable(prepared.dit, "cuda:0", GRAPHED)
+    assert cuda_graphs.why_not_capturable(prepared.dit, "cpu", GRAPHED) is None

@@ -382,6 +382,31 @@ def attention_io() -> str:
             f"summed to {kernels_before:.1f} ms before the two rewrites and {kernels_after:.1f} ms with them.\n")
 
 
+def cuda_graph() -> str:
+    """Section 1: best with and without cuda-graph in processes of their own, alternating (scripts/gpu/alternate.sh),
+    and in one process each of best and exact after the same configuration without it, where the outputs compare."""
+    folder = RESULTS / "cuda-graph"
+    processes = [json.loads((run / "results.json").read_text())
+                 for run in sorted((folder / "alternating").iterdir())]
+    runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
+                     for process in processes)
+    environment = processes[0]["environment"]
+    checks = []
+    for preset in ("best", "exact"):
+        rows = results(f"cuda-graph/same-process-{preset}")["rows"]
+        graphed, looped = (next(row for row in rows if ("cuda-graph" in OptimizationConfig.parse(row["text"])
+                                                        .flags("rewrites")) == wanted) for wanted in (True, False))
+        compared = ("equal to it bit for bit" if graphed["rel_error"] == 0 else
+                    f"{graphed['rel_error']:.4f} relative to it")
+        checks.append(f"{name(graphed)} {graphed['ms_per_forward']:.1f} ms after {name(looped)} "
+                      f"{looped['ms_per_forward']:.1f} ms, output {compared}")
+    return (f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
+            f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, torch {environment['torch']}, "
+            f"{environment['date']}, `docs/benchmarks/cuda-graph/alternating/`): {runs}. In one process each "
+            f"(`docs/benchmarks/cuda-graph/same-process-*/`), the configuration without it first and so the reference: "
+            f"{'; '.join(checks)}.\n")
+
+
 def profile_edit() -> str:
     """Where a whole edit's time goes: each stage's wall time against its GPU kernels (scripts/gpu/profile_edit.py)."""
     found = results("profile-edit")
@@ -493,7 +518,7 @@ def targets() -> str:
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
             "multi-kernel": multi_kernel, "end-to-end": end_to_end, "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
-            "attention-io": attention_io,
+            "attention-io": attention_io, "cuda-graph": cuda_graph,
             "profile-edit": profile_edit, "attention": attention,
             "parallel": parallel}
 

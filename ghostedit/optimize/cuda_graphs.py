@@ -176,10 +176,13 @@ def graphs_of(dit: torch.nn.Module) -> BlockLoopGraphs:
     return _stores[dit]
 
 
-def why_not_capturable(dit: torch.nn.Module, device: str) -> str | None:
-    """Why this DiT's block loop cannot be replayed from a graph here, or None. A graph reads every weight at one
-    address on the device, and it would replay sequence parallel's all-to-alls with the state of their capture."""
+def why_not_capturable(dit: torch.nn.Module, device: str, config) -> str | None:
+    """Why this DiT's block loop cannot be replayed from a graph on this run, or None. A graph replays every block,
+    reads every weight at one address on the device, and would replay sequence parallel's all-to-alls with the state
+    of their capture."""
     from ..parallel import ulysses
+    if config.value("step-cache") != "off":
+        return "the step cache decides at each forward which blocks run, and a graph replays all of them"
     if ulysses.active():
         return "sequence parallel (Ulysses) is active: its all-to-alls around each attention are not captured"
     target = torch.device(device)

@@ -1,11 +1,11 @@
 """Flag `cuda-graph` (lossless): the DiT's block loop captured as a CUDA graph per shape and replayed
 (ghostedit/optimize/cuda_graphs.py). It changes only how a run goes: the graphs belong to the prepared DiT and are
-kept from run to run; what they did goes into the run's words. Where the blocks cannot be captured (weights
-streamed from host memory, sequence parallel) the run says so in its words and notes and runs them from Python."""
+kept from run to run; what they did goes into the run's words. Where the blocks cannot be captured (the step
+cache on, weights streamed from host memory, sequence parallel) the run says so in its words and notes and runs them from Python."""
 import contextlib
 
 from ...device import Availability, needs_cuda
-from ..registry import OFF, ON, RUN, Choice, Requires, RunContext, Toggle, register
+from ..registry import OFF, ON, RUN, Choice, RunContext, Toggle, register
 
 
 @contextlib.contextmanager
@@ -15,7 +15,7 @@ def _graphed(context: RunContext, value: str):
         return
     from .. import cuda_graphs
     dit = context.prepared.dit
-    reason = cuda_graphs.why_not_capturable(dit, context.device)
+    reason = cuda_graphs.why_not_capturable(dit, context.device, context.config)
     if reason is not None:  # said in the run's words and notes: the blocks run from Python
         words = f"not applied on this run: {reason}"
         context.ran.setdefault("words", {})["cuda-graph"] = words
@@ -40,8 +40,6 @@ register(Toggle(
     help="each shape's block loop is captured at its second forward and replayed after: the GPU runs the kernels "
          "back to back, without waiting for Python to launch each one (memory for one forward's activations stays "
          "held between forwards)",
-    choices=(Choice(OFF, "off"), Choice(ON, "on", requires=(
-        Requires("step-cache", values=(OFF,), why="the step cache decides at each forward which blocks run, and a "
-                                                  "graph replays all of them"),))),
+    choices=(Choice(OFF, "off"), Choice(ON, "on")),
     changes=RUN, order=97, run_context=_graphed, availability=_availability,
 ))
