@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import OptimizationConfig
 from ..figures import RESULTS, results
+from ..optimize import registry
 from .output import markdown_table
 
 ROOT = RESULTS.parent.parent
@@ -40,13 +41,28 @@ def name(row: dict) -> str:
     if row["text"] in named:
         return named[row["text"]]
     for preset in ("best", "exact"):
-        label = OptimizationConfig.parse(preset).label
-        if row["config"].startswith(label + " + "):
-            return f"{preset} + {row['config'].removeprefix(label + ' + ')}"
+        added = _added_to(row["text"], preset)
+        if added:
+            return f"{preset} + {' + '.join(added)}"
         left_out = _rewrites_left_out(row["text"], preset)
         if left_out:
             return f"{preset} without {' and '.join(left_out)}"
     return row["config"]
+
+
+def _added_to(text: str, preset: str) -> list[str]:
+    """The label parts of the toggles a configuration sets that `preset` leaves at their defaults, when it keeps
+    every setting of the preset; none otherwise."""
+    config, named = OptimizationConfig.parse(text), OptimizationConfig.parse(preset)
+    added = []
+    for toggle in registry.toggles():
+        value, preset_value = config.value(toggle.name), named.value(toggle.name)
+        if value == preset_value:
+            continue
+        if preset_value != toggle.default:
+            return []
+        added.append(toggle.label_part(value))
+    return added
 
 
 def _rewrites_left_out(text: str, preset: str) -> list[str]:
