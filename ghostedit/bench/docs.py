@@ -312,7 +312,9 @@ def profile() -> str:
     top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
     return (f"torch.profiler over three forwards of {found['config']} at 1024x1024 "
             f"(`scripts/gpu/profile_dit.py`, {found['gpu']}, torch {found['torch']}, committed "
-            f"{_committed_on(path)}, `docs/benchmarks/profile/`).\n\n{table}\n\nLargest kernels:\n{top}\n")
+            f"{_committed_on(path)}, `docs/benchmarks/profile/`). The CPU hands one forward to the GPU in "
+            f"{variant['cpu_launch_ms']:.1f} ms, and the forward makes it wait for the GPU "
+            f"{variant['synchronizing_calls']} time(s).\n\n{table}\n\nLargest kernels:\n{top}\n")
 
 
 def _fastest(kernels: dict, prefix: str, timing: str = "ms") -> tuple[str, dict]:
@@ -386,7 +388,7 @@ def attention_io() -> str:
                      for process in processes)
     environment = processes[0]["environment"]
     before = json.loads((RESULTS / "earlier" / "profile-before-attention-io" / "profile.json").read_text())
-    after = json.loads((RESULTS / "profile" / "profile.json").read_text())
+    after = json.loads((RESULTS / "earlier" / "profile-after-attention-io" / "profile.json").read_text())
     kernels_before, kernels_after = (next(iter(profile["variants"].values()))["total_kernel_ms"]
                                      for profile in (before, after))
     return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
