@@ -1,10 +1,10 @@
 """The CUDA-graph flag (`cuda-graph`, ghostedit/optimize/cuda_graphs.py) without a GPU: its declaration (a run-time
-rewrite, unavailable on a CPU with the reason, and the reasons a run gives for not capturing), and the graph store's bookkeeping on
-the tiny DiT through DiffSynth's own model_fn, with a stand-in capture that replays by running the captured loop
-again on the tensors the graph would read. That checks what a real graph depends on: each replay must see the new
-inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or another
-configuration drop the graphs. The captured kernels themselves are the GPU's: the DiT bench on the GPU compares
-the graphed forward's output with stock's (docs/benchmarks.md)."""
+rewrite, unavailable on a CPU with the reason, and the reasons a run gives for not capturing), and the graph store's
+bookkeeping on the tiny DiT through DiffSynth's own model_fn, with a stand-in capture that replays by running the
+captured loop again on the tensors the graph would read. That checks what a real graph depends on: each replay must
+see the new inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or
+another configuration drop the graphs. The captured kernels themselves are the GPU's: on the GPU the graphed
+forward's output equals the loop's bit for bit (docs/benchmarks.md, section 1)."""
 import contextlib
 
 import pytest

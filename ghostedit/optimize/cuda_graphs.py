@@ -2,17 +2,16 @@
 input shape and replayed, so that the GPU runs the thousands of kernels of a forward back to back instead of waiting
 for Python to launch each one (the gaps between kernels, and the whole forward whenever the CPU falls behind).
 
-A shape is captured at its second forward: the first runs the loop, on the tensors the graph will read, as the
-warm-up a capture needs (compile, autotuning, cuDNN's plans, Inductor's multi-kernel picks: none may happen
-mid-capture). A graph replays fixed memory: the loop's inputs
-are copied into the graph's own tensors before each replay and its outputs copied out after. It reads the weights
-where they lay at capture, and it replays the kernels the run-time choices picked then (the attention backend), so
-the graphs are dropped whenever a run comes with other fused LoRAs (whose switch can give a layer new tensors) or
-another configuration, and that run captures again. The graphs of one prepared DiT share one memory pool: they
-never run at once, and each one's outputs are copied out before the next replay.
+A shape is captured at its second forward: the first runs the loop, on the tensors the graph will read, as the warm-up a
+capture needs (compile, autotuning, cuDNN's plans, Inductor's multi-kernel picks: none may happen mid-capture). A graph
+replays fixed memory: the loop's inputs are copied into the graph's own tensors before each replay and its outputs
+copied out after. It reads the weights where they lay at capture, and it replays the kernels the run-time choices picked
+then (the attention backend), so the graphs are dropped whenever a run comes with other fused LoRAs (whose switch can
+give a layer new tensors) or another configuration, and that run captures again. The graphs of one prepared DiT share
+one memory pool: they never run at once, and each one's outputs are copied out before the next replay.
 
-It sits where the step cache sits (step_cache.py): between the engine and DiffSynth's model_fn, putting a block
-list of one entry into the DiT for the length of a forward, an entry that runs the whole loop."""
+It sits where the step cache sits (step_cache.py): between the engine and DiffSynth's model_fn, putting a block list of
+one entry into the DiT for the length of a forward, an entry that runs the whole loop."""
 from __future__ import annotations
 
 import contextlib
@@ -38,9 +37,9 @@ class _Graph:
 
 
 class CudaCapture:
-    """Captures on a stream of its own, where every shape's warm-up runs too: a capture must not meet work that is
-    done once per stream (cuBLAS's workspace for a stream is allocated on its first GEMM there). Other threads may
-    use the GPU meanwhile (thread-local capture): a prepare running beside an edit is not captured."""
+    """Captures on a stream of its own, where every shape's warm-up runs too, as torch.cuda.graph's notes ask: what
+    a library sets up on its first use of a stream happens before a capture, not inside it. Other threads may use
+    the GPU meanwhile (thread-local capture): a prepare running beside an edit is not captured."""
 
     def __init__(self):
         self._stream = None

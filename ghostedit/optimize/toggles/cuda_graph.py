@@ -1,7 +1,8 @@
 """Flag `cuda-graph` (lossless): the DiT's block loop captured as a CUDA graph per shape and replayed
 (ghostedit/optimize/cuda_graphs.py). It changes only how a run goes: the graphs belong to the prepared DiT and are
-kept from run to run; what they did goes into the run's words. Where the blocks cannot be captured (the step
-cache on, weights streamed from host memory, sequence parallel) the run says so in its words and notes and runs them from Python."""
+kept from run to run; what they did goes into the run's words. Where the blocks cannot be captured (the step cache
+on, weights streamed from host memory, sequence parallel) the run says so in its words and notes and runs them from
+Python."""
 import contextlib
 
 from ...device import Availability, needs_cuda
