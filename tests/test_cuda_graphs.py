@@ -106,3 +106,4 @@ def test_a_run_says_why_it_cannot_capture(prepared):
     assert "the step cache decides" in cuda_graphs.why_not_capturable(prepared.dit, "cpu", cached)
     assert "some of the DiT's weights are on cpu" in cuda_graphs.why_not_capturable(prepared.dit, "cuda:0", GRAPHED)
     assert cuda_graphs.why_not_capturable(prepared.dit, "cpu", GRAPHED) is None
+

@@ -43,8 +43,25 @@ class EditResult:
 
 def forward(model_fn, inputs: dict) -> torch.Tensor:
     """One DiT forward as DiffSynth's pipeline makes it: its model_fn with the prepared DiT among the inputs. The
-    engine's runs and the DiT-level bench both come through here, inside `dit_contexts`."""
+    engine's runs and the DiT-level bench both come through here, inside `dit_contexts`.
+
+    DiffSynth's model_fn reads the prompt's length off its mask (`.tolist()`): on a GPU mask that makes the CPU
+    wait for all the GPU's queued work at every forward, and the GPU then idles while Python prepares the next
+    blocks. It gets the mask from host memory instead, copied once per mask (the pipeline hands the same one to
+    every step). Entity prompts use the mask on the device: they keep it there."""
+    if inputs.get("entity_prompt_emb") is None and inputs.get("prompt_emb_mask") is not None:
+        inputs = {**inputs, "prompt_emb_mask": _on_host(inputs["prompt_emb_mask"])}
     return model_fn(**inputs)
+
+
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of `tensor`, kept on it until it changes in place."""
+    if tensor.device.type == "cpu":
+        return tensor
+    kept = getattr(tensor, "_ghostedit_on_host", None)
+    if kept is None or kept[0] != tensor._version:
+        kept = tensor._ghostedit_on_host = (tensor._version, tensor.cpu())
+    return kept[1]
 
 
 def dit_contexts(prepared: PreparedPipeline, config, device: str, sequence_length: int, recorder: RunRecorder):
