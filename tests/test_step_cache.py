@@ -147,7 +147,7 @@ def test_the_registry_declares_it_once_lossy_run_time_and_in_the_cli_and_api(eng
     assert all("lossy" in toggle.choice(value).label for value in toggle.values if toggle.is_lossy(value))
     assert not toggle.is_lossy("fbcache-0") and OptimizationConfig(**{"step-cache": "fbcache-0.12"}).lossy
     assert OptimizationConfig(**{"step-cache": "fbcache-0.12"}).cache_key == OptimizationConfig().cache_key
-    assert OptimizationConfig.parse("best,step-cache=fbcache-0.08").label.endswith("fbcache-0.08")
+    assert "fbcache-0.08" in OptimizationConfig.parse("best,step-cache=fbcache-0.08").label.split(" + ")
     edit_help = build_parser()._subparsers._group_actions[0].choices["edit"].format_help()
     assert "--step-cache" in edit_help and "fbcache-0.08" in edit_help
     assert all(engine.options()["step-cache"][value].ok for value in toggle.values)
