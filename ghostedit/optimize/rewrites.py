@@ -61,8 +61,8 @@ def _as_cos_sin(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Complex frequencies [..., head_dim / 2] as the real (cos, sin) that _rotary takes, each [..., head_dim]."""
     cos = freqs.real.float().repeat_interleave(2, dim=-1)
     sin = torch.stack((-freqs.imag.float(), freqs.imag.float()), dim=-1).flatten(-2)
-    # tensors of their own, not views: compiled blocks guard on a view's base, which a CUDA graph's copies of its
-    # inputs (cuda_graphs.py) would not have
+    # tensors of their own, not views: compiled blocks guard on a view's base, so the blocks run from Python and a
+    # CUDA graph's copies of their inputs (cuda_graphs.py) would otherwise each compile code of their own
     return cos.clone(), sin.clone()
 
 
