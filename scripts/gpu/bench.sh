@@ -4,7 +4,7 @@
 #   scripts/gpu/bench.sh speed     issue 17's table (or one part of it: dit, ready, e2e), with an empty compile
 #             cache at the start:
 #     dit     one DiT forward: stock and the best configuration at 512, 768, 1024 and 1328 px and a 3-image edit,
-#             plus EXACT, with CFG batching and a CUDA graph measured on the fastest at $SIDE
+#             plus EXACT, with CFG batching measured on the fastest at $SIDE (its block loop run from Python)
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
 #             compiled package), one with its compiled package only (exported and installed with `ghostedit
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
