@@ -246,3 +246,37 @@ def test_one_step_on_the_models_schedule_is_refused_not_a_black_image(engine, ho
     lightning = engine.run(EditRequest(images=[house], prompt="make it blue", steps=1, width=64, height=64),
                            OptimizationConfig(scheduler="lightning"))
     assert 10 < np.asarray(lightning.image).std()  # one step is fine where the schedule has no terminal stretch
+
+
+class _MaskOnTheGpu(torch.Tensor):
+    """A prompt mask that says it lives on the GPU and counts its copies to the host."""
+    copies = 0
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def cpu(self):
+        type(self).copies += 1
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def test_the_dit_forward_reads_the_prompt_mask_from_a_host_copy_made_once_per_mask():
+    """DiffSynth's model_fn reads the prompt's length with `.tolist()`, which on a GPU mask makes the CPU wait for
+    the GPU at every forward: the engine's forward hands it a host copy, made once while the mask is unchanged, and
+    an entity prompt's mask as it is."""
+    from ghostedit.engine.runner import forward
+    mask = torch.ones(1, 8, dtype=torch.long).as_subclass(_MaskOnTheGpu)
+    seen = []
+
+    def model_fn(**inputs):
+        seen.append(inputs["prompt_emb_mask"])
+    for _ in range(2):
+        forward(model_fn, {"prompt_emb_mask": mask})
+    assert _MaskOnTheGpu.copies == 1 and seen[0] is seen[1] and type(seen[0]) is torch.Tensor
+    assert torch.equal(seen[0], torch.ones(1, 8, dtype=torch.long))
+    mask.as_subclass(torch.Tensor).fill_(0)  # changed in place: copied again
+    forward(model_fn, {"prompt_emb_mask": mask})
+    assert _MaskOnTheGpu.copies == 2 and not seen[2].any()
+    forward(model_fn, {"prompt_emb_mask": mask, "entity_prompt_emb": [torch.zeros(1)]})
+    assert seen[3] is mask
