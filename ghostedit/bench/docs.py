@@ -382,11 +382,7 @@ def attention_io() -> str:
                                   "us": "us (CUDA events)", "kernel_us": "us (kernels alone)",
                                   "bandwidth": "GB/s (kernels alone)",
                                   "differing": "share of FP8 values unlike the compiled code's"})
-    processes = [json.loads((folder / "results.json").read_text())
-                 for folder in sorted((RESULTS / "attention-io").iterdir())]
-    runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
-                     for process in processes)
-    environment = processes[0]["environment"]
+    runs, rounds, environment = _alternating(RESULTS / "attention-io")
     before = json.loads((RESULTS / "earlier" / "profile-before-attention-io" / "profile.json").read_text())
     after = json.loads((RESULTS / "earlier" / "profile-after-attention-io" / "profile.json").read_text())
     kernels_before, kernels_after = (next(iter(profile["variants"].values()))["total_kernel_ms"]
@@ -394,31 +390,33 @@ def attention_io() -> str:
     return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
             f"(`scripts/gpu/qk_norm_rope_probe.py`, {found['gpu']}, torch {found['torch']}, committed "
             f"{_committed_on(path)}, `docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
-            f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
+            f"One DiT forward at 1024x1024, each configuration in {rounds} processes of its own, "
             f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, {environment['date']}, "
             f"`docs/benchmarks/attention-io/`): {runs}. The kernels of one forward (`scripts/gpu/profile_dit.py`) "
             f"summed to {kernels_before:.1f} ms before the two rewrites and {kernels_after:.1f} ms with them.\n")
 
 
+def _alternating(folder: Path) -> tuple[str, int, dict]:
+    """An A/B of scripts/gpu/alternate.sh (a results.json per process, in run order): each process's configuration
+    and forward in words, the rounds (processes per configuration) and the environment."""
+    processes = [json.loads((run / "results.json").read_text()) for run in sorted(folder.iterdir())]
+    runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
+                     for process in processes)
+    return runs, len(processes) // 2, processes[0]["environment"]
+
+
 def cuda_graph() -> str:
     """Section 1: best with and without cuda-graph in processes of their own, alternating (scripts/gpu/alternate.sh),
     and in one process each of best and exact after the same configuration without it, where the outputs compare."""
-    folder = RESULTS / "cuda-graph"
-    processes = [json.loads((run / "results.json").read_text())
-                 for run in sorted((folder / "alternating").iterdir())]
-    runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
-                     for process in processes)
-    environment = processes[0]["environment"]
+    runs, rounds, environment = _alternating(RESULTS / "cuda-graph" / "alternating")
     checks = []
     for preset in ("best", "exact"):
-        rows = results(f"cuda-graph/same-process-{preset}")["rows"]
-        graphed, looped = (next(row for row in rows if ("cuda-graph" in OptimizationConfig.parse(row["text"])
-                                                        .flags("rewrites")) == wanted) for wanted in (True, False))
+        graphed, looped = _with_and_without(results(f"cuda-graph/same-process-{preset}")["rows"], "cuda-graph")
         compared = ("equal to it bit for bit" if graphed["rel_error"] == 0 else
                     f"{graphed['rel_error']:.4f} relative to it")
         checks.append(f"{name(graphed)} {graphed['ms_per_forward']:.1f} ms after {name(looped)} "
                       f"{looped['ms_per_forward']:.1f} ms, output {compared}")
-    return (f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
+    return (f"One DiT forward at 1024x1024, each configuration in {rounds} processes of its own, "
             f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, torch {environment['torch']}, "
             f"{environment['date']}, `docs/benchmarks/cuda-graph/alternating/`): {runs}. In one process each "
             f"(`docs/benchmarks/cuda-graph/same-process-*/`), the configuration without it first and so the reference: "

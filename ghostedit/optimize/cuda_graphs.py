@@ -113,8 +113,7 @@ class BlockLoopGraphs:
         base, say), so a capture given other tensors than its warm-up would recompile, and compile, mid-capture."""
         held = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         self._warmed[key] = held
-        while len(self._warmed) > MAX_GRAPHS:
-            self._warmed.popitem(last=False)
+        _keep_newest(self._warmed)
         with self._capture.warming():
             return run_loop(blocks, pytree.tree_unflatten(held, spec))
 
@@ -126,14 +125,19 @@ class BlockLoopGraphs:
         self._recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
         graph = self._graphs[key] = _Graph(replay, held, tuple(outputs))
         self.captured += 1
-        while len(self._graphs) > MAX_GRAPHS:
-            self._graphs.popitem(last=False)
+        _keep_newest(self._graphs)
         return graph
 
     def words(self) -> str:
         return (f"{self.replayed} of {self.forwards} DiT forwards replayed their blocks from CUDA graphs, "
                 f"{self.captured} captured on this run ({len(self._graphs)} shapes held; a shape is captured at its "
                 "second forward, the first is its warm-up)")
+
+
+def _keep_newest(shapes: OrderedDict) -> None:
+    """Drops the least recently used shapes beyond MAX_GRAPHS."""
+    while len(shapes) > MAX_GRAPHS:
+        shapes.popitem(last=False)
 
 
 def _leaf_key(leaf) -> tuple:
