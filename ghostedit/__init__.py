@@ -6,10 +6,6 @@ from .paths import ghostedit_home
 # Inductor's compiled graphs and kernels on disk, where a restarted process finds them (its default is in /tmp).
 # Set before torch is imported: importing torchao, PEFT or DiffSynth fixes Inductor's cache folder for the process.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ghostedit_home() / "inductor-cache"))
-# Measured with torch 2.11 (inductor-multi-kernel): compiled code with multi-kernels, loaded from that cache in a new
-# process, fails while reading which variant it picked before (MultiKernelCall.load_cache asks Triton for a kernel
-# key it cannot give yet). Without that record each process times the variants again on first call (milliseconds).
-os.environ.setdefault("TORCHINDUCTOR_DISABLE_MULTI_KERNEL_CACHE", "1")
 
 from .config import EditRequest, LoraChoice, OptimizationConfig  # noqa: E402
 

@@ -1,10 +1,13 @@
 """Pinned host memory for weights, pinned at their own size. PyTorch's pinned allocator (ATen's CachingHostAllocator)
 rounds every request up to a power of two, so a weight just above one would pin nearly twice its size; weights are
 copied instead as views into chunks whose sizes are powers of two already: only the unused end of a chunk is pinned
-for nothing. Pages are pinned the allocator's faster way (host_register_settings)."""
+for nothing. Pages are pinned the allocator's faster way (host_register_settings). Modules in pinned memory are
+brought to the GPU one after another with their copies started ahead (moved_in_turn)."""
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import os
 
 import torch
@@ -84,3 +87,37 @@ def pin_module(module: torch.nn.Module, arena: PinnedArena | None = None) -> tor
             if not tensor.is_pinned():
                 tensor.data = arena.copy(tensor.data)
     return module
+
+
+def moved_in_turn(modules, device: str, ahead: int = 2):
+    """Yields each module moved to `device`, its tensors replaced as `.to` replaces them. On a GPU the copies of the
+    next `ahead` modules run meanwhile on a stream of their own (from pinned memory a copy does not wait for the
+    host), so whatever the caller does with one module overlaps the copies of the next."""
+    target = torch.device(device)
+    if target.type != "cuda":
+        for module in modules:
+            yield module.to(target)
+        return
+    copying = torch.cuda.Stream(target)
+
+    def start(module):
+        with torch.cuda.stream(copying):
+            copies = [(tensor, tensor.to(target, non_blocking=True)) for tensor in [*module.parameters(),
+                                                                                    *module.buffers()]]
+        copied = torch.cuda.Event()
+        copied.record(copying)
+        return module, copies, copied
+
+    modules = iter(modules)
+    queue = collections.deque(start(module) for module in itertools.islice(modules, ahead))
+    while queue:
+        module, copies, copied = queue.popleft()
+        following = next(modules, None)
+        if following is not None:
+            queue.append(start(following))
+        computing = torch.cuda.current_stream(target)
+        computing.wait_event(copied)
+        for tensor, copy in copies:
+            copy.record_stream(computing)  # made on the copy stream, freed after the caller's work on it
+            tensor.data = copy
+        yield module

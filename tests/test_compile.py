@@ -1,5 +1,6 @@
 """Regional compile traces the DiT's block once: no restarted trace, no second compile for the second block. The
-text encoder's layers compiled for a run give the eager run's image, compile once, and are plain again after it."""
+text encoder's layers compiled for a run give the eager run's image, compile once, and are plain again after it. A
+multi-kernel's pick is kept for a restarted process."""
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ from ghostedit.config import OptimizationConfig
 from ghostedit.device import UnavailableOptionError
 from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
+from ghostedit.optimize import compile as compile_blocks
 from ghostedit.optimize.toggles import text_encoder as text_encoder_toggle
 
 
@@ -69,3 +71,51 @@ def test_a_streamed_text_encoder_is_not_compiled_and_says_why():
     with pytest.raises(UnavailableOptionError, match="streamed from host memory"):
         with text_encoder_toggle._text_encoder(context, "compiled"):
             pass
+
+
+class _Variant:
+    """Stands in for one compiled variant of an Inductor multi-kernel (a CachingAutotuner): Inductor names its source
+    file by the hash of its code."""
+
+    def __init__(self, source_hash: str, ran: list):
+        self.kernel_hash, self.size_hints, self.triton_meta = source_hash, {"x": 8}, {"device": "stand-in"}
+        self.inductor_meta = {"kernel_name": f"variant_{source_hash or 'unnamed'}"}
+        self.ran = ran
+
+    def run(self, *args, **kwargs):
+        self.ran.append(self.kernel_hash)
+
+
+def test_a_multi_kernel_pick_is_kept_for_a_restarted_process(tmp_path, monkeypatch):
+    """torch 2.11 names a kept pick from the variants' Triton functions, which a process that loads compiled code
+    from the cache has not rebuilt yet; GhostEdit names it from their source files and reads it on the first run. A
+    new multi-kernel over the same variants (a restarted process) runs the kept pick without timing them."""
+    from torch._inductor.codegen.multi_kernel import MultiKernelCall
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_DISABLE_MULTI_KERNEL_CACHE", raising=False)
+    compile_blocks.keep_multi_kernel_picks()
+    timings_taken = []
+
+    def multi_kernel(source_hashes, timings):
+        ran = []
+        call = MultiKernelCall("multi_kernel_0", [_Variant(h, ran) for h in source_hashes],
+                               [[slice(0, 1)]] * len(source_hashes))
+        monkeypatch.setattr(call, "benchmark_sub_kernels", lambda *args, **kwargs: timings_taken.append(timings)
+                            or timings)
+        return call, ran
+
+    first, ran = multi_kernel(["aa11", "bb22"], [2.0, 1.0])
+    first.run("input")
+    assert ran == ["bb22"] and len(timings_taken) == 1
+    restarted, ran = multi_kernel(["aa11", "bb22"], [1.0, 2.0])  # timed again, it would pick the other variant
+    restarted.run("input")
+    restarted.run("input")
+    assert ran == ["bb22", "bb22"] and len(timings_taken) == 1
+    other_code, ran = multi_kernel(["aa11", "cc33"], [1.0, 2.0])
+    other_code.run("input")
+    assert ran == ["aa11"] and len(timings_taken) == 2
+    for _ in range(2):  # a variant without a source file: timed in every process, its pick kept nowhere
+        unnamed, ran = multi_kernel(["", "bb22"], [1.0, 2.0])
+        unnamed.run("input")
+        assert ran == [""]
+    assert len(timings_taken) == 4

@@ -11,6 +11,7 @@ from ghostedit.device import UnavailableOptionError
 from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
 from ghostedit.models.tiny import ensure_foreign_lora, ensure_tiny_lora
+from ghostedit import telemetry
 from ghostedit.optimize.lora import LoraError
 from ghostedit.tensors import linear_weight_bytes
 
@@ -280,3 +281,30 @@ def test_the_dit_forward_reads_the_prompt_mask_from_a_host_copy_made_once_per_ma
     assert _MaskOnTheGpu.copies == 2 and not seen[2].any()
     forward(model_fn, {"prompt_emb_mask": mask, "entity_prompt_emb": [torch.zeros(1)]})
     assert seen[3] is mask
+
+
+def test_steps_on_a_gpu_are_timed_a_step_behind_the_cpu(monkeypatch):
+    """With CUDA events a step is timed once the CPU has handed over the next one (nothing waits for the GPU between
+    steps), each step less its own excluded time, and the steps still untimed when the loop ends."""
+    class EventClock:  # stands in for CUDA events: each mark one second after the one before
+        steps_ahead = 1
+
+        def __init__(self, device):
+            self.marks = 0
+
+        def mark(self):
+            self.marks += 1
+            return self.marks
+
+        def seconds(self, start, end):
+            return float(end - start)
+
+    monkeypatch.setattr(telemetry, "StepClock", EventClock)
+    events = []
+    recorder = telemetry.RunRecorder("cpu", on_progress=events.append)
+    for index, _ in enumerate(recorder.timed_steps([0, 1, 2])):
+        assert len(recorder.telemetry.step_seconds) == max(index - 1, 0)
+        if index == 1:
+            recorder.exclude_from_current_step(0.25)
+    assert recorder.telemetry.step_seconds == [1.0, 0.75, 1.0]
+    assert [event.step_seconds for event in events if event.step_seconds is not None] == [1.0, 0.75, 1.0]

@@ -6,8 +6,8 @@ import torch
 
 from dit_helpers import dit_engine, inputs_for
 from ghostedit.engine.runner import forward
-from ghostedit.pinned import (ALIGNMENT, HOST_REGISTER, PinnedArena, host_register_settings, pin_module,
-                              power_of_two_at_least)
+from ghostedit.pinned import (ALIGNMENT, HOST_REGISTER, PinnedArena, host_register_settings, moved_in_turn,
+                              pin_module, power_of_two_at_least)
 
 
 class PlainMemory:
@@ -71,6 +71,14 @@ def test_a_dit_packed_into_the_arena_gives_the_same_output():
     chunks = {chunk.data_ptr() for chunk in memory.chunks}
     assert all(tensor.untyped_storage().data_ptr() in chunks
                for tensor in [*pipe.dit.parameters(), *pipe.dit.buffers()])
+
+
+def test_modules_moved_in_turn_arrive_in_order_each_when_its_turn_comes():
+    layers = [torch.nn.Linear(4, 4) for _ in range(5)]
+    for index, layer in enumerate(moved_in_turn(layers, "meta")):
+        assert layer is layers[index]
+        assert all(t.device.type == "meta" for t in [*layer.parameters(), *layer.buffers()])
+        assert all(t.device.type == "cpu" for later in layers[index + 1:] for t in later.parameters())
 
 
 def test_pages_are_pinned_the_faster_way_keeping_the_users_allocator_settings():

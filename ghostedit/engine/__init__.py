@@ -14,6 +14,7 @@ expected_prepare_seconds() read published state without it, so the page answers 
 from __future__ import annotations
 
 import threading
+import weakref
 
 from ..config import EditRequest, OptimizationConfig
 from ..diffsynth_patches import check_version
@@ -52,6 +53,7 @@ class Engine:
         self.prepare_times = report.PrepareTimes(self.spec.source, self.device)
         self._lock = threading.RLock()
         self._base_pointers: set[int] = set()
+        self._pointers_of = lambda: None       # the base DiT they were listed for (weakly held)
 
     # ---- what can run here ----
 
@@ -87,7 +89,8 @@ class Engine:
                 self.cache.free()  # their DiTs were built for the old placement
                 self.store.replace(config.value("memory"))
             base = self.store.load(config.value("memory"), recorder or RunRecorder(self.device))
-            self._base_pointers = storage_pointers(base.dit)
+            if self._pointers_of() is not base.dit:  # a new base: its storages listed once, not for every run
+                self._pointers_of, self._base_pointers = weakref.ref(base.dit), storage_pointers(base.dit)
             return base
 
     def prepare(self, config: OptimizationConfig, recorder: RunRecorder | None = None) -> tuple[PreparedPipeline, bool]:
@@ -107,8 +110,9 @@ class Engine:
             self.cache.make_room(self._expected_bytes(config))
             prepared = self._build(config, recorder, base)
             self.cache.put(prepared)
-        switch_fused_loras(prepared, config.fused_loras, base.dit, self.loras, recorder, self.device)
-        prepared.owned_bytes = storage_bytes(prepared.dit, exclude=self._base_pointers)
+        switched = switch_fused_loras(prepared, config.fused_loras, base.dit, self.loras, recorder, self.device)
+        if switched or not hit:  # counted over every tensor of the DiT: not again for each run
+            prepared.owned_bytes = storage_bytes(prepared.dit, exclude=self._base_pointers)
         return prepared, hit
 
     def _matched_loras(self, config: OptimizationConfig, base) -> list[dict]:

@@ -46,12 +46,13 @@ class LoraFiles:
         return self._matched[lora.sha256]
 
 
-def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: RunRecorder, device: str) -> None:
-    """Makes `loras` (LoraChoices in stack order, fused mode) the ones written into the prepared DiT."""
+def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: RunRecorder, device: str) -> bool:
+    """Makes `loras` (LoraChoices in stack order, fused mode) the ones written into the prepared DiT; False where
+    they already were."""
     wanted = tuple((lora.sha256, lora.scale) for lora in loras)
     current = prepared.loras or FusedLoras()
     if current.applied == wanted:
-        return
+        return False
     matched = [(lora, files.matched(lora, base_dit, device)) for lora in loras]
     layers = frozenset(name for _, found in matched for name, layer in found.layers.items() if layer.kind != "bias")
     biases = frozenset(name for _, found in matched for name, layer in found.layers.items() if layer.bias is not None)
@@ -70,6 +71,7 @@ def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: Ru
         del prepared.report[key]
     for lora, found in matched:
         prepared.report[f"LoRA {lora.name} (fused)"] = f"{found.report}, fused at scale {lora.scale:g}"
+    return True
 
 
 def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str) -> None:

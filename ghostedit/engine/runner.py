@@ -8,6 +8,7 @@ reverts the DiT to eager with a warning in the result, never silently.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ TEXT_TOKENS_ESTIMATE = 256
 @dataclass
 class EditResult:
     image: Image.Image
-    inputs: list[Image.Image]         # the input images as the model saw them
+    family: object                    # models.family.Family: how the model saw the inputs
     request: EditRequest
     config: object                    # OptimizationConfig
     width: int
@@ -39,6 +40,12 @@ class EditResult:
     attention_backend: str            # the backend that ran ("auto" resolved)
     prepared_report: dict[str, str]
     telemetry: RunTelemetry
+
+    @functools.cached_property
+    def inputs(self) -> list[Image.Image]:
+        """The input images as the model saw them (the VAE's condition images), made when asked for: outside the
+        run's time, which resizes them once inside the pipeline."""
+        return exact.condition_images(self.family, self.request.images)
 
 
 def forward(model_fn, inputs: dict) -> torch.Tensor:
@@ -76,11 +83,11 @@ def dit_contexts(prepared: PreparedPipeline, config, device: str, sequence_lengt
 def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder: RunRecorder, spec,
              device: str) -> EditResult:
     family = prepared.pipe.family
-    width, height, inputs = fit_inputs(request, family)
+    width, height, condition_sizes = fit_inputs(request, family)
     recorder.telemetry.notes.extend(prepared.warnings)
     recorder.telemetry.notes.extend(f"input image {index}: {note}" for index, image in enumerate(request.images, 1)
                                     for note in image_utils.image_notes(image))
-    sequence_length = sum(w * h // 256 for w, h in [(width, height)] + [image.size for image in inputs])
+    sequence_length = sum(w * h // 256 for w, h in [(width, height), *condition_sizes])
     contexts, ran = dit_contexts(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder)
     recorder.telemetry.parallel = parallel.describe()
     with contexts, _Instrumented(prepared, recorder), parallel.edit_context(prepared.pipe, prepared.dit,
@@ -89,16 +96,23 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
                               cfg_scale=request.cfg_scale, edit_image=list(request.images),
                               edit_image_auto_resize=False, zero_cond_t=family.zero_cond_t,
                               height=height, width=width, seed=request.seed, num_inference_steps=request.steps,
-                              progress_bar_cmd=recorder.timed_steps)
+                              progress_bar_cmd=lambda timesteps: recorder.timed_steps(on_device(timesteps, device)))
         recorder.decoding_done()
-    return EditResult(image, inputs, request, config, width, height, ran.get("attention", "diffsynth"),
+    return EditResult(image, family, request, config, width, height, ran.get("attention", "diffsynth"),
                       {**prepared.report, **ran.get("words", {})}, recorder.finish())
+
+
+def on_device(timesteps: torch.Tensor, device: str) -> torch.Tensor:
+    """The schedule's timesteps copied to the device at once, for DiffSynth's denoising loop: it copies each step's
+    timestep to the device (a copy that makes the CPU wait for the GPU there), and one already on the device it
+    only casts."""
+    return timesteps.to(device, non_blocking=True)
 
 
 def fit_inputs(request: EditRequest, family):
     """The output size (the request's, else the family's default: its area at the aspect ratio of the input image
-    the reference takes it from, at most SIZE_RANGE's side) and the condition images the VAE encodes (each input
-    resized once from its original by the family's rule, as the reference does)."""
+    the reference takes it from, at most SIZE_RANGE's side) and the sizes of the condition images the VAE encodes
+    (each input resized once from its original by the family's rule, as the reference does, in the pipeline)."""
     if len(request.images) > family.max_images:
         raise InvalidRequestError(f"{family.name} edits {family.max_images} image(s) at a time; got {len(request.images)}")
     if request.width:
@@ -107,7 +121,7 @@ def fit_inputs(request: EditRequest, family):
         width, height = family.default_size([image.size for image in request.images])
         if max(width, height) > SIZE_RANGE[1]:
             width, height = image_utils.size_for_area(width, height, width * height, SIZE_RANGE[1])
-    return width, height, exact.condition_images(family, request.images)
+    return width, height, exact.condition_sizes(family, request.images)
 
 
 def package_compiled_code(prepared: PreparedPipeline, device: str) -> None:

@@ -130,6 +130,11 @@ def condition_images(family: Family, images: list[Image.Image]) -> list[Image.Im
     return [resized(image, family.condition.vae_area) for image in images]
 
 
+def condition_sizes(family: Family, images: list[Image.Image]) -> list[tuple[int, int]]:
+    """The sizes of condition_images, without resizing."""
+    return [dimensions(family.condition.vae_area, image.size[0] / image.size[1]) for image in images]
+
+
 def to_tensor(image: Image.Image, dtype: torch.dtype, device) -> torch.Tensor:
     """[-1, 1], computed in float32 as the reference's preprocessing is, then cast."""
     array = np.asarray(image, dtype=np.float32) / 255.0 * 2.0 - 1.0
@@ -200,6 +205,7 @@ class ReferenceSchedule(FlowMatchScheduler):
     def __init__(self, config: dict):
         super().__init__("Qwen-Image")
         self.config = config
+        self._step_sizes = {}
 
     def set_timesteps(self, num_inference_steps=100, denoising_strength=1.0, training=False, dynamic_shift_len=None,
                       exponential_shift_mu=None, **kwargs):
@@ -221,15 +227,23 @@ class ReferenceSchedule(FlowMatchScheduler):
         self.sigmas = torch.from_numpy(sigmas).to(torch.float32)
         self.timesteps = self.sigmas * config["num_train_timesteps"]
         self.training = False
+        self._step_sizes = {}
 
     def step(self, model_output, timestep, sample, to_final=False, **kwargs):
         if isinstance(timestep, torch.Tensor):
-            timestep = timestep.cpu()
-        index = torch.argmin((self.timesteps - timestep).abs())
-        last = to_final or index + 1 >= len(self.timesteps)
-        following = torch.zeros(()) if last else self.sigmas[index + 1]
-        step = (following - self.sigmas[index]).to(model_output.device)
+            timestep = timestep.cpu()  # DiffSynth's loop hands the CPU's own; one on the GPU is read back
+        index = int(torch.argmin((self.timesteps - timestep).abs()))
+        step = self._step_sizes_on(model_output.device, to_final)[index]
         return (sample.float() + step * model_output).to(model_output.dtype)
+
+    def _step_sizes_on(self, device, to_final: bool) -> torch.Tensor:
+        """Each step's sigma difference in float32 (to the next sigma, or to 0 after the last or with `to_final`),
+        copied to `device` once per schedule: a copy at every step would make the CPU wait for the GPU there."""
+        key = (torch.device(device), to_final)
+        if key not in self._step_sizes:
+            following = torch.zeros_like(self.sigmas) if to_final else torch.cat([self.sigmas[1:], torch.zeros(1)])
+            self._step_sizes[key] = (following - self.sigmas).to(device, non_blocking=True)
+        return self._step_sizes[key]
 
 
 # ---- the pipeline ----

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 import torch
 
@@ -59,6 +60,41 @@ def configure_dynamo() -> None:
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
                                                            16 * RECOMPILE_LIMIT)
     torch._dynamo.config.specialize_float = True
+    keep_multi_kernel_picks()
+
+
+def keep_multi_kernel_picks() -> None:
+    """Inductor's multi-kernels (inductor-multi-kernel) time their variants on first use and keep the pick in the
+    compile cache, so that a restarted process runs what its first process picked without timing them again (a
+    share of a restart's first call), and without picks that flip between processes where two variants time alike.
+    In torch 2.11 the kept pick does not work: its file is named from each variant's Triton function, which a
+    process that loaded the compiled code from the cache has not rebuilt when the multi-kernel is made, so the
+    read fails. Here the file is named from each variant's source file, which Inductor names by the hash of its
+    code, and the pick is read on the multi-kernel's first run, when its variants exist. Idempotent."""
+    from torch._inductor.codecache import code_hash, get_path
+    from torch._inductor.codegen.multi_kernel import MultiKernelCall
+    if getattr(MultiKernelCall, "ghostedit_keeps_picks", False):
+        return
+    read_pick, run = MultiKernelCall.load_cache, MultiKernelCall.run
+
+    def cache_file_path(self):
+        key = code_hash(",".join(f"{k.kernel_hash}{k.size_hints!r}{k.triton_meta!r}" for k in self.kernels))
+        return Path(get_path(key, "picked_kernel")[2])
+
+    def run_with_kept_pick(self, *args, **kwargs):
+        if self.picked_kernel is None and not self.disable_cache and not self.ghostedit_pick_read:
+            self.ghostedit_pick_read = True
+            if all(kernel.kernel_hash for kernel in self.kernels):
+                read_pick(self)
+            else:  # a variant without a source file: no name to keep its pick under, so timed in every process
+                self.disable_cache = True
+        run(self, *args, **kwargs)
+
+    MultiKernelCall.cache_file_path = cache_file_path
+    MultiKernelCall.load_cache = lambda self: None  # called at construction, before the variants exist
+    MultiKernelCall.run = run_with_kept_pick
+    MultiKernelCall.ghostedit_pick_read = False
+    MultiKernelCall.ghostedit_keeps_picks = True
 
 
 def hand_blocks_plain_tensors(model: torch.nn.Module) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..device import Availability, needs_cuda
+from ..pinned import moved_in_turn
 
 TE_SCALING = {"te": "current", "te-delayed": "delayed"}
 FP8 = torch.float8_e4m3fn   # the FP8 format of GhostEdit's own kernels (the FP8 attention, the fused GELU quantization)
@@ -79,7 +80,7 @@ def _eligible(module: torch.nn.Linear) -> bool:
 
 def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
     """Converts `model`'s linear layers in place (new weight tensors; shared old ones are left alone), each on
-    `device`: a layer in host memory is moved over just before it is quantized."""
+    `device`: layers in host memory are moved over in turn, the next ones' copies overlapping a layer's quantizing."""
     report = Fp8Report(mode)
     if mode == "off":
         return report
@@ -98,8 +99,7 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
     # whole process, which multiplies compile time; GhostEdit offers it as its own measured toggle (inductor-cdt).
     config = (Float8WeightOnlyConfig(set_inductor_config=False) if mode == "storage"
               else Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False))
-    for linear in targets:  # one layer at a time: the device holds one bf16 layer at most, beside the FP8 ones
-        linear.to(device)
+    for linear in moved_in_turn(targets, device):  # the device holds a few bf16 layers at most, beside FP8 ones
         quantize_(linear, config)
         linear.ghostedit_fp8_config = config  # how to quantize new values written in place (a fused LoRA)
     return report

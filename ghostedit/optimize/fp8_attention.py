@@ -104,7 +104,8 @@ def _handle(cudnn, device: torch.device):
     return handles[device]
 
 
-def _build_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride):
+def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride):
+    """cuDNN's FP8 attention graph for these shapes and strides, validated, before any execution plan."""
     batch, heads, seq_q, seq_kv, head_dim = shape
     graph = cudnn.pygraph(handle=handle, io_data_type=cudnn.data_type.FP8_E4M3,
                           intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
@@ -127,6 +128,11 @@ def _build_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stri
         .set_data_type(cudnn.data_type.FLOAT)
     graph.validate()
     graph.build_operation_graph()
+    return graph
+
+
+def _build_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride):
+    graph = operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride)
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     graph.check_support()
     graph.build_plans()

@@ -3,6 +3,7 @@ what runs outside the named stages. For issue 17's second target (4 steps, CFG 1
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):
     python3 scripts/gpu/profile_edit.py [--config best] [--steps 4] [--cfg 1] [--side 1024] [--out DIR]
+    py-spy record --format raw -o stacks.txt -- python3 scripts/gpu/profile_edit.py --cpu-runs 10 (see cpu_stacks.py)
 Loads the full-size synthetic model (`--model tiny --device cpu` rehearses on a CPU), runs the edit twice (load, prepare and compile; then warm), then profiles a
 third run with torch.profiler. The stages are the ranges RunRecorder.stage names in the trace; a kernel belongs to
 the stage its launch falls in. Wall times are the warm run's, kernel times the profiled run's. Writes DIR/profile-edit/results.json and prints the table.
@@ -74,6 +75,8 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=1024)
     parser.add_argument("--model", default="synthetic", help="tiny with --device cpu rehearses the script")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--cpu-runs", type=int, default=0, help="then this many warm edits in cpu_sampled_runs, for a "
+                        "sampling profiler run around the script (scripts/gpu/cpu_stacks.py reads its samples)")
     args = parser.parse_args()
     engine = Engine(args.model, device=args.device)
     config = OptimizationConfig.parse(args.config)
@@ -104,6 +107,13 @@ def main() -> None:
                                 "idle_s": "GPU idle s", "kernels": "kernel names"}))
     for row in rows:
         print(row["stage"], [f"{kernel['ms']:.1f} ms {kernel['name']}" for kernel in row["top"]])
+    cpu_sampled_runs(engine, request, config, args.cpu_runs)
+
+
+def cpu_sampled_runs(engine, request, config, runs: int) -> None:
+    """Warm edits whose samples scripts/gpu/cpu_stacks.py keeps: they are the samples under this function."""
+    for _ in range(runs):
+        engine.run(request, config)
 
 
 if __name__ == "__main__":

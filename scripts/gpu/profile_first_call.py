@@ -4,7 +4,8 @@ then in a new process that finds the cache on disk (a restart).
 On the GPU machine (after `source scripts/gpu/setup.sh`):
     python3 scripts/gpu/profile_first_call.py cold [CONFIG]; python3 scripts/gpu/profile_first_call.py restart --cprofile [CONFIG]
 Builds the full-size synthetic DiT alone, prepares the configuration (default: the bench's best), and runs its
-first forward (with --cprofile, under cProfile, which slows Python-heavy work). Writes first-call-<label>.json:
+first forward (with --cprofile, the preparation and the first forward under cProfile, which slows Python-heavy
+work). Writes first-call-<label>.json:
 wall times, Dynamo's compile-time breakdown, the compile caches' hit/miss/bypass counters, and with --cprofile the
 functions with the most cumulative and own time.
 """
@@ -45,8 +46,13 @@ def main() -> None:
     inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
     built = time.perf_counter()
+    preparing = cProfile.Profile() if args.cprofile else None
+    if preparing:
+        preparing.enable()
     pipeline, _ = engine.prepare(config)
     torch.cuda.synchronize()
+    if preparing:
+        preparing.disable()
     prepared = time.perf_counter()
     with running(pipeline, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
         profile = cProfile.Profile() if args.cprofile else None
@@ -65,19 +71,23 @@ def main() -> None:
     result = {
         "config": config.label, "label": args.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
-        "build_s": built - began, "prepare_s": prepared - built, "first_call_s": first_call,
+        "build_s": built - began, "prepare_s": prepared - built, "prepare_stages_s": pipeline.prepare_seconds,
+        "first_call_s": first_call,
         "second_call_s": second_call,
         "dynamo_compile_times": compile_times(repr="str", aggregate=True),
         "counters": {group: dict(values) for group, values in counters.items() if values},
         "cprofile": args.cprofile,
         "top_cumulative": top_functions(profile, "cumulative") if profile else [],
         "top_own_time": top_functions(profile, "tottime") if profile else [],
+        "prepare_top_cumulative": top_functions(preparing, "cumulative") if preparing else [],
     }
-    print(json.dumps({key: result[key] for key in ("label", "prepare_s", "first_call_s", "second_call_s")}),
+    print(json.dumps({key: result[key] for key in ("label", "prepare_s", "prepare_stages_s", "first_call_s",
+                                                       "second_call_s")}),
           flush=True)
     print(result["dynamo_compile_times"])
     print(json.dumps(result["counters"], indent=1))
     print("\n".join(result["top_cumulative"][:30]))
+    print("\n".join(result["prepare_top_cumulative"][:30]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"first-call-{args.label}.json").write_text(json.dumps(result, indent=2))
