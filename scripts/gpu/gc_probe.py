@@ -1,0 +1,78 @@
+"""Do Python's garbage-collection pauses explain the noisy text-encoding stage of warm edits? Times each warm edit's
+stages beside the GC pauses inside it (gc.callbacks), then the same after gc.freeze() (the objects alive then, among
+them the compiled code's, are left out of later collections).
+
+On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 scripts/gpu/gc_probe.py [--runs 6] [--out DIR]
+Full-size synthetic model, best configuration, 1024x1024, 4 steps, CFG 1. Writes gc-probe.json.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from pathlib import Path
+
+from PIL import Image
+
+from ghostedit import EditRequest, OptimizationConfig
+from ghostedit.bench.pipeline import DEFAULT_IMAGE
+from ghostedit.engine import Engine
+
+
+class Pauses:
+    """Seconds spent in collections, per generation, since the last reset."""
+
+    def __init__(self):
+        self.started, self.seconds, self.counts = None, [0.0] * 3, [0] * 3
+        gc.callbacks.append(self.callback)
+
+    def callback(self, phase, info):
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self.started
+            self.counts[info["generation"]] += 1
+
+    def reset(self):
+        self.seconds, self.counts = [0.0] * 3, [0] * 3
+
+
+def timed_runs(engine, request, config, runs: int, pauses: Pauses) -> list[dict]:
+    rows = []
+    for _ in range(runs):
+        pauses.reset()
+        summary = engine.run(request, config).telemetry.summary()
+        rows.append({"total_s": summary["total_s"], "stages_s": summary["stages_s"],
+                     "gc_s": list(pauses.seconds), "gc_counts": list(pauses.counts)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=6)
+    parser.add_argument("--config", default="best")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    args = parser.parse_args()
+    engine = Engine("synthetic", device="cuda")
+    config = OptimizationConfig.parse(args.config)
+    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
+                          "night", width=1024, height=1024, steps=4, cfg_scale=1.0, seed=0)
+    engine.run(request, config)  # load, prepare, compile
+    engine.run(request, config)
+    pauses = Pauses()
+    found = {"config": config.label, "tracked_objects": len(gc.get_objects()), "thresholds": gc.get_threshold()}
+    found["unfrozen"] = timed_runs(engine, request, config, args.runs, pauses)
+    gc.freeze()
+    found["frozen_objects"] = gc.get_freeze_count()
+    found["frozen"] = timed_runs(engine, request, config, args.runs, pauses)
+    out = Path(args.out) / "gc-probe"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gc-probe.json").write_text(json.dumps(found, indent=1))
+    print({key: found[key] for key in ("tracked_objects", "frozen_objects", "thresholds")})
+
+
+if __name__ == "__main__":
+    main()
