@@ -1,5 +1,6 @@
 """The engine on the tiny model: edits, the prepared-pipeline cache, LoRA, FP8, compile, telemetry."""
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -285,7 +286,7 @@ def test_the_dit_forward_reads_the_prompt_mask_from_a_host_copy_made_once_per_ma
 
 def test_steps_on_a_gpu_are_timed_a_step_behind_the_cpu(monkeypatch):
     """With CUDA events a step is timed once the CPU has handed over the next one (nothing waits for the GPU between
-    steps), each step less its own excluded time, and the steps still untimed when the loop ends."""
+    steps), each step less its own warm-up stages, and the steps still untimed when the loop ends."""
     class EventClock:  # stands in for CUDA events: each mark one second after the one before
         steps_ahead = 1
 
@@ -305,6 +306,10 @@ def test_steps_on_a_gpu_are_timed_a_step_behind_the_cpu(monkeypatch):
     for index, _ in enumerate(recorder.timed_steps([0, 1, 2])):
         assert len(recorder.telemetry.step_seconds) == max(index - 1, 0)
         if index == 1:
-            recorder.exclude_from_current_step(0.25)
-    assert recorder.telemetry.step_seconds == [1.0, 0.75, 1.0]
-    assert [event.step_seconds for event in events if event.step_seconds is not None] == [1.0, 0.75, 1.0]
+            with recorder.stage("compile warm-up", warm_up=True):
+                time.sleep(0.25)
+    warm_up = recorder.telemetry.stages["compile warm-up"]
+    assert warm_up >= 0.25
+    assert recorder.telemetry.step_seconds == [1.0, 1.0 - warm_up, 1.0]
+    assert recorder.telemetry.warm_up_steps == [1]
+    assert [event.step_seconds for event in events if event.step_seconds is not None] == [1.0, 1.0 - warm_up, 1.0]

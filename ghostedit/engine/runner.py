@@ -9,7 +9,6 @@ reverts the DiT to eager with a warning in the result, never silently.
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -157,12 +156,10 @@ class _Instrumented:
         shape = _shape_signature(inputs)
         if not compile_blocks.is_compiled(self.prepared.dit) or shape in self.prepared.warmed_shapes:
             return forward(self.model_fn, inputs)
-        start = time.perf_counter()
-        with self.recorder.stage("compile warm-up", "compiling (first call at this shape)"):
+        with self.recorder.stage("compile warm-up", "compiling (first call at this shape)", warm_up=True):
             output = self._first_compiled_forward(inputs)
-        package_compiled_code(self.prepared, self.recorder.device)
+            package_compiled_code(self.prepared, self.recorder.device)
         self.prepared.warmed_shapes.add(shape)
-        self.recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
         return output
 
     def _first_compiled_forward(self, inputs):

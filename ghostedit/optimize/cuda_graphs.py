@@ -15,7 +15,6 @@ one entry into the DiT for the length of a forward, an entry that runs the whole
 from __future__ import annotations
 
 import contextlib
-import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -119,10 +118,9 @@ class BlockLoopGraphs:
 
     def _record(self, blocks, held: list, spec, key) -> _Graph:
         arguments = pytree.tree_unflatten(held, spec)
-        start = time.perf_counter()
-        with self._recorder.stage("CUDA graph capture", "capturing the DiT's blocks as a CUDA graph at this shape"):
+        with self._recorder.stage("CUDA graph capture", "capturing the DiT's blocks as a CUDA graph at this shape",
+                                  warm_up=True):
             replay, outputs, self._pool = self._capture.capture(lambda: run_loop(blocks, arguments), self._pool)
-        self._recorder.exclude_from_current_step(time.perf_counter() - start, warm_up=True)
         graph = self._graphs[key] = _Graph(replay, held, tuple(outputs))
         self.captured += 1
         _keep_newest(self._graphs)
