@@ -64,6 +64,30 @@ def test_a_compiled_text_encoder_gives_the_eager_image_and_compiles_once(house):
     assert float((compiled_hidden - eager_hidden).norm() / eager_hidden.norm()) < 1e-5
 
 
+def test_joined_vision_windows_attend_as_the_per_window_calls_in_one_call_per_block(monkeypatch):
+    """text-encoder=joined-windows: the vision tower's output as transformers' per-window SDPA gives it, with one
+    attention call per block instead of one per window."""
+    text_encoder = Engine("tiny", device="cpu").load().text_encoder
+    visual = text_encoder.model.visual
+    context = SimpleNamespace(prepared=SimpleNamespace(pipe=SimpleNamespace(text_encoder=text_encoder)),
+                              device="cpu", recorder=None)
+    grid = torch.tensor([[1, 16, 16]])  # 256 patches: windows of 8x8 patches in the windowed blocks
+    pixels = torch.randn(256, visual.patch_embed.proj.weight[0].numel(), generator=torch.Generator().manual_seed(0))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs))
+    with torch.no_grad():
+        per_window = visual(pixels, grid_thw=grid).pooler_output
+        per_window_calls = len(calls)
+        calls.clear()
+        with text_encoder_toggle._text_encoder(context, "joined-windows"):
+            joined = visual(pixels, grid_thw=grid).pooler_output
+    assert len(calls) == len(visual.blocks) < per_window_calls
+    assert float((joined - per_window).norm() / per_window.norm()) < 1e-5
+    assert visual.config._attn_implementation == "sdpa"  # put back after the run
+
+
 def test_a_streamed_text_encoder_is_not_compiled_and_says_why():
     text_encoder = Engine("tiny", device="cpu").load().text_encoder  # on the CPU: as a streamed one on a GPU machine
     context = SimpleNamespace(prepared=SimpleNamespace(pipe=SimpleNamespace(text_encoder=text_encoder)),

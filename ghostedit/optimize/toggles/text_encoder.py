@@ -2,13 +2,15 @@
 vision blocks (regional, dynamic shapes), for a text encoder that an H100 profile showed idle most of its stage
 while Python launched its small kernels one by one (docs/benchmarks.md, section 6). The text encoder is shared by
 every configuration, so the compiled layers are set for the run and put back after it; Dynamo keeps their code, so
-only the first run compiles (inside its text-encoding stage). The VAE gets no such choice: DiffSynth's causal VAE
-carries its frame cache in Python lists that it changes in place, which Dynamo cannot keep in one graph."""
+only the first run compiles (inside its text-encoding stage). `joined-windows`: the vision tower's windowed
+attention in one call per block (optimize/vision_windows.py), also set for the run only. The VAE gets no such
+choice: DiffSynth's causal VAE carries its frame cache in Python lists that it changes in place, which Dynamo
+cannot keep in one graph."""
 import contextlib
 import weakref
 
 from ...device import Availability, UnavailableOptionError
-from .. import compile as compile_blocks
+from .. import compile as compile_blocks, vision_windows
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
@@ -31,6 +33,10 @@ def _text_encoder(context: RunContext, choice: str):
         yield
         return
     text_encoder = context.prepared.pipe.text_encoder
+    if choice == "joined-windows":
+        with vision_windows.joined_windows(text_encoder):
+            yield
+        return
     if not _on_device(text_encoder, context.device):
         raise UnavailableOptionError("text-encoder compiled needs the text encoder on the device; here it is streamed "
                                      "from host memory layer by layer (memory mode low)")
@@ -50,13 +56,15 @@ def _text_encoder(context: RunContext, choice: str):
 
 
 def _availability(choice: str, device: str) -> Availability:
-    return Availability.yes() if choice == "eager" else compile_blocks.availability("regional", device)
+    return Availability.yes() if choice != "compiled" else compile_blocks.availability("regional", device)
 
 
 register(Toggle(
     name="text-encoder", label="Text encoder",
-    help="eager, or each of its layers compiled with torch.compile (the first run compiles them)",
+    help="eager, each of its layers compiled with torch.compile (the first run compiles them), or its vision "
+         "tower's windowed attention in one call per block",
     choices=(Choice("eager", "eager (as DiffSynth runs it)"),
-             Choice("compiled", "compiled (torch.compile of each layer)")),
+             Choice("compiled", "compiled (torch.compile of each layer)"),
+             Choice("joined-windows", "vision windows joined (one attention call per vision block)")),
     default="eager", changes=RUN, order=96, run_context=_text_encoder, availability=_availability,
 ))
