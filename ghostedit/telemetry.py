@@ -332,11 +332,13 @@ class RunRecorder:
                                        self.elapsed(), eta, memory, self._peak, message, download=download))
 
     @contextlib.contextmanager
-    def stage(self, name: str, message: str = "", into_prepare: bool = False, warm_up: bool = False):
-        """Time a stage; `into_prepare` files it as a named prepare step (fuse, quantize, compile...); `warm_up`: a
-        first-use stage inside a denoising step (compiling, capturing a graph), whose time is left out of the step's
-        and whose step is left out of the median step time. Its time starts once the device has done the work
-        handed to it before: a step timed on the GPU's clock does not contain that wait, nor the steps before."""
+    def stage(self, name: str, message: str = "", into_prepare: bool = False, out_of_step: bool = False,
+              warm_up: bool = False):
+        """Time a stage; `into_prepare` files it as a named prepare step (fuse, quantize, compile...). Inside a
+        denoising step, `out_of_step`: one-time work (capturing a graph) left out of the step's time; `warm_up`: a
+        compiling first call, left out too, and its step left out of the median step time, since the step's other
+        work may not run as it will later. A stage's time starts once the device has done the work handed to it
+        before: a step timed on the GPU's clock does not contain that wait, nor the steps before."""
         self.check_cancelled()
         self.emit("preparing" if into_prepare else name, message or name)
         synchronize(self.device)
@@ -352,9 +354,9 @@ class RunRecorder:
                 self.telemetry.add_stage("prepare", seconds)
             else:
                 self.telemetry.add_stage(name, seconds)
-            if warm_up:
+            if out_of_step or warm_up:
                 self._excluded_from_step += seconds
-                self._step_warmed_up = True
+            self._step_warmed_up |= warm_up
 
     def timed_steps(self, timesteps):
         """Wraps the denoising loop's iterable (DiffSynth's progress_bar_cmd): times each step as it finishes. On a

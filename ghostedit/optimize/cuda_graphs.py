@@ -119,7 +119,7 @@ class BlockLoopGraphs:
     def _record(self, blocks, held: list, spec, key) -> _Graph:
         arguments = pytree.tree_unflatten(held, spec)
         with self._recorder.stage("CUDA graph capture", "capturing the DiT's blocks as a CUDA graph at this shape",
-                                  warm_up=True):
+                                  out_of_step=True):  # the step's replays that follow run as every later one
             replay, outputs, self._pool = self._capture.capture(lambda: run_loop(blocks, arguments), self._pool)
         graph = self._graphs[key] = _Graph(replay, held, tuple(outputs))
         self.captured += 1
