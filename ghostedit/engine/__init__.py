@@ -14,7 +14,6 @@ expected_prepare_seconds() read published state without it, so the page answers 
 from __future__ import annotations
 
 import threading
-import weakref
 
 from ..config import EditRequest, OptimizationConfig
 from ..diffsynth_patches import check_version
@@ -22,7 +21,7 @@ from ..device import Availability, UnavailableOptionError, default_device
 from ..models import ModelSpec, availability as model_availability, resolve
 from ..models.dtypes import component_dtypes, dtype_name
 from ..optimize import lora as lora_layers, registry
-from ..tensors import storage_bytes, storage_pointers
+from ..tensors import storage_bytes
 from ..telemetry import ProgressCallback, RunRecorder
 from . import placement as placements, report
 from .cache import PreparedCache
@@ -52,8 +51,6 @@ class Engine:
         self.loras = LoraFiles()
         self.prepare_times = report.PrepareTimes(self.spec.source, self.device)
         self._lock = threading.RLock()
-        self._base_pointers: set[int] = set()
-        self._pointers_of = lambda: None       # the base DiT they were listed for (weakly held)
 
     # ---- what can run here ----
 
@@ -88,10 +85,7 @@ class Engine:
             if self.store.placement is not None and self.store.plan(config.value("memory")) != self.store.placement:
                 self.cache.free()  # their DiTs were built for the old placement
                 self.store.replace(config.value("memory"))
-            base = self.store.load(config.value("memory"), recorder or RunRecorder(self.device))
-            if self._pointers_of() is not base.dit:  # a new base: its storages listed once, not for every run
-                self._pointers_of, self._base_pointers = weakref.ref(base.dit), storage_pointers(base.dit)
-            return base
+            return self.store.load(config.value("memory"), recorder or RunRecorder(self.device))
 
     def prepare(self, config: OptimizationConfig, recorder: RunRecorder | None = None) -> tuple[PreparedPipeline, bool]:
         """The prepared pipeline for `config` (its fused LoRAs written in) and whether it came from the cache. Out
@@ -112,7 +106,7 @@ class Engine:
             self.cache.put(prepared)
         switched = switch_fused_loras(prepared, config.fused_loras, base.dit, self.loras, recorder, self.device)
         if switched or not hit:  # counted over every tensor of the DiT: not again for each run
-            prepared.owned_bytes = storage_bytes(prepared.dit, exclude=self._base_pointers)
+            prepared.owned_bytes = storage_bytes(prepared.dit, exclude=self.store.base_pointers)
         return prepared, hit
 
     def _matched_loras(self, config: OptimizationConfig, base) -> list[dict]:
@@ -129,7 +123,7 @@ class Engine:
     def _build(self, config: OptimizationConfig, recorder: RunRecorder, base) -> PreparedPipeline:
         dit, words = prepare_dit(base.dit, config, recorder, self.device)
         return PreparedPipeline(config.cache_key, config, _pipeline_with_dit(base, dit),
-                                storage_bytes(dit, exclude=self._base_pointers), words,
+                                storage_bytes(dit, exclude=self.store.base_pointers), words,
                                 dict(recorder.telemetry.prepare_steps))
 
     def _expected_bytes(self, config: OptimizationConfig) -> int:

@@ -8,7 +8,7 @@ import torch
 from ..device import empty_cache
 from ..models import ModelSpec, load_base_pipeline
 from ..pinned import PinnedArena, pin_module
-from ..tensors import storage_bytes
+from ..tensors import storage_bytes, storage_pointers
 from . import placement as placements
 
 
@@ -20,6 +20,7 @@ class ModelStore:
         self.placement: placements.Placement | None = None
         self.load_count = 0
         self._streamed_state = None   # the text encoder's pinned weights while it is streamed
+        self.base_pointers: set[int] = set()  # the base DiT's storages, listed whenever they change
 
     def sizes(self) -> placements.Sizes:
         """Bytes of each component: measured once loaded, the model's nominal sizes before."""
@@ -46,6 +47,7 @@ class ModelStore:
                     on_download=recorder.download_progress)
                 self.placement = placements.decide(mode, self.device, self.sizes())
                 self._apply(self.placement, previous=None)
+                self.base_pointers = storage_pointers(self.pipe.dit)
             self.load_count += 1
         return self.pipe
 
@@ -56,6 +58,7 @@ class ModelStore:
             return False
         previous, self.placement = self.placement, wanted
         self._apply(wanted, previous)
+        self.base_pointers = storage_pointers(self.pipe.dit)
         return True
 
     def _apply(self, wanted: placements.Placement, previous: placements.Placement | None) -> None:

@@ -205,7 +205,6 @@ class ReferenceSchedule(FlowMatchScheduler):
     def __init__(self, config: dict):
         super().__init__("Qwen-Image")
         self.config = config
-        self._step_sizes = {}
 
     def set_timesteps(self, num_inference_steps=100, denoising_strength=1.0, training=False, dynamic_shift_len=None,
                       exponential_shift_mu=None, **kwargs):

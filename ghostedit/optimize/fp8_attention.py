@@ -157,6 +157,15 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([part.view(torch.uint8) for part in parts], dim=1).view(FP8)
 
 
+def variant_pack(q, k, v, output, q_descale, k_descale, v_descale) -> dict:
+    """The tensors of one execution of the graph by uid: q, k, v and the output in [batch, heads, seq, head_dim]
+    order, the output scaled as v is."""
+    scale_s, descale_s = _softmax_scales(q.device)
+    return {_Q: q, _K: k, _V: v, _O: output, _AMAX_O: torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device),
+            _DESCALE_Q: q_descale, _DESCALE_K: k_descale, _DESCALE_V: v_descale,
+            _DESCALE_S: descale_s, _SCALE_S: scale_s, _SCALE_O: v_descale.reciprocal()}
+
+
 @torch.library.custom_op("ghostedit::cudnn_fp8_attention", mutates_args=())
 def cudnn_fp8_attention(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
                         q_descale: torch.Tensor, k_descale: torch.Tensor, v_descale: torch.Tensor) -> torch.Tensor:
@@ -172,19 +181,13 @@ def cudnn_fp8_attention(q: list[torch.Tensor], k: list[torch.Tensor], v: list[to
     output_stride = _bshd_output_stride(batch, heads, seq_q, head_dim)
     handle = _handle(cudnn, q.device)
     output = torch.empty((batch, seq_q, heads, head_dim), dtype=FP8, device=q.device)
-    scale_s, descale_s = _softmax_scales(q.device)
-    variant_pack = {
-        _Q: q, _K: k, _V: v, _O: output.permute(0, 2, 1, 3),
-        _AMAX_O: torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device),
-        _DESCALE_Q: q_descale, _DESCALE_K: k_descale, _DESCALE_V: v_descale,
-        _DESCALE_S: descale_s, _SCALE_S: scale_s, _SCALE_O: v_descale.reciprocal(),
-    }
+    pack = variant_pack(q, k, v, output.permute(0, 2, 1, 3), q_descale, k_descale, v_descale)
     key = (shape, q.stride(), k.stride(), v.stride(), q.device)
     with _graphs_lock:
         if key not in _graphs:
             _graphs[key] = _build_graph(cudnn, handle, shape, q.stride(), k.stride(), v.stride(), output_stride)
         graph, workspace_bytes = _graphs[key]
-    graph.execute(variant_pack, torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device), handle=handle)
+    graph.execute(pack, torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device), handle=handle)
     return output
 
 

@@ -324,8 +324,8 @@ class Handlers:
 
 
 def _before_after(result) -> tuple[Image.Image, Image.Image]:
-    """The first input as the model saw it, at the output's size, beside the output."""
-    return fit(result.inputs[0], result.image.size), result.image
+    """The first input at the output's size (resized once from the upload), beside the output."""
+    return fit(result.request.images[0], result.image.size), result.image
 
 
 def _comparison_caption(history: History) -> str:

@@ -54,15 +54,16 @@ def record_from_result(result, number: int) -> RunRecord:
                   for setting, value in config.settings().items()}}
     params = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "steps": request.steps,
               "cfg_scale": request.cfg_scale, "seed": request.seed, "width": result.width, "height": result.height,
-              "input_images": len(result.inputs)}
+              "input_images": len(request.images)}
     return RunRecord(number, config.label, toggles, params, edit_key(result), result.image,
                      result.telemetry.summary(), result.attention_backend, dict(result.prepared_report))
 
 
 def edit_key(result) -> str:
-    """Identifies the edit apart from the things being compared (toggles, steps, CFG)."""
+    """Identifies the edit apart from the things being compared (toggles, steps, CFG): the input images as given
+    (not resized again for the key), the prompts, the seed and the output size."""
     digest = hashlib.sha256()
-    for image in result.inputs:
+    for image in result.request.images:
         digest.update(f"{image.size}".encode())
         digest.update(image.tobytes())
     request = result.request

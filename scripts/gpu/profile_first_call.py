@@ -12,6 +12,7 @@ functions with the most cumulative and own time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -46,22 +47,15 @@ def main() -> None:
     inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
     built = time.perf_counter()
-    preparing = cProfile.Profile() if args.cprofile else None
-    if preparing:
-        preparing.enable()
-    pipeline, _ = engine.prepare(config)
-    torch.cuda.synchronize()
-    if preparing:
-        preparing.disable()
+    preparing, profile = (cProfile.Profile() if args.cprofile else None for _ in range(2))
+    with preparing or contextlib.nullcontext():
+        pipeline, _ = engine.prepare(config)
+        torch.cuda.synchronize()
     prepared = time.perf_counter()
     with running(pipeline, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
-        profile = cProfile.Profile() if args.cprofile else None
-        if profile:
-            profile.enable()
-        call()
-        torch.cuda.synchronize()
-        if profile:
-            profile.disable()
+        with profile or contextlib.nullcontext():
+            call()
+            torch.cuda.synchronize()
         first_call = time.perf_counter() - prepared
         start = time.perf_counter()
         call()
