@@ -39,6 +39,14 @@ def test_the_dit_level_writes_each_shape_and_where_its_process_time_went(tmp_pat
     assert printed.split(", ")[-1].startswith("results written ")
 
 
+def test_the_dit_level_takes_the_encoders_settings_of_a_preset_with_no_encoder_loaded(tmp_path):
+    """best sets the VAE's and the text encoder's run-time toggles; a DiT forward has neither to act on."""
+    results = bench(tmp_path, "--level", "dit", "--shapes", "64", "--repeats", "1",
+                    "--configs", "baseline", "vae=image,text-encoder=joined-windows")
+    assert [row["config"] for row in results["rows"]] == ["stock", "text-encoder-joined-windows + vae-image"]
+    assert results["rows"][1]["rel_error"] == 0.0   # the same DiT forward
+
+
 def test_the_dit_experiments_time_the_whole_forward_beside_its_blocks(tmp_path):
     results = bench(tmp_path, "--level", "dit", "--shapes", "64", "--repeats", "1", "--configs", "baseline",
                     "--experiments")

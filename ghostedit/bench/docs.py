@@ -13,6 +13,7 @@ from pathlib import Path
 from ..config import OptimizationConfig
 from ..figures import RESULTS, results
 from ..optimize import registry
+from ..telemetry import STAGE_ORDER
 from .output import markdown_table
 
 ROOT = RESULTS.parent.parent
@@ -41,13 +42,24 @@ def name(row: dict) -> str:
     if row["text"] in named:
         return named[row["text"]]
     for preset in ("best", "exact"):
-        added = _added_to(row["text"], preset)
-        if added:
-            return f"{preset} + {' + '.join(added)}"
-        left_out = _rewrites_left_out(row["text"], preset)
-        if left_out:
-            return f"{preset} without {' and '.join(left_out)}"
+        for settings, called in ((preset, preset), (_dit_of(preset), f"{preset}'s DiT")):
+            if OptimizationConfig.parse(row["text"]) == OptimizationConfig.parse(settings):
+                return called
+            added = _added_to(row["text"], settings)
+            if added:
+                return f"{called} + {' + '.join(added)}"
+            left_out = _rewrites_left_out(row["text"], settings)
+            if left_out:
+                return f"{called} without {' and '.join(left_out)}"
     return row["config"]
+
+
+def _dit_of(preset: str) -> str:
+    """`preset` with the text encoder and VAE as released: what a DiT forward of it runs (and what the preset was
+    before it set the encoders' toggles)."""
+    config = OptimizationConfig.parse(preset)
+    return config.replace(**{toggle.name: toggle.default for toggle in registry.singles()
+                             if toggle.component != "dit"}).text
 
 
 def _added_to(text: str, preset: str) -> list[str]:
@@ -437,6 +449,26 @@ def profile_edit() -> str:
             f"{environment['date']}, `docs/benchmarks/profile-edit/`).\n\n{table}\n")
 
 
+def run_toggles() -> str:
+    """Section 6: the encoders' run-time toggles A/B'd on one prepared pipeline, in rotating turns
+    (scripts/gpu/run_toggles_probe.py): each stage's median per variant, and its image against the base's."""
+    found = results("run-toggles")
+    base = next(row for row in found["rows"] if row["variant"] == "base")
+    rows = []
+    for row in found["rows"]:
+        stages = {stage: row[stage] for stage in STAGE_ORDER if stage in row}
+        rows.append({"variant": "base" if row is base else f"base + {row['variant']}", "edit": row["total_s"],
+                     **stages, "psnr": row["against_base"]["psnr_db"], "max_abs": row["against_base"]["max_abs"]})
+    columns = {"variant": "variant", "edit": "edit s", **{stage: f"{stage} s" for stage in stages},
+               "psnr": "PSNR dB vs base", "max_abs": "max abs diff"}
+    environment = found["environment"]
+    return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x{found['side']}, {found['steps']} steps, CFG "
+            f"{found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
+            f"(`scripts/gpu/run_toggles_probe.py`, {environment['gpu']}, torch {environment['torch']}, "
+            f"{environment['date']}, `docs/benchmarks/run-toggles/`). The base's own row compares two of its warm "
+            f"images.\n\n{markdown_table(rows, columns)}\n")
+
+
 def attention() -> str:
     path = RESULTS / "attention" / "attention.json"
     found = json.loads(path.read_text())
@@ -535,7 +567,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "multi-kernel": multi_kernel, "end-to-end": end_to_end, "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph,
-            "profile-edit": profile_edit, "attention": attention,
+            "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
             "parallel": parallel}
 
 

@@ -21,14 +21,20 @@ class ModelStore:
         self.load_count = 0
         self._streamed_state = None   # the text encoder's pinned weights while it is streamed
         self.base_pointers: set[int] = set()  # the base DiT's storages, listed whenever they change
+        self._loaded_sizes: placements.Sizes | None = None  # counted once loaded: base weights are never rewritten
 
     def sizes(self) -> placements.Sizes:
         """Bytes of each component: measured once loaded, the model's nominal sizes before."""
-        if self.pipe is None:
-            sizes = self.spec.nominal_sizes(self.dtypes)
-            return placements.Sizes(sizes.dit, 0, 0) if self.dit_only else sizes
-        return placements.Sizes(*(storage_bytes(module) if (module := getattr(self.pipe, name)) is not None else 0
-                                  for name in ("dit", "text_encoder", "vae")))
+        if self._loaded_sizes is not None:
+            return self._loaded_sizes
+        sizes = self.spec.nominal_sizes(self.dtypes)
+        return placements.Sizes(sizes.dit, 0, 0) if self.dit_only else sizes
+
+    def _count_loaded(self) -> None:
+        """The loaded components' bytes, counted before any is streamed (every run's check reads them: counting
+        thousands of tensors each time cost an edit milliseconds)."""
+        self._loaded_sizes = placements.Sizes(*(storage_bytes(module) if (module := getattr(self.pipe, name))
+                                                is not None else 0 for name in ("dit", "text_encoder", "vae")))
 
     def plan(self, mode: str) -> placements.Placement:
         """Where the components would live in `mode` (placed already if it is the current one)."""
@@ -45,6 +51,7 @@ class ModelStore:
                     self.spec, self.device, self.dtypes, base_dit_on_gpu=wanted.base_on_gpu, dit_only=self.dit_only,
                     text_encoder_on_gpu=wanted.where["text_encoder"] in (placements.GPU, placements.CPU),
                     on_download=recorder.download_progress)
+                self._count_loaded()
                 self.placement = placements.decide(mode, self.device, self.sizes())
                 self._apply(self.placement, previous=None)
                 self.base_pointers = storage_pointers(self.pipe.dit)

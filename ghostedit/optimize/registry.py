@@ -91,6 +91,7 @@ class Toggle:
     compile_options: dict = field(default_factory=dict)   # Inductor options this toggle adds when not off
     availability: Callable[[str, str], Availability] = staticmethod(lambda value, device: Availability.yes())
     tag: Callable[[str], str] | None = None        # its part of a configuration's label (default: name-value)
+    component: str = "dit"                         # the model component it changes: dit, text_encoder or vae
 
     def label_part(self, value: str) -> str | None:
         if value == self.default:
@@ -209,10 +210,11 @@ def words(setting: str, value: str) -> str:
 
 
 def run_contexts(config, context: RunContext) -> ContextManager:
-    """Every toggle's run-time context for this configuration, entered in preparation order."""
+    """Every toggle's run-time context for this configuration, entered in preparation order. A toggle of a component
+    the pipeline has not loaded has nothing to act on (the DiT-level bench loads the DiT alone)."""
     stack = contextlib.ExitStack()
     for toggle in toggles():
-        if toggle.run_context is not None:
+        if toggle.run_context is not None and getattr(context.prepared.pipe, toggle.component) is not None:
             stack.enter_context(toggle.run_context(context, config.value(toggle.name)))
     return stack
 

@@ -17,7 +17,7 @@ def _active(context: RunContext, backend: str):
     elif backend == "diffsynth":
         words = f"DiffSynth default ({attention.diffsynth_default()})"
     context.ran["attention"] = backend
-    context.ran["words"] = {"attention": words}
+    context.ran.setdefault("words", {})["attention"] = words
     with attention.active(backend):
         yield
 

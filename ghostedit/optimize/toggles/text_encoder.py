@@ -3,9 +3,9 @@ vision blocks (regional, dynamic shapes), for a text encoder that an H100 profil
 while Python launched its small kernels one by one (docs/benchmarks.md, section 6). The text encoder is shared by
 every configuration, so the compiled layers are set for the run and put back after it; Dynamo keeps their code, so
 only the first run compiles (inside its text-encoding stage). `joined-windows`: the vision tower's windowed
-attention in one call per block (optimize/vision_windows.py), also set for the run only. The VAE gets no such
-choice: DiffSynth's causal VAE carries its frame cache in Python lists that it changes in place, which Dynamo
-cannot keep in one graph."""
+attention in one call per block (optimize/vision_windows.py), also set for the run only. The VAE is not compiled:
+DiffSynth's causal VAE carries its frame cache in Python lists that it changes in place, which Dynamo cannot keep in
+one graph (its own toggle, `vae`, runs it as an image network instead)."""
 import contextlib
 import weakref
 
@@ -66,5 +66,5 @@ register(Toggle(
     choices=(Choice("eager", "eager (as DiffSynth runs it)"),
              Choice("compiled", "compiled (torch.compile of each layer)"),
              Choice("joined-windows", "vision windows joined (one attention call per vision block)")),
-    default="eager", changes=RUN, order=96, run_context=_text_encoder, availability=_availability,
+    default="eager", changes=RUN, component="text_encoder", order=96, run_context=_text_encoder, availability=_availability,
 ))

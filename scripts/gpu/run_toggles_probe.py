@@ -1,0 +1,85 @@
+"""Run-time toggles (those that prepare nothing: `text-encoder`, `vae`, ...) A/B'd on one prepared pipeline: warm
+whole edits of the base configuration and of each variant, taken in turns whose order rotates each round (one
+process: an order kept fixed would favour one position), each stage's median per variant, and each variant's last
+warm image against the base's (the base's row: two of its own warm images).
+
+On the GPU machine (after `source scripts/gpu/setup.sh`):
+    python3 scripts/gpu/run_toggles_probe.py [--config best] [--variants vae=image text-encoder=joined-windows ...]
+        [--rounds 8] [--side 1024] [--steps 4] [--cfg 1] [--out DIR]
+Full-size synthetic model (`--model tiny --device cpu` rehearses on a CPU). Writes DIR/run-toggles/results.json and
+table.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+from PIL import Image
+
+from ghostedit import EditRequest, OptimizationConfig
+from ghostedit.bench.output import environment, markdown_table
+from ghostedit.bench.pipeline import DEFAULT_IMAGE
+from ghostedit.engine import Engine
+from ghostedit.metrics import compare_images
+
+STAGES = ("text encoding", "image encoding", "denoising", "decoding")
+
+
+def rotated(names: list[str], round_index: int) -> list[str]:
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    parser.add_argument("--config", default="best")
+    parser.add_argument("--variants", nargs="+", default=["vae=image", "text-encoder=joined-windows",
+                                                          "vae=image,text-encoder=joined-windows"])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--cfg", type=float, default=1.0)
+    parser.add_argument("--side", type=int, default=1024)
+    parser.add_argument("--model", default="synthetic")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    engine = Engine(args.model, device=args.device)
+    configs = {"base": OptimizationConfig.parse(args.config)}
+    configs.update({variant: OptimizationConfig.parse(f"{args.config},{variant}") for variant in args.variants})
+    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
+                          "night", width=args.side, height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
+    for config in configs.values():
+        engine.run(request, config)  # prepare, compile, capture: its image may differ from a warm run's
+    runs, images = {name: [] for name in configs}, {name: [] for name in configs}
+    for round_index in range(args.rounds):
+        for name in rotated(list(configs), round_index):
+            result = engine.run(request, configs[name])
+            runs[name].append(result.telemetry.summary())
+            images[name].append(result.image)
+    rows = []
+    for name, summaries in runs.items():
+        row = {"variant": name, "config": configs[name].label, "text": configs[name].text, "total_s": statistics.median(s["total_s"] for s in summaries)}
+        for stage in STAGES:
+            row[stage] = statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries)
+        row["total_spread_s"] = [min(s["total_s"] for s in summaries), max(s["total_s"] for s in summaries)]
+        # the last warm images; the base's own row: its first warm image against its last (what runs alone vary)
+        row["against_base"] = compare_images(images[name][-1], images["base"][0 if name == "base" else -1])
+        rows.append(row)
+    found = {"config": args.config, "side": args.side, "steps": args.steps, "cfg": args.cfg, "rounds": args.rounds,
+             "rows": rows, "runs": runs, "environment": environment()}
+    out = Path(args.out) / "run-toggles"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(found, indent=2, default=str))
+    columns = {"variant": "variant", "total_s": "edit s (median)", **{stage: f"{stage} s" for stage in STAGES}}
+    table = markdown_table(rows, columns)
+    (out / "table.md").write_text(table + "\n")
+    print(table)
+    for row in rows:
+        print(row["variant"], "spread", row["total_spread_s"], "against base", row["against_base"])
+
+
+if __name__ == "__main__":
+    main()
