@@ -13,7 +13,7 @@ from ghostedit.config import OptimizationConfig
 from ghostedit.device import UnavailableOptionError
 from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
-from ghostedit.optimize import compile as compile_blocks
+from ghostedit.optimize import compile as compile_blocks, text_encoder_graphs
 from ghostedit.optimize.toggles import text_encoder as text_encoder_toggle
 
 
@@ -50,7 +50,7 @@ def test_a_compiled_text_encoder_gives_the_eager_image_and_compiles_once(house):
     versus = compare_images(again.image, eager.image)
     assert versus["max_abs"] <= 3 and versus["psnr_db"] > 45, versus
     text_encoder = engine.load().text_encoder
-    layers = text_encoder_toggle.regions(text_encoder)
+    layers = text_encoder_graphs.regions(text_encoder)
     assert layers and all(layer._compiled_call_impl is None for layer in layers)  # plain for the next configuration
     language_model = text_encoder.model.language_model
     ids = torch.randint(0, language_model.embed_tokens.num_embeddings, (1, 40),

@@ -70,7 +70,7 @@ def test_replays_give_the_loops_result_for_each_forwards_own_inputs(prepared):
     series = [varied(inputs, seed) for seed in range(1, 5)]
     with torch.no_grad():
         expected = [prepared.pipe.model_fn(dit=prepared.dit, **each) for each in series]
-    graphs = cuda_graphs.BlockLoopGraphs(ReplayingCapture())
+    graphs = cuda_graphs.ShapeGraphs(ReplayingCapture())
     outputs = forwards(prepared, graphs, series)
     assert (graphs.forwards, graphs.captured, graphs.replayed) == (4, 1, 3)  # warmed, captured, then replayed
     for output, reference in zip(outputs, expected):
@@ -80,7 +80,7 @@ def test_replays_give_the_loops_result_for_each_forwards_own_inputs(prepared):
 
 
 def test_each_shape_is_warmed_then_captured_and_kept_across_runs(prepared):
-    graphs = cuda_graphs.BlockLoopGraphs(ReplayingCapture())
+    graphs = cuda_graphs.ShapeGraphs(ReplayingCapture())
     small, large = inputs_for(dit_engine(), side=64), inputs_for(dit_engine(), side=96)
     forwards(prepared, graphs, [small, large, small, large])
     assert (graphs.captured, graphs.replayed) == (2, 2)
@@ -92,7 +92,7 @@ def test_each_shape_is_warmed_then_captured_and_kept_across_runs(prepared):
 @pytest.mark.parametrize("next_owner", [("stock", object()), ("attention=sdpa-math", None)],
                          ids=["other fused LoRAs", "another configuration"])
 def test_other_weights_or_another_configuration_drop_the_graphs(prepared, next_owner):
-    graphs = cuda_graphs.BlockLoopGraphs(ReplayingCapture())
+    graphs = cuda_graphs.ShapeGraphs(ReplayingCapture())
     inputs = inputs_for(dit_engine())
     forwards(prepared, graphs, [inputs, inputs])
     assert graphs.captured == 1

@@ -196,7 +196,7 @@ class PromptEmbedder(QwenImageUnit_PromptEmbedder):
         hidden_states = pipe.text_encoder(
             input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
             pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
-            mm_token_type_ids=inputs["mm_token_type_ids"], output_hidden_states=True)[-1]
+            mm_token_type_ids=inputs["mm_token_type_ids"], output_hidden_states=True, use_cache=False)[-1]
         (embedding,) = [e[DROP_TOKENS:] for e in self.extract_masked_hidden(hidden_states, inputs["attention_mask"])]
         embedding = embedding.unsqueeze(0).to(dtype=pipe.torch_dtype, device=pipe.device)
         mask = torch.ones(embedding.shape[:2], dtype=torch.long, device=pipe.device)

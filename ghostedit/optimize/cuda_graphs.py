@@ -15,6 +15,7 @@ one entry into the DiT for the length of a forward, an entry that runs the whole
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ MAX_GRAPHS = 8   # shapes kept per prepared DiT (output sizes, prompt lengths), 
 @dataclass
 class _Graph:
     replay: Callable[[], None]
-    inputs: list[Any]          # the loop's inputs as the graph reads them (tensors at fixed addresses)
-    outputs: tuple             # (text, image) where the graph writes them
+    inputs: list[Any]          # the function's inputs as the graph reads them (tensors at fixed addresses)
+    outputs: list              # the tensors the graph writes its outputs to
+    output_spec: Any           # how they make up the function's result
 
 
 class CudaCapture:
@@ -60,13 +62,18 @@ class CudaCapture:
         return graph.replay, outputs, graph.pool()
 
 
-class BlockLoopGraphs:
-    """The captured block loops of one prepared DiT, by input signature."""
+class ShapeGraphs:
+    """Captured graphs of functions by name and input signature (a shape's first call is its warm-up, the second is
+    captured, later ones replay), sharing one memory pool: `what` names the calls in the words."""
 
-    def __init__(self, capture=None):
+    def __init__(self, capture=None, what: str = "DiT forwards replayed their blocks", limit: int = MAX_GRAPHS,
+                 capture_stage: str | None = None):
+        """`limit`: signatures held, the least recently used dropped; `capture_stage`: the words of a recorder stage
+        each capture is timed as, left out of its denoising step (None: counted where it happens)."""
         self._capture = capture or CudaCapture()
+        self.what, self._limit, self._capture_stage = what, limit, capture_stage
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        self._warmed: OrderedDict[tuple, list] = OrderedDict()   # a warmed shape's inputs, until captured
+        self._warmed: OrderedDict[tuple, list] = OrderedDict()   # a warmed signature's inputs, until captured
         self._owner: tuple | None = None
         self._pool = None
         self._recorder = None
@@ -74,8 +81,8 @@ class BlockLoopGraphs:
 
     @contextlib.contextmanager
     def running(self, owner: tuple, recorder):
-        """One run: `owner` says what the graphs are valid for (the configuration's settings and the fused LoRAs
-        object the prepared pipeline holds); graphs captured for another owner are dropped."""
+        """One run: `owner` says what the graphs are valid for (for a DiT: the configuration's settings and the fused
+        LoRAs object the prepared pipeline holds); graphs captured for another owner are dropped."""
         if self._owner is None or self._owner[0] != owner[0] or self._owner[1] is not owner[1]:
             self._graphs.clear()
             self._warmed.clear()
@@ -88,53 +95,55 @@ class BlockLoopGraphs:
         finally:
             self._recorder = None
 
-    def run(self, blocks, inputs: dict) -> tuple:
-        """(text, image) after every block, for the keyword inputs DiffSynth hands each block."""
+    def run(self, function: Callable[[dict], Any], inputs: dict, name: Any = None):
+        """`function(inputs)`, from a graph where one is captured for `name` at these inputs' signature."""
         self.forwards += 1
         leaves, spec = pytree.tree_flatten(inputs)
-        key = (spec, tuple(_leaf_key(leaf) for leaf in leaves))
+        key = (name, spec, tuple(_leaf_key(leaf) for leaf in leaves))
         graph = self._graphs.get(key)
         if graph is None and key not in self._warmed:
-            return self._warm_up(blocks, leaves, spec, key)
+            return self._warm_up(function, leaves, spec, key)
         held = graph.inputs if graph is not None else self._warmed.pop(key)
         for tensor, leaf in zip(held, leaves):
             if isinstance(leaf, torch.Tensor):
                 tensor.copy_(leaf)
         if graph is None:
-            graph = self._record(blocks, held, spec, key)
+            graph = self._record(function, held, spec, key)
         self._graphs.move_to_end(key)
         graph.replay()
         self.replayed += 1
-        return tuple(output.clone() for output in graph.outputs)
+        return pytree.tree_unflatten([output.clone() for output in graph.outputs], graph.output_spec)
 
-    def _warm_up(self, blocks, leaves, spec, key) -> tuple:
-        """The loop run on the tensors the graph will read: compiled blocks guard on their inputs' make (a view's
+    def _warm_up(self, function, leaves, spec, key):
+        """The function run on the tensors the graph will read: compiled code guards on its inputs' make (a view's
         base, say), so a capture given other tensors than its warm-up would recompile, and compile, mid-capture."""
         held = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         self._warmed[key] = held
-        _keep_newest(self._warmed)
+        _keep_newest(self._warmed, self._limit)
         with self._capture.warming():
-            return run_loop(blocks, pytree.tree_unflatten(held, spec))
+            return function(pytree.tree_unflatten(held, spec))
 
-    def _record(self, blocks, held: list, spec, key) -> _Graph:
+    def _record(self, function, held: list, spec, key) -> _Graph:
         arguments = pytree.tree_unflatten(held, spec)
-        with self._recorder.stage("CUDA graph capture", "capturing the DiT's blocks as a CUDA graph at this shape",
-                                  out_of_step=True):  # the step's replays that follow run as every later one
-            replay, outputs, self._pool = self._capture.capture(lambda: run_loop(blocks, arguments), self._pool)
-        graph = self._graphs[key] = _Graph(replay, held, tuple(outputs))
+        stage = (contextlib.nullcontext() if self._capture_stage is None else  # the step's replays that follow run
+                 self._recorder.stage("CUDA graph capture", self._capture_stage, out_of_step=True))  # as later ones
+        with stage:
+            replay, outputs, self._pool = self._capture.capture(lambda: function(arguments), self._pool)
+        output_leaves, output_spec = pytree.tree_flatten(outputs)
+        graph = self._graphs[key] = _Graph(replay, held, output_leaves, output_spec)
         self.captured += 1
-        _keep_newest(self._graphs)
+        _keep_newest(self._graphs, self._limit)
         return graph
 
     def words(self) -> str:
-        return (f"{self.replayed} of {self.forwards} DiT forwards replayed their blocks from CUDA graphs, "
-                f"{self.captured} captured on this run ({len(self._graphs)} shapes held; a shape is captured at its "
-                "second forward, the first is its warm-up)")
+        return (f"{self.replayed} of {self.forwards} {self.what} from CUDA graphs, {self.captured} captured on this "
+                f"run ({len(self._graphs)} shapes held; a shape is captured at its second call, the first is its "
+                "warm-up)")
 
 
-def _keep_newest(shapes: OrderedDict) -> None:
-    """Drops the least recently used shapes beyond MAX_GRAPHS."""
-    while len(shapes) > MAX_GRAPHS:
+def _keep_newest(shapes: OrderedDict, limit: int) -> None:
+    """Drops the least recently used shapes beyond `limit`."""
+    while len(shapes) > limit:
         shapes.popitem(last=False)
 
 
@@ -156,7 +165,7 @@ def run_loop(blocks, inputs: dict) -> tuple:
 class _GraphedLoop(torch.nn.Module):
     """The one entry of the block list a graphed forward sees: it runs all the DiT's blocks."""
 
-    def __init__(self, blocks: torch.nn.ModuleList, graphs: BlockLoopGraphs):
+    def __init__(self, blocks: torch.nn.ModuleList, graphs: ShapeGraphs):
         super().__init__()
         self.blocks, self.graphs = blocks, graphs
 
@@ -164,16 +173,16 @@ class _GraphedLoop(torch.nn.Module):
         if attention_mask is not None or kv_cache is not None:
             raise UnavailableOptionError("cuda-graph replays the plain block loop: entity masks and KV caches are "
                                          "not captured")
-        return self.graphs.run(self.blocks, {"image": image, "text": text, **inputs})
+        return self.graphs.run(functools.partial(run_loop, self.blocks), {"image": image, "text": text, **inputs})
 
 
-_stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # prepared DiT -> its BlockLoopGraphs
+_stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # prepared DiT -> its ShapeGraphs
 
 
-def graphs_of(dit: torch.nn.Module) -> BlockLoopGraphs:
+def graphs_of(dit: torch.nn.Module) -> ShapeGraphs:
     """The graphs of a prepared DiT, kept as long as the DiT is (they hold no reference to it)."""
     if dit not in _stores:
-        _stores[dit] = BlockLoopGraphs()
+        _stores[dit] = ShapeGraphs(capture_stage="capturing the DiT's blocks as a CUDA graph at this shape")
     return _stores[dit]
 
 
@@ -197,7 +206,7 @@ def why_not_capturable(dit: torch.nn.Module, device: str, config) -> str | None:
 
 
 @contextlib.contextmanager
-def graphed(pipe, graphs: BlockLoopGraphs):
+def graphed(pipe, graphs: ShapeGraphs):
     """Every DiT forward of `pipe` runs its block loop through `graphs` (DiffSynth calls `pipe.model_fn`)."""
     model_fn = pipe.model_fn
 

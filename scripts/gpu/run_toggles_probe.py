@@ -51,8 +51,9 @@ def main() -> None:
     configs.update({variant: OptimizationConfig.parse(f"{args.config},{variant}") for variant in args.variants})
     request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
                           "night", width=args.side, height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
-    for config in configs.values():
-        engine.run(request, config)  # prepare, compile, capture: its image may differ from a warm run's
+    for config in configs.values():  # prepare and compile, then capture (a graph's shape at its second call)
+        for _ in range(2):
+            engine.run(request, config)
     runs, images = {name: [] for name in configs}, {name: [] for name in configs}
     for round_index in range(args.rounds):
         for name in rotated(list(configs), round_index):

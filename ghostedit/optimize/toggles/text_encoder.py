@@ -3,24 +3,20 @@ vision blocks (regional, dynamic shapes), for a text encoder that an H100 profil
 while Python launched its small kernels one by one (docs/benchmarks.md, section 6). The text encoder is shared by
 every configuration, so the compiled layers are set for the run and put back after it; Dynamo keeps their code, so
 only the first run compiles (inside its text-encoding stage). `joined-windows`: the vision tower's windowed
-attention in one call per block (optimize/vision_windows.py), also set for the run only. The VAE is not compiled:
-DiffSynth's causal VAE carries its frame cache in Python lists that it changes in place, which Dynamo cannot keep in
-one graph (its own toggle, `vae`, runs it as an image network instead)."""
+attention in one call per block (optimize/vision_windows.py), also set for the run only. `graphed`: the windows
+joined and each layer replayed from a CUDA graph per shape (optimize/text_encoder_graphs.py), the graphs kept with
+the text encoder. The VAE is not compiled: DiffSynth's causal VAE carries its frame cache in Python lists that it
+changes in place, which Dynamo cannot keep in one graph (its own toggle, `vae`, runs it as an image network
+instead)."""
 import contextlib
 import weakref
 
-from ...device import Availability, UnavailableOptionError
-from .. import compile as compile_blocks, vision_windows
+from ...device import Availability, UnavailableOptionError, needs_cuda
+from .. import compile as compile_blocks, text_encoder_graphs, vision_windows
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
 _compiled_once = weakref.WeakSet()   # the text encoders this process has compiled (Dynamo keeps their code)
-
-
-def regions(text_encoder) -> list:
-    """The repeated layers of DiffSynth's Qwen2.5-VL text encoder: the language model's and the vision tower's."""
-    model = text_encoder.model
-    return [*model.language_model.layers, *model.visual.blocks]
 
 
 def _on_device(text_encoder, device: str) -> bool:
@@ -38,10 +34,14 @@ def _text_encoder(context: RunContext, choice: str):
             yield
         return
     if not _on_device(text_encoder, context.device):
-        raise UnavailableOptionError("text-encoder compiled needs the text encoder on the device; here it is streamed "
-                                     "from host memory layer by layer (memory mode low)")
+        raise UnavailableOptionError(f"text-encoder {choice} needs the text encoder on the device; here it is "
+                                     "streamed from host memory layer by layer (memory mode low)")
+    if choice == "graphed":
+        with _graphed(context, text_encoder):
+            yield
+        return
     compile_blocks.configure_dynamo()
-    layers = regions(text_encoder)
+    layers = text_encoder_graphs.regions(text_encoder)
     if text_encoder not in _compiled_once:
         _compiled_once.add(text_encoder)
         context.recorder.telemetry.notes.append("text encoder compiled on this run: its text-encoding stage includes "
@@ -55,16 +55,34 @@ def _text_encoder(context: RunContext, choice: str):
             layer._compiled_call_impl = None
 
 
+@contextlib.contextmanager
+def _graphed(context: RunContext, text_encoder):
+    graphs = text_encoder_graphs.graphs_of(text_encoder)
+    owner = (text_encoder_graphs.weights_address(text_encoder), None)
+    with vision_windows.joined_windows(text_encoder), graphs.running(owner, context.recorder), \
+            text_encoder_graphs.graphed_layers(text_encoder, graphs):
+        try:
+            yield
+        finally:
+            context.ran.setdefault("words", {})["text-encoder"] = graphs.words()
+
+
 def _availability(choice: str, device: str) -> Availability:
-    return Availability.yes() if choice != "compiled" else compile_blocks.availability("regional", device)
+    if choice == "compiled":
+        return compile_blocks.availability("regional", device)
+    if choice == "graphed":
+        return needs_cuda(device, "text-encoder graphed (CUDA graphs)")
+    return Availability.yes()
 
 
 register(Toggle(
     name="text-encoder", label="Text encoder",
-    help="eager, each of its layers compiled with torch.compile (the first run compiles them), or its vision "
-         "tower's windowed attention in one call per block",
+    help="eager, each of its layers compiled with torch.compile (the first run compiles them), its vision "
+         "tower's windowed attention in one call per block, or that and each layer replayed from a CUDA graph (a "
+         "shape is captured the second time it is seen)",
     choices=(Choice("eager", "eager (as DiffSynth runs it)"),
              Choice("compiled", "compiled (torch.compile of each layer)"),
-             Choice("joined-windows", "vision windows joined (one attention call per vision block)")),
+             Choice("joined-windows", "vision windows joined (one attention call per vision block)"),
+             Choice("graphed", "graphed (windows joined, each layer replayed from a CUDA graph per shape)")),
     default="eager", changes=RUN, component="text_encoder", order=96, run_context=_text_encoder, availability=_availability,
 ))

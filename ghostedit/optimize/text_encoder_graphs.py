@@ -1,0 +1,62 @@
+"""The text encoder's layers replayed as CUDA graphs (`text-encoder=graphed`, with the vision windows joined).
+
+An H100 profile of a warm edit had the GPU idle most of the text-encoding stage while Python launched the 7B text
+encoder's small kernels one by one (docs/benchmarks.md, section 6). Each decoder layer and vision block is captured as
+a graph of its own per input shape (cuda_graphs.ShapeGraphs: a shape's first call is its warm-up, the second is
+captured, later ones replay), so a layer costs one replay and the copies of its inputs instead of dozens of launches.
+Layers, not the whole encoder: the code between them reads values back from the GPU (the rotary positions, the
+window boundaries), which a graph cannot hold. A prompt of a new length runs its layers as released the first time;
+the graphs are the layers' at the prompt lengths and image sizes seen twice, the last few hundred kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+
+from .cuda_graphs import ShapeGraphs
+
+SHAPES_PER_LAYER = 8   # prompt lengths (and image sizes) held per layer, the least recently used dropped
+_stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # text encoder -> its ShapeGraphs
+
+
+def regions(text_encoder) -> list:
+    """The repeated layers of DiffSynth's Qwen2.5-VL text encoder: the language model's and the vision tower's."""
+    model = text_encoder.model
+    return [*model.language_model.layers, *model.visual.blocks]
+
+
+def graphs_of(text_encoder) -> ShapeGraphs:
+    if text_encoder not in _stores:
+        _stores[text_encoder] = ShapeGraphs(what="text-encoder layer calls replayed",
+                                            limit=SHAPES_PER_LAYER * len(regions(text_encoder)))
+    return _stores[text_encoder]
+
+
+def weights_address(text_encoder) -> tuple:
+    """Where the text encoder's weights lie: graphs read them there, so a move (another memory mode) drops them."""
+    parameters = list(text_encoder.parameters())
+    return parameters[0].data_ptr(), parameters[-1].data_ptr()
+
+
+def _graphed_forward(layer: torch.nn.Module, index: int, graphs: ShapeGraphs):
+    def released(inputs: dict):
+        return type(layer).forward(layer, *inputs["args"], **inputs["kwargs"])
+
+    def forward(*args, **kwargs):
+        return graphs.run(released, {"args": args, "kwargs": kwargs}, name=index)
+    return forward
+
+
+@contextlib.contextmanager
+def graphed_layers(text_encoder, graphs: ShapeGraphs):
+    """Every layer of `text_encoder` called through `graphs` for the length of the context."""
+    layers = regions(text_encoder)
+    for index, layer in enumerate(layers):
+        layer.forward = _graphed_forward(layer, index, graphs)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
