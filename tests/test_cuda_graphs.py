@@ -107,3 +107,11 @@ def test_a_run_says_why_it_cannot_capture(prepared):
     assert "some of the DiT's weights are on cpu" in cuda_graphs.why_not_capturable(prepared.dit, "cuda:0", GRAPHED)
     assert cuda_graphs.why_not_capturable(prepared.dit, "cpu", GRAPHED) is None
 
+
+
+def test_the_dit_graphs_outlive_a_change_of_the_encoders_settings_not_of_the_dits(prepared):
+    """Their owner is the configuration's DiT settings: another text-encoder or VAE choice replays the same graphs,
+    another attention backend (which a graph replays as captured) drops them."""
+    owner = cuda_graphs.owner(GRAPHED, prepared)
+    assert cuda_graphs.owner(GRAPHED.replace(vae="image", **{"text-encoder": "joined-windows"}), prepared) == owner
+    assert cuda_graphs.owner(GRAPHED.replace(attention="sdpa-math"), prepared) != owner

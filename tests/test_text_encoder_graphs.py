@@ -30,7 +30,8 @@ def test_graphed_layers_give_the_released_embedding_warmed_then_captured_then_re
     prompts = ["make it a haunted house", "make it night", "make it a haunted house"]
     with vision_windows.joined_windows(pipe.text_encoder):
         expected = [prompt_embedding(pipe, prompt, house) for prompt in prompts]
-    graphs = ShapeGraphs(ReplayingCapture(), what="text-encoder layer calls replayed", limit=8 * layers)
+    graphs = ShapeGraphs(ReplayingCapture(), what="text-encoder layer calls replayed", limit=8 * layers,
+                         capture_at_first_call=True)
     counts = []
     with vision_windows.joined_windows(pipe.text_encoder), \
             text_encoder_graphs.graphed_layers(pipe.text_encoder, graphs):
@@ -38,11 +39,11 @@ def test_graphed_layers_give_the_released_embedding_warmed_then_captured_then_re
             with graphs.running((0, None), RunRecorder("cpu")):
                 torch.testing.assert_close(prompt_embedding(pipe, prompt, house), reference, rtol=0, atol=0)
                 counts.append((graphs.captured, graphs.replayed))
-    # two prompt lengths: the vision blocks' one shape is warmed by the first edit and captured by the second, each
-    # prompt length's decoder layers warmed at its first edit and captured at its second; later edits replay all
+    # two prompt lengths: each shape is warmed and captured in the edit that first brings it (the vision blocks'
+    # one shape and the first prompt's length in the first edit, the second prompt's length in the second), then
+    # replayed
     language = len(pipe.text_encoder.model.language_model.layers)
-    vision = layers - language
-    assert counts == [(0, 0), (vision, vision), (language, layers), (0, layers), (language, layers), (0, layers)]
+    assert counts == [(layers, 0), (language, layers - language), *[(0, layers)] * 4]
     assert not any("forward" in vars(layer) for layer in text_encoder_graphs.regions(pipe.text_encoder))
 
 
@@ -52,3 +53,18 @@ def test_graphed_is_a_gpu_choice_that_a_cpu_refuses_with_the_reason(engine, hous
     request = EditRequest(images=[house], prompt="make it night", width=64, height=64, steps=2)
     with pytest.raises(UnavailableOptionError, match="CUDA GPU"):
         engine.run(request, OptimizationConfig(**{"text-encoder": "graphed"}))
+
+
+def test_a_streamed_text_encoder_runs_graphed_as_joined_windows_and_says_so(pipe):
+    """Streamed layer by layer (memory mode low), the weights are not on the device for a graph to read: the run
+    says so in its words and notes and joins the vision windows only, as cuda-graph does for a streamed DiT."""
+    from types import SimpleNamespace
+    from ghostedit.optimize.toggles import text_encoder as toggle
+    recorder = SimpleNamespace(telemetry=SimpleNamespace(notes=[]))
+    context = SimpleNamespace(prepared=SimpleNamespace(pipe=pipe), device="cuda", recorder=recorder, ran={})
+    visual = pipe.text_encoder.model.visual
+    with toggle._text_encoder(context, "graphed"):   # a CPU text encoder: as a streamed one on a GPU machine
+        assert visual.config._attn_implementation == vision_windows.NAME
+        assert not any("forward" in vars(layer) for layer in text_encoder_graphs.regions(pipe.text_encoder))
+    assert "graphs not applied on this run: the text encoder is streamed" in context.ran["words"]["text-encoder"]
+    assert recorder.telemetry.notes and visual.config._attn_implementation == "sdpa"

@@ -25,6 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..device import UnavailableOptionError
+from . import registry
 
 MAX_GRAPHS = 8   # shapes kept per prepared DiT (output sizes, prompt lengths), the least recently used dropped
 
@@ -67,11 +68,14 @@ class ShapeGraphs:
     captured, later ones replay), sharing one memory pool: `what` names the calls in the words."""
 
     def __init__(self, capture=None, what: str = "DiT forwards replayed their blocks", limit: int = MAX_GRAPHS,
-                 capture_stage: str | None = None):
+                 capture_stage: str | None = None, capture_at_first_call: bool = False):
         """`limit`: signatures held, the least recently used dropped; `capture_stage`: the words of a recorder stage
-        each capture is timed as, left out of its denoising step (None: counted where it happens)."""
+        each capture is timed as, left out of its denoising step (None: counted where it happens);
+        `capture_at_first_call`: a signature is captured right after its warm-up, in its first call (for a function
+        called once per edit: the next edit replays it)."""
         self._capture = capture or CudaCapture()
         self.what, self._limit, self._capture_stage = what, limit, capture_stage
+        self._capture_at_first_call = capture_at_first_call
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._warmed: OrderedDict[tuple, list] = OrderedDict()   # a warmed signature's inputs, until captured
         self._owner: tuple | None = None
@@ -81,8 +85,8 @@ class ShapeGraphs:
 
     @contextlib.contextmanager
     def running(self, owner: tuple, recorder):
-        """One run: `owner` says what the graphs are valid for (for a DiT: the configuration's settings and the fused
-        LoRAs object the prepared pipeline holds); graphs captured for another owner are dropped."""
+        """One run: `owner` says what the graphs are valid for (a DiT's: `owner` below); graphs captured for another
+        owner are dropped."""
         if self._owner is None or self._owner[0] != owner[0] or self._owner[1] is not owner[1]:
             self._graphs.clear()
             self._warmed.clear()
@@ -102,7 +106,10 @@ class ShapeGraphs:
         key = (name, spec, tuple(_leaf_key(leaf) for leaf in leaves))
         graph = self._graphs.get(key)
         if graph is None and key not in self._warmed:
-            return self._warm_up(function, leaves, spec, key)
+            output = self._warm_up(function, leaves, spec, key)
+            if self._capture_at_first_call:
+                self._record(function, self._warmed.pop(key), spec, key)
+            return output
         held = graph.inputs if graph is not None else self._warmed.pop(key)
         for tensor, leaf in zip(held, leaves):
             if isinstance(leaf, torch.Tensor):
@@ -136,9 +143,9 @@ class ShapeGraphs:
         return graph
 
     def words(self) -> str:
+        when = "right after its warm-up" if self._capture_at_first_call else "at its second call, the first is its warm-up"
         return (f"{self.replayed} of {self.forwards} {self.what} from CUDA graphs, {self.captured} captured on this "
-                f"run ({len(self._graphs)} shapes held; a shape is captured at its second call, the first is its "
-                "warm-up)")
+                f"run ({len(self._graphs)} shapes held; a shape is captured {when})")
 
 
 def _keep_newest(shapes: OrderedDict, limit: int) -> None:
@@ -184,6 +191,13 @@ def graphs_of(dit: torch.nn.Module) -> ShapeGraphs:
     if dit not in _stores:
         _stores[dit] = ShapeGraphs(capture_stage="capturing the DiT's blocks as a CUDA graph at this shape")
     return _stores[dit]
+
+
+def owner(config, prepared) -> tuple:
+    """What a prepared DiT's graphs are valid for: the configuration's DiT settings (the attention backend a graph
+    replays, among others; the encoders' settings leave the DiT's graphs as they are) and the fused LoRAs object the
+    prepared pipeline holds."""
+    return registry.component_settings(config, "dit"), prepared.loras
 
 
 def why_not_capturable(dit: torch.nn.Module, device: str, config) -> str | None:

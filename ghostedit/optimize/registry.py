@@ -219,6 +219,11 @@ def run_contexts(config, context: RunContext) -> ContextManager:
     return stack
 
 
+def component_settings(config, component: str) -> tuple:
+    """The configuration's choices of the toggles that change `component` (dit, text_encoder, vae)."""
+    return tuple((toggle.name, config.value(toggle.name)) for toggle in toggles() if toggle.component == component)
+
+
 def compile_options(config) -> tuple[dict, list[str]]:
     """The Inductor options the configuration's toggles add, and the words for each toggle that adds some."""
     options, said = {}, []

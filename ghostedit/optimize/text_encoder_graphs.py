@@ -2,11 +2,11 @@
 
 An H100 profile of a warm edit had the GPU idle most of the text-encoding stage while Python launched the 7B text
 encoder's small kernels one by one (docs/benchmarks.md, section 6). Each decoder layer and vision block is captured as
-a graph of its own per input shape (cuda_graphs.ShapeGraphs: a shape's first call is its warm-up, the second is
-captured, later ones replay), so a layer costs one replay and the copies of its inputs instead of dozens of launches.
-Layers, not the whole encoder: the code between them reads values back from the GPU (the rotary positions, the
-window boundaries), which a graph cannot hold. A prompt of a new length runs its layers as released the first time;
-the graphs are the layers' at the prompt lengths and image sizes seen twice, the last few hundred kept.
+a graph of its own per input shape (cuda_graphs.ShapeGraphs), so a layer costs one replay and the copies of its
+inputs instead of dozens of launches. Layers, not the whole encoder: the code between them reads values back from
+the GPU (the rotary positions, the window boundaries), which a graph cannot hold. The text encoder runs once per
+prompt and edit, so a new shape (a prompt length, an image size) is captured right after its warm-up, in the edit
+that first brings it, and replayed from the next edit on; each layer keeps its last few shapes.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def regions(text_encoder) -> list:
 
 def graphs_of(text_encoder) -> ShapeGraphs:
     if text_encoder not in _stores:
-        _stores[text_encoder] = ShapeGraphs(what="text-encoder layer calls replayed",
+        _stores[text_encoder] = ShapeGraphs(what="text-encoder layer calls replayed", capture_at_first_call=True,
                                             limit=SHAPES_PER_LAYER * len(regions(text_encoder)))
     return _stores[text_encoder]
 

@@ -24,7 +24,7 @@ def _graphed(context: RunContext, value: str):
         yield
         return
     graphs = cuda_graphs.graphs_of(dit)
-    owner = (context.config.text, context.prepared.loras)
+    owner = cuda_graphs.owner(context.config, context.prepared)
     with graphs.running(owner, context.recorder), cuda_graphs.graphed(context.prepared.pipe, graphs):
         try:
             yield

@@ -16,6 +16,7 @@ from .. import compile as compile_blocks, text_encoder_graphs, vision_windows
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
+STREAMED = "the text encoder is streamed from host memory layer by layer (memory mode low)"
 _compiled_once = weakref.WeakSet()   # the text encoders this process has compiled (Dynamo keeps their code)
 
 
@@ -29,17 +30,21 @@ def _text_encoder(context: RunContext, choice: str):
         yield
         return
     text_encoder = context.prepared.pipe.text_encoder
-    if choice == "joined-windows":
+    streamed = not _on_device(text_encoder, context.device)
+    if choice == "graphed" and streamed:  # as cuda-graph does for a streamed DiT: the run says so, and runs without
+        words = f"graphs not applied on this run: {STREAMED}; its vision windows joined"
+        context.ran.setdefault("words", {})["text-encoder"] = words
+        context.recorder.telemetry.notes.append(f"text-encoder {words}")
+    if choice == "joined-windows" or choice == "graphed" and streamed:
         with vision_windows.joined_windows(text_encoder):
             yield
         return
-    if not _on_device(text_encoder, context.device):
-        raise UnavailableOptionError(f"text-encoder {choice} needs the text encoder on the device; here it is "
-                                     "streamed from host memory layer by layer (memory mode low)")
     if choice == "graphed":
         with _graphed(context, text_encoder):
             yield
         return
+    if streamed:
+        raise UnavailableOptionError(f"text-encoder compiled needs the text encoder on the device; here {STREAMED}")
     compile_blocks.configure_dynamo()
     layers = text_encoder_graphs.regions(text_encoder)
     if text_encoder not in _compiled_once:
