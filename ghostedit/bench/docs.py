@@ -463,14 +463,13 @@ def run_toggles() -> str:
                "psnr": "PSNR dB vs base", "max_abs": "max abs diff"}
     environment = found["environment"]
     check = found["vae_image_in_float32"]
-    graphed_first = next(runs[0]["stages_s"]["text encoding"] for variant, runs in found["first_runs"].items()
-                         if variant == "text-encoder=graphed")
+    graphed_first = found["first_runs"]["text-encoder=graphed"][0]["stages_s"]["text encoding"]
     after = (f"\nvae=image against the released VAE in float32 on this GPU (TF32 off), a random image: latents "
              f"{check['latents_rel_error']:.1e} and decoded image {check['decoded_rel_error']:.1e} relative error. "
              f"text-encoder=graphed's first edit, which warmed up and captured every layer: {graphed_first:.3f} s of "
              "text encoding.\n")
-    return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x{found['side']}, {found['steps']} steps, CFG "
-            f"{found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
+    return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x"
+            f"{found['side']}, {found['steps']} steps, CFG {found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
             f"(`scripts/gpu/run_toggles_probe.py`, {environment['gpu']}, torch {environment['torch']}, "
             f"{environment['date']}, `docs/benchmarks/run-toggles/`). The base's own row compares two of its warm "
             f"images.\n\n{markdown_table(rows, columns)}\n{after}")

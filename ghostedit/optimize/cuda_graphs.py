@@ -11,7 +11,8 @@ give a layer new tensors) or another configuration, and that run captures again.
 one memory pool: they never run at once, and each one's outputs are copied out before the next replay.
 
 It sits where the step cache sits (step_cache.py): between the engine and DiffSynth's model_fn, putting a block list of
-one entry into the DiT for the length of a forward, an entry that runs the whole loop."""
+one entry into the DiT for the length of a forward, an entry that runs the whole loop. The store of graphs by input
+signature (ShapeGraphs) also serves the text encoder's layers (text_encoder_graphs.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -143,7 +144,8 @@ class ShapeGraphs:
         return graph
 
     def words(self) -> str:
-        when = "right after its warm-up" if self._capture_at_first_call else "at its second call, the first is its warm-up"
+        when = ("right after its warm-up" if self._capture_at_first_call
+                else "at its second call, the first is its warm-up")
         return (f"{self.replayed} of {self.forwards} {self.what} from CUDA graphs, {self.captured} captured on this "
                 f"run ({len(self._graphs)} shapes held; a shape is captured {when})")
 

@@ -1,10 +1,11 @@
 """Run-time toggles (those that prepare nothing: `text-encoder`, `vae`, ...) A/B'd on one prepared pipeline: warm
 whole edits of the base configuration and of each variant, taken in turns whose order rotates each round (one
-process: an order kept fixed would favour one position), each stage's median per variant, and each variant's last
-warm image against the base's (the base's row: two of its own warm images).
+process: an order kept fixed would favour one position), each stage's median per variant, each variant's last warm
+image against the base's (the base's row: two of its own warm images), and vae=image against the released VAE in
+float32.
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):
-    python3 scripts/gpu/run_toggles_probe.py [--config best] [--variants vae=image text-encoder=joined-windows ...]
+    python3 scripts/gpu/run_toggles_probe.py [--config best,vae=video,text-encoder=eager] [--variants vae=image ...]
         [--rounds 8] [--side 1024] [--steps 4] [--cfg 1] [--out DIR]
 Full-size synthetic model (`--model tiny --device cpu` rehearses on a CPU). Writes DIR/run-toggles/results.json and
 table.md.
@@ -12,11 +13,13 @@ table.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
 from pathlib import Path
 
+import torch
 from PIL import Image
 
 from ghostedit import EditRequest, OptimizationConfig
@@ -24,6 +27,7 @@ from ghostedit.bench.output import environment, markdown_table
 from ghostedit.bench.pipeline import DEFAULT_IMAGE
 from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
+from ghostedit.optimize import vae_frames
 
 STAGES = ("text encoding", "image encoding", "denoising", "decoding")
 
@@ -36,11 +40,6 @@ def rotated(names: list[str], round_index: int) -> list[str]:
 def vae_image_in_float32(engine, side: int) -> dict:
     """vae=image against the VAE as released on this device in float32, where only another function (not bf16's
     rounding of other kernels) would differ: the relative error of a random image's latents and of their decoding."""
-    import copy
-
-    import torch
-
-    from ghostedit.optimize import vae_frames
     vae = copy.deepcopy(engine.load().vae).float()
     image = torch.rand(1, 3, side, side, generator=torch.Generator().manual_seed(0)).to(engine.device) * 2 - 1
     with torch.no_grad(), torch.backends.cudnn.flags(allow_tf32=False):  # float32 convolutions, not TF32
@@ -49,19 +48,41 @@ def vae_image_in_float32(engine, side: int) -> dict:
         with vae_frames.image_convolutions(vae):
             image_latents = vae.encode(image)
             image_decoded = vae.decode(latents)
-    return {"latents_rel_error": _relative(image_latents, latents), "decoded_rel_error": _relative(image_decoded, decoded)}
+    return {"latents_rel_error": _relative(image_latents, latents),
+            "decoded_rel_error": _relative(image_decoded, decoded)}
 
 
 def _relative(value, reference) -> float:
     return float((value - reference).norm() / reference.norm())
 
 
+def timed_rounds(engine, request, configs: dict, rounds: int) -> tuple[dict, dict]:
+    """Each variant's run summaries and images over `rounds` rounds, the order rotating each round."""
+    runs, images = {name: [] for name in configs}, {name: [] for name in configs}
+    for round_index in range(rounds):
+        for name in rotated(list(configs), round_index):
+            result = engine.run(request, configs[name])
+            runs[name].append(result.telemetry.summary())
+            images[name].append(result.image)
+    return runs, images
+
+
+def row(name: str, config, summaries: list[dict], images: dict) -> dict:
+    """A variant's medians, its spread, and its last warm image against the base's (the base's own row: its first
+    warm image against its last, what runs alone vary)."""
+    totals = [summary["total_s"] for summary in summaries]
+    stages = {stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries) for stage in STAGES}
+    return {"variant": name, "config": config.label, "text": config.text, "total_s": statistics.median(totals),
+            **stages, "total_spread_s": [min(totals), max(totals)],
+            "against_base": compare_images(images[name][-1], images["base"][0 if name == "base" else -1])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--config", default="best")
+    parser.add_argument("--config", default="best,vae=video,text-encoder=eager")
     parser.add_argument("--variants", nargs="+", default=["vae=image", "text-encoder=joined-windows",
-                                                          "vae=image,text-encoder=joined-windows"])
+                                                          "text-encoder=graphed", "vae=image,text-encoder=graphed"])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--cfg", type=float, default=1.0)
@@ -74,35 +95,23 @@ def main() -> None:
     configs.update({variant: OptimizationConfig.parse(f"{args.config},{variant}") for variant in args.variants})
     request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
                           "night", width=args.side, height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
-    first_runs = {name: [engine.run(request, config).telemetry.summary() for _ in range(2)]  # prepare, compile,
-                  for name, config in configs.items()}                                     # capture graphs
-    runs, images = {name: [] for name in configs}, {name: [] for name in configs}
-    for round_index in range(args.rounds):
-        for name in rotated(list(configs), round_index):
-            result = engine.run(request, configs[name])
-            runs[name].append(result.telemetry.summary())
-            images[name].append(result.image)
-    rows = []
-    for name, summaries in runs.items():
-        row = {"variant": name, "config": configs[name].label, "text": configs[name].text, "total_s": statistics.median(s["total_s"] for s in summaries)}
-        for stage in STAGES:
-            row[stage] = statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries)
-        row["total_spread_s"] = [min(s["total_s"] for s in summaries), max(s["total_s"] for s in summaries)]
-        # the last warm images; the base's own row: its first warm image against its last (what runs alone vary)
-        row["against_base"] = compare_images(images[name][-1], images["base"][0 if name == "base" else -1])
-        rows.append(row)
+    # two untimed runs each: preparing and compiling, then capturing graphs
+    first_runs = {name: [engine.run(request, config).telemetry.summary() for _ in range(2)]
+                  for name, config in configs.items()}
+    runs, images = timed_rounds(engine, request, configs, args.rounds)
+    rows = [row(name, configs[name], summaries, images) for name, summaries in runs.items()]
     found = {"config": args.config, "side": args.side, "steps": args.steps, "cfg": args.cfg, "rounds": args.rounds,
              "rows": rows, "runs": runs, "first_runs": first_runs, "environment": environment(),
              "vae_image_in_float32": vae_image_in_float32(engine, args.side)}
     out = Path(args.out) / "run-toggles"
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(found, indent=2, default=str))
-    columns = {"variant": "variant", "total_s": "edit s (median)", **{stage: f"{stage} s" for stage in STAGES}}
-    table = markdown_table(rows, columns)
+    table = markdown_table(rows, {"variant": "variant", "total_s": "edit s (median)",
+                                  **{stage: f"{stage} s" for stage in STAGES}})
     (out / "table.md").write_text(table + "\n")
     print(table)
-    for row in rows:
-        print(row["variant"], "spread", row["total_spread_s"], "against base", row["against_base"])
+    for found_row in rows:
+        print(found_row["variant"], "spread", found_row["total_spread_s"], "against base", found_row["against_base"])
     print("vae=image in float32:", found["vae_image_in_float32"])
 
 

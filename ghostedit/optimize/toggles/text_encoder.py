@@ -89,5 +89,6 @@ register(Toggle(
              Choice("compiled", "compiled (torch.compile of each layer)"),
              Choice("joined-windows", "vision windows joined (one attention call per vision block)"),
              Choice("graphed", "graphed (windows joined, each layer replayed from a CUDA graph per shape)")),
-    default="eager", changes=RUN, component="text_encoder", order=96, run_context=_text_encoder, availability=_availability,
+    default="eager", changes=RUN, component="text_encoder", order=96, run_context=_text_encoder,
+    availability=_availability,
 ))
