@@ -82,7 +82,7 @@ ready() {
   bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
 }
 
-E2E_4=(--steps 4 --cfg 1 --repeats 2 --configs baseline "$BEST" "$BEST,scheduler=lightning")
+E2E_4=(--steps 4 --cfg 1 --repeats 6 --configs baseline "$BEST" "$BEST,scheduler=lightning")
 E2E_40=(--steps 40 --cfg 4 --repeats 0 --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
         ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"})
 e2e-4() { bench e2e-4 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_4[@]}"; }
