@@ -125,7 +125,7 @@ def _ghostedit(engine, images, cfg, size, monkeypatch, divisor) -> tuple[dict, s
         monkeypatch.setattr(cls, name, wrapper)
 
     recorded(exact.PromptEmbedder, "process", lambda out: stages["prompt"].append(out["prompt_emb"]))
-    recorded(exact.ConditionEncoder, "process", lambda out: stages.__setitem__(
+    recorded(exact.EditImageEmbedder, "process", lambda out: stages.__setitem__(
         "condition", torch.cat([_packed(latents) for latents in out["edit_latents"]], dim=1)))
     recorded(exact.ExactPipeline, "cfg_guided_model_fn", lambda out: stages["predictions"].append(_packed(out)))
     width, height = size or (None, None)

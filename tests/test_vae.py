@@ -1,7 +1,6 @@
 """The VAE as an image network (`vae=image`): the released function without the causal padding's zero frames; and
 the VAE's input, computed on the device with the reference's bits."""
 import copy
-import threading
 
 import numpy as np
 import pytest
@@ -78,21 +77,3 @@ def test_the_edited_image_has_the_bits_of_the_references_8_bit_postprocessing(en
         reference = (unit.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
         image = engine.load().vae_output_to_image(vae_output)
         assert np.array_equal(np.asarray(image), reference)
-
-
-def test_the_condition_images_are_resized_on_a_worker_while_the_text_encoder_runs_and_encoded_after_it(engine, house,
-                                                                                                        monkeypatch):
-    """Units in order: EditImageEmbedder (the VL images; the VAE's resized on a worker thread), PromptEmbedder, then
-    ConditionEncoder (the VAE encodes what the worker resized): the resize is off the main thread's path."""
-    pipe = engine.load()
-    names = [type(unit).__name__ for unit in pipe.units]
-    assert names.index("EditImageEmbedder") < names.index("PromptEmbedder") == names.index("ConditionEncoder") - 1
-    assert names.count("ConditionEncoder") == 1
-    threads = []
-    resized = exact.resized
-    monkeypatch.setattr(exact, "resized", lambda image, area: threads.append(
-        (area, threading.current_thread().name)) or resized(image, area))
-    engine.run(EditRequest(images=[house], prompt="make it night", width=64, height=64, steps=2))
-    family = pipe.family
-    assert {(area, name.startswith("ghostedit-resize")) for area, name in threads} == {
-        (family.condition.vae_area, True), (family.condition.vl_area, False)}

@@ -23,8 +23,7 @@ from ..telemetry import RunRecorder, RunTelemetry
 from .prepare import PreparedPipeline
 
 # DiffSynth pipeline units whose time is a stage of its own
-UNIT_STAGES = {"PromptEmbedder": "text encoding", "EditImageEmbedder": "image encoding",
-               "ConditionEncoder": "image encoding"}
+UNIT_STAGES = {"PromptEmbedder": "text encoding", "EditImageEmbedder": "image encoding"}
 # Text tokens assumed for the sequence length of a DiT forward before the prompt is encoded ("auto" attention)
 TEXT_TOKENS_ESTIMATE = 256
 

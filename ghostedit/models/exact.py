@@ -4,8 +4,7 @@ QwenImageEditPipeline / QwenImageEditPlusPipeline, the text encoder as released 
 Where DiffSynth 2.1.12 differs, and where each is fixed (tests/test_reference.py holds every stage against diffusers):
 - the text encoder's image tokens need `mm_token_type_ids` for their 3-D rotary positions on transformers 5
   (PromptEmbedder, below);
-- each input image is resized once from the original for each encoder, by the family's rule (EditImageEmbedder,
-  ConditionEncoder);
+- each input image is resized once from the original for each encoder, by the family's rule (EditImageEmbedder);
 - true CFG rescales the combined prediction to the norm of the conditional one, per token (ExactPipeline);
 - the 8-bit output is rounded, not truncated (ExactPipeline);
 - the DiT's MLP activation is GELU with the tanh approximation, the VAE's RMS norm is computed in float32 (module
@@ -17,7 +16,6 @@ Where DiffSynth 2.1.12 differs, and where each is fixed (tests/test_reference.py
 """
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import math
 
@@ -25,7 +23,6 @@ import numpy as np
 import torch
 from diffsynth.configs import VRAM_MANAGEMENT_MODULE_MAPS
 from diffsynth.diffusion import FlowMatchScheduler
-from diffsynth.diffusion.base_pipeline import PipelineUnit
 from diffsynth.models import qwen_image_dit, qwen_image_vae
 from diffsynth.pipelines.qwen_image import (QwenImagePipeline, QwenImageUnit_EditImageEmbedder,
                                             QwenImageUnit_PromptEmbedder)
@@ -154,14 +151,10 @@ def _unit_range(device: str) -> torch.Tensor:
 
 # ---- pipeline units ----
 
-# PIL releases the GIL while it resizes: the condition images are resized here while the text encoder runs
-_RESIZER = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="ghostedit-resize")
-
-
 class EditImageEmbedder(QwenImageUnit_EditImageEmbedder):
-    """As `edit_image` for the prompt embedder, what the text encoder sees (resized once from the original to the
-    VL area, or the VAE's image where the family has none); and, as `condition_images`, each image being resized once
-    to the family's VAE area on a worker thread, for ConditionEncoder after the text encoder."""
+    """The condition latents (each image resized once to the family's VAE area) and, as `edit_image` for the
+    prompt embedder, what the text encoder sees (resized once from the original to the VL area, or the VAE's image
+    where the family has none)."""
 
     def __init__(self, family: Family):
         super().__init__()
@@ -170,28 +163,14 @@ class EditImageEmbedder(QwenImageUnit_EditImageEmbedder):
     def process(self, pipe, edit_image, tiled, tile_size, tile_stride, edit_image_auto_resize=False):
         if edit_image is None:
             return {}
-        images = edit_image if isinstance(edit_image, list) else [edit_image]
-        vae_images = [_RESIZER.submit(resized, image, self.family.condition.vae_area) for image in images]
-        vl_area = self.family.condition.vl_area
-        vl_images = [future.result() for future in vae_images] if vl_area is None else \
-            [resized(image, vl_area) for image in images]
-        return {"edit_image": vl_images, "condition_images": vae_images}
-
-
-class ConditionEncoder(PipelineUnit):
-    """The condition latents: the VAE encodes each condition image EditImageEmbedder had resized."""
-
-    def __init__(self):
-        super().__init__(input_params=("condition_images", "tiled", "tile_size", "tile_stride"),
-                         output_params=("edit_latents",), onload_model_names=("vae",))
-
-    def process(self, pipe, condition_images, tiled, tile_size, tile_stride):
-        if condition_images is None:
-            return {}
         pipe.load_models_to_device(self.onload_model_names)
-        return {"edit_latents": [pipe.vae.encode(to_tensor(image.result(), pipe.torch_dtype, pipe.device), tiled=tiled,
-                                                 tile_size=tile_size, tile_stride=tile_stride)
-                                 for image in condition_images]}
+        images = edit_image if isinstance(edit_image, list) else [edit_image]
+        vae_images = condition_images(self.family, images)
+        latents = [pipe.vae.encode(to_tensor(image, pipe.torch_dtype, pipe.device), tiled=tiled, tile_size=tile_size,
+                                   tile_stride=tile_stride) for image in vae_images]
+        vl_area = self.family.condition.vl_area
+        vl_images = vae_images if vl_area is None else [resized(image, vl_area) for image in images]
+        return {"edit_latents": latents, "edit_image": vl_images}
 
 
 class PromptEmbedder(QwenImageUnit_PromptEmbedder):
@@ -296,10 +275,7 @@ class ExactPipeline(QwenImagePipeline):
         self.family = family
         self.scheduler = ReferenceSchedule(family.computation.scheduler)
         swaps = {QwenImageUnit_EditImageEmbedder: EditImageEmbedder, QwenImageUnit_PromptEmbedder: PromptEmbedder}
-        units = [swaps[type(unit)](family) if type(unit) in swaps else unit for unit in self.units
-                 if not isinstance(unit, ConditionEncoder)]   # a pipeline made from another's units has one
-        after_prompt = next(index for index, unit in enumerate(units) if isinstance(unit, PromptEmbedder)) + 1
-        self.units = [*units[:after_prompt], ConditionEncoder(), *units[after_prompt:]]
+        self.units = [swaps[type(unit)](family) if type(unit) in swaps else unit for unit in self.units]
 
     def cfg_guided_model_fn(self, model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
         positive = model_fn(**inputs_posi, **inputs_shared, **inputs_others)
