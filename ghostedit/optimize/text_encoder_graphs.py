@@ -34,10 +34,10 @@ def graphs_of(text_encoder) -> ShapeGraphs:
     return _stores[text_encoder]
 
 
-def weights_address(text_encoder) -> tuple:
-    """Where the text encoder's weights lie: graphs read them there, so a move (another memory mode) drops them."""
-    parameters = list(text_encoder.parameters())
-    return parameters[0].data_ptr(), parameters[-1].data_ptr()
+def weights_address(text_encoder) -> int:
+    """Where the text encoder's weights lie (a move, to another memory mode, moves them all): graphs read them there,
+    so a move drops them."""
+    return next(text_encoder.parameters()).data_ptr()
 
 
 def _graphed_forward(layer: torch.nn.Module, index: int, graphs: ShapeGraphs):

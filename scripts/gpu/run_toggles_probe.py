@@ -28,8 +28,9 @@ from ghostedit.bench.pipeline import DEFAULT_IMAGE
 from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
 from ghostedit.optimize import vae_frames
+from ghostedit.telemetry import STAGE_ORDER
 
-STAGES = ("text encoding", "image encoding", "denoising", "decoding")
+STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]   # an edit's own stages
 
 
 def rotated(names: list[str], round_index: int) -> list[str]:

@@ -31,16 +31,16 @@ def _text_encoder(context: RunContext, choice: str):
         return
     text_encoder = context.prepared.pipe.text_encoder
     streamed = not _on_device(text_encoder, context.device)
-    if choice == "graphed" and streamed:  # as cuda-graph does for a streamed DiT: the run says so, and runs without
-        words = f"graphs not applied on this run: {STREAMED}; its vision windows joined"
-        context.ran.setdefault("words", {})["text-encoder"] = words
-        context.recorder.telemetry.notes.append(f"text-encoder {words}")
-    if choice == "joined-windows" or choice == "graphed" and streamed:
-        with vision_windows.joined_windows(text_encoder):
+    if choice == "graphed" and not streamed:
+        with _graphed(context, text_encoder):
             yield
         return
-    if choice == "graphed":
-        with _graphed(context, text_encoder):
+    if choice in ("joined-windows", "graphed"):
+        if choice == "graphed":  # streamed: as cuda-graph does for a streamed DiT, the run says so and runs without
+            words = f"graphs not applied on this run: {STREAMED}; its vision windows joined"
+            context.ran.setdefault("words", {})["text-encoder"] = words
+            context.recorder.telemetry.notes.append(f"text-encoder {words}")
+        with vision_windows.joined_windows(text_encoder):
             yield
         return
     if streamed:
@@ -84,7 +84,7 @@ register(Toggle(
     name="text-encoder", label="Text encoder",
     help="eager, each of its layers compiled with torch.compile (the first run compiles them), its vision "
          "tower's windowed attention in one call per block, or that and each layer replayed from a CUDA graph (a "
-         "shape is captured the second time it is seen)",
+         "shape is captured in the edit that first brings it, and replayed from the next one on)",
     choices=(Choice("eager", "eager (as DiffSynth runs it)"),
              Choice("compiled", "compiled (torch.compile of each layer)"),
              Choice("joined-windows", "vision windows joined (one attention call per vision block)"),
