@@ -12,6 +12,7 @@ import torch
 
 from dit_helpers import dit_engine, inputs_for
 from ghostedit import EditRequest, OptimizationConfig
+from ghostedit import tensors
 from ghostedit.device import UnavailableOptionError
 from ghostedit.optimize import cuda_graphs, registry
 from ghostedit.telemetry import RunRecorder
@@ -107,6 +108,19 @@ def test_a_run_says_why_it_cannot_capture(prepared):
     assert "some of the DiT's weights are on cpu" in cuda_graphs.why_not_capturable(prepared.dit, "cuda:0", GRAPHED)
     assert cuda_graphs.why_not_capturable(prepared.dit, "cpu", GRAPHED) is None
 
+
+
+def test_where_a_modules_weights_lie_is_kept_until_the_module_moves(monkeypatch):
+    """tensors.devices walks a module's tensors once and keeps the answer while its first tensor stays put: every
+    edit asks it of the DiT's blocks and the text encoder."""
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    walks = []
+    module_tensors = tensors.module_tensors
+    monkeypatch.setattr(tensors, "module_tensors", lambda m: walks.append(1) or module_tensors(m))
+    assert tensors.devices(module) == {torch.device("cpu")} and tensors.devices(module) == {torch.device("cpu")}
+    assert len(walks) == 1
+    module.to("meta")
+    assert tensors.devices(module) == {torch.device("meta")} and len(walks) == 2
 
 
 def test_the_dit_graphs_outlive_a_change_of_the_encoders_settings_not_of_the_dits(prepared):

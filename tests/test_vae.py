@@ -1,6 +1,11 @@
-"""The VAE as an image network (`vae=image`): the released function without the causal padding's zero frames; and
-the VAE's input, computed on the device with the reference's bits."""
+"""The VAE as an image network (`vae=image`): the released function without the causal padding's zero frames; its
+RMS norms fused with their SiLU (`vae=image-fused`), the kernel run by Triton's interpreter on the CPU; and the VAE's
+input, computed on the device with the reference's bits. The fused norms' bits and speed on the GPU:
+scripts/gpu/vae_norm_probe.py and docs/benchmarks.md."""
 import copy
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +15,7 @@ from PIL import Image
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.models import exact
-from ghostedit.optimize import vae_frames
+from ghostedit.optimize import registry, vae_frames
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +62,63 @@ def test_an_edit_with_the_vae_as_an_image_network_says_so_and_gives_the_same_ima
     assert "image: " in as_image.prepared_report["vae"] and "vae" not in released.prepared_report
     difference = np.abs(np.asarray(as_image.image, dtype=np.int16) - np.asarray(released.image, dtype=np.int16))
     assert difference.max() <= 2   # bf16 on a CPU: another summation order, a rounding step at most here and there
+
+
+def test_fused_norms_run_as_released_where_the_kernel_cannot_run_and_are_put_back(vae64):
+    """On a CPU (no Triton interpreter) each norm runs as released and applies the SiLU its module no longer does,
+    and the upsampling skips its float32 round trip: in bf16 the same operations, the same bits; the VAE is as it
+    was after the context."""
+    vae = copy.deepcopy(vae64).to(torch.bfloat16)
+    image = (torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(2)) * 2 - 1).to(torch.bfloat16)
+    activations = {module: module.nonlinearity for module in vae.modules() if hasattr(module, "nonlinearity")}
+    with torch.no_grad(), vae_frames.image_convolutions(vae):
+        expected = vae.decode(vae.encode(image))
+        with vae_frames.fused_norms(vae) as count:
+            fused = vae.decode(vae.encode(image))
+            assert all(isinstance(module.nonlinearity, torch.nn.Identity) for module in activations)
+    assert count > 0 and torch.equal(fused, expected)
+    assert all(module.nonlinearity is activation for module, activation in activations.items())
+    assert not any("forward" in vars(module) for module in vae.modules())
+
+
+def test_fused_norms_need_a_gpu_and_say_why():
+    available = registry.options("cpu")["vae"]
+    assert available["image"].ok and not available["image-fused"].ok and "CUDA" in available["image-fused"].reason
+
+
+FUSED_CHECK = """
+import copy, torch
+from ghostedit.engine import Engine
+from ghostedit.optimize import vae_frames
+vae_frames.KERNEL_DEVICES = ("cuda", "cpu")   # Triton's interpreter runs the kernel on the CPU
+vae = Engine("tiny", device="cpu").load().vae
+vae = copy.deepcopy(getattr(vae, "vae", vae)).float()
+image = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1
+calls = []
+normalize = torch.nn.functional.normalize
+torch.nn.functional.normalize = lambda *a, **k: calls.append(1) or normalize(*a, **k)
+with torch.no_grad(), vae_frames.image_convolutions(vae):
+    latents = vae.encode(image)
+    decoded = vae.decode(latents)
+    released_calls = len(calls)
+    with vae_frames.fused_norms(vae):
+        fused_latents = vae.encode(image)
+        fused_decoded = vae.decode(fused_latents)
+assert released_calls > 0 and len(calls) == released_calls, (released_calls, len(calls))
+for fused, expected in ((fused_latents, latents), (fused_decoded, decoded)):
+    error = float((fused - expected).norm() / expected.norm())
+    assert error < 1e-5, error
+print("ok")
+"""
+
+
+def test_the_fused_norm_kernel_computes_the_released_norm_and_silu_in_tritons_interpreter():
+    """The tiny VAE in float32 (the interpreter truncates conversions to bf16, so float32 shows the arithmetic):
+    encoding and decoding with every norm in the kernel, none through the released code, agree with the released
+    norms to float32 rounding."""
+    done = subprocess.run([sys.executable, "-c", FUSED_CHECK], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_the_vae_input_has_the_bits_of_the_references_float32_preprocessing():

@@ -36,27 +36,32 @@ def source(part: str) -> str:
 
 def name(row: dict) -> str:
     """"stock", "best", "exact" for the named configurations, "best + <label>" for one of them with more toggles,
-    the configuration's label otherwise."""
-    named = {OptimizationConfig().text: "stock", **{OptimizationConfig.parse(preset).text: preset
-                                                     for preset in ("best", "exact")}}
-    if row["text"] in named:
-        return named[row["text"]]
+    the configuration's label otherwise. A DiT forward's row (the DiT-level bench) is named by its DiT settings
+    alone: the encoders' settings take no part in it."""
+    dit_level = "ms_per_forward" in row
+
+    def settings_of(text: str) -> str:
+        return _dit_of(text) if dit_level else OptimizationConfig.parse(text).text
+    text = settings_of(row["text"])
+    named = {OptimizationConfig().text: "stock", **{settings_of(preset): preset for preset in ("best", "exact")}}
+    if text in named:
+        return named[text]
     for preset in ("best", "exact"):
-        for settings, called in ((preset, preset), (_dit_of(preset), f"{preset}'s DiT")):
-            if OptimizationConfig.parse(row["text"]) == OptimizationConfig.parse(settings):
+        for settings, called in ((settings_of(preset), preset), (_dit_of(preset), f"{preset}'s DiT")):
+            if OptimizationConfig.parse(text) == OptimizationConfig.parse(settings):
                 return called
-            added = _added_to(row["text"], settings)
+            added = _added_to(text, settings)
             if added:
                 return f"{called} + {' + '.join(added)}"
-            left_out = _rewrites_left_out(row["text"], settings)
+            left_out = _rewrites_left_out(text, settings)
             if left_out:
                 return f"{called} without {' and '.join(left_out)}"
     return row["config"]
 
 
 def _dit_of(preset: str) -> str:
-    """`preset` with the text encoder and VAE as released: what a DiT forward of it runs (and what the preset was
-    before it set the encoders' toggles)."""
+    """`preset` (a name or a configuration's text) with the text encoder and VAE as released: what a DiT forward of
+    it runs (and what the preset was before it set the encoders' toggles)."""
     config = OptimizationConfig.parse(preset)
     return config.replace(**{toggle.name: toggle.default for toggle in registry.singles()
                              if toggle.component != "dit"}).text
@@ -464,15 +469,77 @@ def run_toggles() -> str:
     environment = found["environment"]
     check = found["vae_image_in_float32"]
     graphed_first = found["first_runs"]["text-encoder=graphed"][0]["stages_s"]["text encoding"]
-    after = (f"\nvae=image against the released VAE in float32 on this GPU (TF32 off), a random image: latents "
-             f"{check['latents_rel_error']:.1e} and decoded image {check['decoded_rel_error']:.1e} relative error. "
-             f"text-encoder=graphed's first edit, which warmed up and captured every layer: {graphed_first:.3f} s of "
-             "text encoding.\n")
+    fused = found["fused_norms_in_bf16"]
+    after = (f"\nAgainst the released VAE in float32 on this GPU (TF32 off), a random image: vae=image's latents "
+             f"{check['latents_rel_error']:.1e} and decoded image {check['decoded_rel_error']:.1e} relative error, "
+             f"vae=image-fused's {check['fused_latents_rel_error']:.1e} and {check['fused_decoded_rel_error']:.1e}. "
+             f"In bf16, a random latent decoded with vae=image-fused against vae=image: {fused['differing_share']:.0%} "
+             f"of the values differ, by at most {fused['max_abs_diff']:.3f}. text-encoder=graphed's first edit, which "
+             f"warmed up and captured every layer: {graphed_first:.3f} s of text encoding.\n")
     return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x"
             f"{found['side']}, {found['steps']} steps, CFG {found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
             f"(`scripts/gpu/run_toggles_probe.py`, {environment['gpu']}, torch {environment['torch']}, "
             f"{environment['date']}, `docs/benchmarks/run-toggles/`). The base's own row compares two of its warm "
             f"images.\n\n{markdown_table(rows, columns)}\n{after}")
+
+
+def attention_lengths() -> str:
+    """Section 6: cuDNN's FP8 attention at prompt lengths that make the joint sequence a multiple of 128 or not
+    (scripts/gpu/attention_plans_probe.py), and a DiT forward at the bench's and an edit's prompt length."""
+    folder = RESULTS / "attention-lengths"
+    path = folder / "attention-plans.json"
+    found = json.loads(path.read_text())
+    rows = []
+    for length in found["lengths"]:
+        engine = next(plan for plan in length["plans"] if plan["layout"].endswith("(engine)") and plan["mode"] == "A"
+                      and plan["index"] == 0)
+        masked = next((plan for plan in length.get("padding_mask", []) if plan["index"] == 0
+                       and plan["query_length"] == "real"), None)
+        rows.append({"text": length["text_tokens"], "tokens": length["tokens"],
+                     "aligned": "yes" if length["tokens"] % 128 == 0 else "no", "engine": engine["sustained_ms"],
+                     "masked": f"{masked['sustained_ms']:.3f}" if masked else ""})
+    table = markdown_table(rows, {"text": "text tokens", "tokens": "joint tokens", "aligned": "multiple of 128",
+                                  "engine": "as the engine runs it, ms",
+                                  "masked": "padded to a multiple of 128, cuDNN's padding mask, ms"})
+    forwards = {tokens: results(f"attention-lengths/dit-{tokens}") for tokens in (214, 256)}
+    environment = forwards[214]["environment"]
+    forward = ", ".join(f"{tokens} text tokens {found_dit['rows'][0]['ms_per_forward']:.1f} ms"
+                        for tokens, found_dit in forwards.items())
+    return (f"cuDNN's FP8 attention alone, {found['shape']['heads']} heads of {found['shape']['head_dim']}, "
+            f"{found['shape']['image_tokens']} image tokens and three prompt lengths, cuDNN's first plan (the "
+            f"engine's), per call over calls back to back (`scripts/gpu/attention_plans_probe.py --text-tokens 256 "
+            f"214 300`, {found['gpu']}, torch {found['torch']}, committed {_committed_on(path)}, "
+            f"`docs/benchmarks/attention-lengths/`):\n\n{table}\n\nOne DiT forward of "
+            f"{name(forwards[214]['rows'][0])} at 1024x1024 in processes of its own: {forward} ({environment['gpu']}, "
+            f"{environment['date']}, `ghostedit bench --level dit --text-tokens N`, "
+            "`docs/benchmarks/attention-lengths/dit-*/`).\n")
+
+
+def vae_norm() -> str:
+    """Section 6: the VAE's RMS norm and SiLU as released against GhostEdit's kernel (scripts/gpu/vae_norm_probe.py)."""
+    from ..optimize import vae_frames
+    found = results("vae-norm")
+    engine_setting = f"chunks, {vae_frames.ROW_VALUES} values, {vae_frames.WARPS} warps"
+    by_shape: dict = {}
+    for row in found["rows"]:
+        by_shape.setdefault((row["channels"], row["side"]), {})[row["kernel"]] = row
+    rows = []
+    for (channels, side), kernels in by_shape.items():
+        released = next(row for label, row in kernels.items() if label.startswith("released"))
+        copy = next(row for label, row in kernels.items() if label.startswith("PyTorch's copy"))
+        ours = kernels[engine_setting]
+        rows.append({"shape": f"{channels} x {side}x{side}", "released": released["us"], "ours": ours["us"],
+                     "gbs": ours["gb_per_s"], "copy": copy["us"], "per_million": ours["differing_share"] * 1e6,
+                     "max": ours["max_abs_diff"]})
+    table = markdown_table(rows, {"shape": "channels x pixels", "released": "released us", "ours": "kernel us",
+                                  "gbs": "kernel GB/s", "copy": "PyTorch's copy us",
+                                  "per_million": "values per million unlike the released",
+                                  "max": "largest difference"})
+    environment = found["environment"]
+    return (f"The VAE's RMS norm and the SiLU after it on a channels-last bf16 input, as released and in "
+            f"GhostEdit's kernel as the engine runs it ({engine_setting}), beside PyTorch's copy of the same bytes "
+            f"(`scripts/gpu/vae_norm_probe.py`, {environment['gpu']}, torch {environment['torch']}, "
+            f"{environment['date']}, `docs/benchmarks/vae-norm/`):\n\n{table}\n")
 
 
 def attention() -> str:
@@ -574,6 +641,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
+            "attention-lengths": attention_lengths, "vae-norm": vae_norm,
             "parallel": parallel}
 
 

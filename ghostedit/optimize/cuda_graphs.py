@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from .. import tensors
 from ..device import UnavailableOptionError
 from . import registry
 
@@ -212,9 +213,8 @@ def why_not_capturable(dit: torch.nn.Module, device: str, config) -> str | None:
     if ulysses.active():
         return "sequence parallel (Ulysses) is active: its all-to-alls around each attention are not captured"
     target = torch.device(device)
-    elsewhere = {str(tensor.device) for tensor in [*dit.transformer_blocks.parameters(),
-                                                   *dit.transformer_blocks.buffers()]
-                 if tensor.device.type != target.type or target.index not in (None, tensor.device.index)}
+    elsewhere = {str(held) for held in tensors.devices(dit.transformer_blocks)
+                 if held.type != target.type or target.index not in (None, held.index)}
     if elsewhere:
         return (f"some of the DiT's weights are on {', '.join(sorted(elsewhere))}, not {device} (the memory "
                 "placement streams them to the GPU layer by layer)")

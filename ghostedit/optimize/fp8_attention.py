@@ -29,6 +29,7 @@ SOFTMAX_SCALE = FP8_MAX
 
 _Q, _K, _V, _O, _AMAX_O = 1, 2, 3, 4, 5
 _DESCALE_Q, _DESCALE_K, _DESCALE_V, _DESCALE_S, _SCALE_S, _SCALE_O = 10, 11, 12, 13, 14, 15
+_SEQ_LEN_Q, _SEQ_LEN_KV = 20, 21
 
 _graphs: dict[tuple, tuple] = {}
 _graphs_lock = threading.Lock()
@@ -104,8 +105,10 @@ def _handle(cudnn, device: torch.device):
     return handles[device]
 
 
-def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride):
-    """cuDNN's FP8 attention graph for these shapes and strides, validated, before any execution plan."""
+def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride, padding_mask=False):
+    """cuDNN's FP8 attention graph for these shapes and strides, validated, before any execution plan. With
+    `padding_mask`, each batch item's real lengths come in int32 [batch, 1, 1, 1] tensors (uids _SEQ_LEN_Q and
+    _SEQ_LEN_KV) and the rows past them are padding."""
     batch, heads, seq_q, seq_kv, head_dim = shape
     graph = cudnn.pygraph(handle=handle, io_data_type=cudnn.data_type.FP8_E4M3,
                           intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
@@ -117,11 +120,16 @@ def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_s
     def scalar(uid):
         return graph.tensor(uid=uid, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT)
 
+    def lengths(uid):
+        return graph.tensor(uid=uid, dim=[batch, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32)
+
+    masking = dict(use_padding_mask=True, seq_len_q=lengths(_SEQ_LEN_Q), seq_len_kv=lengths(_SEQ_LEN_KV)) \
+        if padding_mask else {}
     output, _stats, _amax_s, amax_o = graph.sdpa_fp8(
         q=fp8_tensor(_Q, seq_q, q_stride), k=fp8_tensor(_K, seq_kv, k_stride), v=fp8_tensor(_V, seq_kv, v_stride),
         descale_q=scalar(_DESCALE_Q), descale_k=scalar(_DESCALE_K), descale_v=scalar(_DESCALE_V),
         descale_s=scalar(_DESCALE_S), scale_s=scalar(_SCALE_S), scale_o=scalar(_SCALE_O),
-        generate_stats=False, attn_scale=1.0 / math.sqrt(head_dim), use_causal_mask=False)
+        generate_stats=False, attn_scale=1.0 / math.sqrt(head_dim), use_causal_mask=False, **masking)
     output.set_uid(_O).set_output(True).set_dim([batch, heads, seq_q, head_dim]).set_stride(list(output_stride)) \
         .set_data_type(cudnn.data_type.FP8_E4M3)
     amax_o.set_uid(_AMAX_O).set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]) \

@@ -1,8 +1,8 @@
-"""GhostEdit's own Triton kernels, each run by the module that owns its rewrite through a custom op: the GELU and
-its rowwise FP8 quantization (fp8_mlp.py, fused-gelu-quant), and the FP8 attention's q and k normalized, rotated
-and cast (fp8_qk.py, fused-qk-norm-rope). This module imports Triton: those modules load it only when a GPU
-configuration runs them. Triton resolves a kernel's helper functions among the module's globals, hence one module
-for them."""
+"""GhostEdit's own Triton kernels, each run by the module that owns its choice: the GELU and its rowwise FP8
+quantization (fp8_mlp.py, fused-gelu-quant) and the FP8 attention's q and k normalized, rotated and cast (fp8_qk.py,
+fused-qk-norm-rope), both through custom ops that compiled blocks call; the VAE's RMS norm with the SiLU after it
+(vae_frames.py, vae=image-fused). This module imports Triton: those modules load it only when a GPU configuration
+runs them. Triton resolves a kernel's helper functions among the module's globals, hence one module for them."""
 import triton
 import triton.language as tl
 
@@ -68,5 +68,48 @@ def qk_norm_rope_fp8(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr,
         tl.store(k_out_ptr + out_start + out_heads, k, mask=inside)
 
 
+@triton.jit
+def _channel_chunk(x_ptr, rows, chunk, inside, n_channels: tl.constexpr, CHUNK: tl.constexpr,
+                   MASK_CHANNELS: tl.constexpr):
+    """One chunk of CHUNK channels of the rows, as float32 [ROWS, CHUNK], and where it lies."""
+    channels = chunk * CHUNK + tl.arange(0, CHUNK)[None, :]
+    if MASK_CHANNELS:
+        inside = inside & (channels < n_channels)
+    return tl.load(x_ptr + rows * n_channels + channels, mask=inside, other=0.0).to(tl.float32), channels, inside
+
+
+@triton.jit
+def channel_rms_norm(x_ptr, gamma_ptr, bias_ptr, out_ptr, n_rows, scale, eps, n_channels: tl.constexpr,
+                     CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU: tl.constexpr):
+    """The VAE's RMS norm of rows of `n_channels` contiguous values (a channels-last image's pixels), each step
+    rounded to the output's dtype where PyTorch's kernels round it: normalized in float32 (F.normalize: x / max(|x|,
+    eps)), times `scale`, times gamma, plus the bias, then SiLU if asked (x / (1 + exp(-x))). The channels are read
+    in CHUNKS chunks of CHUNK (a power of two: Qwen-Image's 96, 192 and 384 channels are 3 such chunks, unmasked),
+    twice: the second read of a program's few kilobytes comes from the cache."""
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    in_rows = rows < n_rows
+    mask_channels: tl.constexpr = CHUNK * CHUNKS != n_channels
+    squares = tl.zeros([ROWS], dtype=tl.float32)
+    for chunk in tl.static_range(CHUNKS):
+        x, _, _ = _channel_chunk(x_ptr, rows, chunk, in_rows, n_channels, CHUNK, mask_channels)
+        squares += tl.sum(x * x, axis=1)
+    norm = tl.maximum(tl.sqrt_rn(squares), eps)[:, None]
+    for chunk in tl.static_range(CHUNKS):
+        x, channels, inside = _channel_chunk(x_ptr, rows, chunk, in_rows, n_channels, CHUNK, mask_channels)
+        values = tl.div_rn(x, norm).to(dtype)
+        values = (values.to(tl.float32) * scale).to(dtype)
+        gamma = tl.load(gamma_ptr + channels, mask=channels < n_channels).to(tl.float32)
+        values = (values.to(tl.float32) * gamma).to(dtype)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + channels, mask=channels < n_channels).to(tl.float32)
+            values = (values.to(tl.float32) + bias).to(dtype)
+        if SILU:
+            values = values.to(tl.float32)
+            values = tl.div_rn(values, 1.0 + tl.exp(-values)).to(dtype)
+        tl.store(out_ptr + rows * n_channels + channels, values, mask=inside)
+
+
 # the kernels' names, as the profiler lists them (scripts/gpu/profile_dit.py counts them as GhostEdit's)
-NAMES = (gelu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__)
+NAMES = (gelu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__, channel_rms_norm.__name__)

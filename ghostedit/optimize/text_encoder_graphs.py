@@ -34,12 +34,6 @@ def graphs_of(text_encoder) -> ShapeGraphs:
     return _stores[text_encoder]
 
 
-def weights_address(text_encoder) -> int:
-    """Where the text encoder's weights lie (a move, to another memory mode, moves them all): graphs read them there,
-    so a move drops them."""
-    return next(text_encoder.parameters()).data_ptr()
-
-
 def _graphed_forward(layer: torch.nn.Module, index: int, graphs: ShapeGraphs):
     def released(inputs: dict):
         return type(layer).forward(layer, *inputs["args"], **inputs["kwargs"])

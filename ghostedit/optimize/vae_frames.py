@@ -1,4 +1,5 @@
-"""The VAE on one frame as an image network (`vae=image`): its causal 3-D convolutions as 2-D ones, channels-last.
+"""The VAE on one frame as an image network: its causal 3-D convolutions as 2-D ones, channels-last (`vae=image`),
+and with `vae=image-fused` its RMS norms in one kernel each, with the SiLU that follows them.
 
 Qwen-Image's VAE is a video VAE. On an image (one frame, no cached frames) each causal 3-D convolution pads the
 frame with kernel_t - 1 frames of zeros in front and convolves all of them: with 3x3x3 kernels, two thirds of the
@@ -7,17 +8,40 @@ kernel's last temporal slice: the same function, up to floating-point rounding (
 channels-last, cuDNN's NHWC kernels also skip the layout conversions it makes around every NCHW convolution (an H100
 profile of an edit: docs/benchmarks/profile-edit). A convolution that sees cached frames or more than one frame (a
 video) runs as released.
+
+The same profile had most of the VAE's GPU time in elementwise kernels around its RMS norms: the reference's float32
+normalization (a cast, a norm, a division, a cast back), then the scale, gamma, the bias and the SiLU, each a pass
+over tensors of up to 100 M values at 1024x1024. GhostEdit's Triton kernel (kernels.channel_rms_norm) reads each
+pixel's channels once and writes the result once, rounding to bf16 where those kernels round; on the H100 its
+outputs match theirs bit for bit but where the sum of squares, summed in another order, rounds otherwise
+(scripts/gpu/vae_norm_probe.py). The upsampling before each upsampling convolution also runs in the VAE's dtype
+instead of through float32 (nearest neighbours copy values: the same bits). A norm of a video's frames, or on a
+CPU, runs as released, with its SiLU.
 """
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
+
+from .. import tensors
+
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # vae -> (its placement mark, its slices)
 
 
 def _single_frame_weights(vae) -> dict:
     """{causal conv: its weight's last temporal slice, channels-last} for every causal 3-D convolution of `vae`
-    that zero-pads a lone frame (stride 1 in time, padding kernel_t - 1 frames in front)."""
+    that zero-pads a lone frame (stride 1 in time, padding kernel_t - 1 frames in front). Kept while the VAE stays
+    where it is: taking them at every edit cost it milliseconds; a VAE moved or reloaded is read afresh."""
+    mark = tensors.placement_mark(vae)
+    kept = _kept.get(vae)
+    if kept is None or kept[0] != mark:
+        kept = _kept[vae] = (mark, _slices(vae))
+    return kept[1]
+
+
+def _slices(vae) -> dict:
     from diffsynth.models.qwen_image_vae import QwenImageCausalConv3d
     weights = {}
     for module in vae.modules():
@@ -40,8 +64,8 @@ def _image_forward(conv, weight):
 
 @contextlib.contextmanager
 def image_convolutions(vae):
-    """`vae`'s causal convolutions run as 2-D ones on a lone frame, for the length of the context. The slices are
-    taken at entry (a few MB per layer on the device), so a VAE moved or reloaded between runs is read afresh."""
+    """`vae`'s causal convolutions run as 2-D ones on a lone frame, for the length of the context (their weights'
+    slices, a few MB per layer on the device, kept with the VAE)."""
     weights = _single_frame_weights(vae)
     if not weights:
         raise ValueError(f"{type(vae).__name__} has no causal 3-D convolution to run as a 2-D one: vae=image serves "
@@ -53,3 +77,122 @@ def image_convolutions(vae):
     finally:
         for conv in weights:
             del conv.forward
+
+
+# ---- vae=image-fused: the RMS norms in one kernel each, the upsampling in the VAE's dtype ----
+
+ROW_VALUES, WARPS = 4096, 8   # values per Triton program (whole rows), warps: scripts/gpu/vae_norm_probe.py
+NORMALIZE_EPS = 1e-12   # F.normalize's default, which the released norm uses
+
+
+KERNEL_DEVICES = ("cuda",)   # where the kernel runs (tests add "cpu" under Triton's interpreter)
+
+
+def _channel_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """`x` ([batch, channels, ...]) as [pixels, channels] rows, copied channels-last if it is not (the output of a
+    resampling layer or of the attention block: the convolution after the norm wants it channels-last anyway);
+    None where the kernel does not run: on another device, or on the frames of a video."""
+    if x.device.type not in KERNEL_DEVICES or (x.dim() == 5 and x.shape[2] != 1):
+        return None
+    return x.movedim(1, -1).contiguous().view(-1, x.shape[1])
+
+
+def fused_rms_norm(norm, x: torch.Tensor, silu: bool) -> torch.Tensor:
+    """`norm` (the VAE's float32 RMS norm) of channels-last `x` in one Triton kernel, with the SiLU after it if
+    `silu`; any other input as released."""
+    rows = _channel_rows(x)
+    if rows is None:
+        out = type(norm).forward(norm, x)
+        return torch.nn.functional.silu(out) if silu else out
+    bias = norm.bias if isinstance(norm.bias, torch.Tensor) else None
+    out_rows = channel_rms_norm_launch(rows, norm.gamma.reshape(-1), None if bias is None else bias.reshape(-1),
+                                       float(norm.scale), silu)
+    return out_rows.view(x.movedim(1, -1).shape).movedim(-1, 1)   # x's layout, channels-last
+
+
+def channel_chunk(channels: int) -> int:
+    """The largest power of two that divides `channels`, at most 128: the chunks then need no mask."""
+    return min(channels & -channels, 128)
+
+
+def channel_rms_norm_launch(rows: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | None, scale: float,
+                            silu: bool, chunk: int | None = None, row_values: int = ROW_VALUES,
+                            warps: int = WARPS) -> torch.Tensor:
+    """kernels.channel_rms_norm over contiguous [pixels, channels] rows; the output in the same layout."""
+    import triton
+    from . import kernels
+    n_rows, n_channels = rows.shape
+    chunk = chunk or channel_chunk(n_channels)
+    chunks = triton.cdiv(n_channels, chunk)
+    per_program = triton.next_power_of_2(max(1, row_values // (chunk * chunks)))
+    out = torch.empty_like(rows)
+    kernels.channel_rms_norm[(triton.cdiv(n_rows, per_program),)](
+        rows, gamma, gamma if bias is None else bias, out, n_rows, scale, NORMALIZE_EPS, n_channels=n_channels,
+        CHUNK=chunk, CHUNKS=chunks, ROWS=per_program, HAS_BIAS=bias is not None, SILU=silu, num_warps=warps)
+    return out
+
+
+def _norms(vae) -> list[tuple]:
+    """(norm, the module whose SiLU follows it or None) for each RMS norm of `vae`: a residual block's two and the
+    encoder's and decoder's last are followed by their module's SiLU, an attention block's is not."""
+    from diffsynth.models import qwen_image_vae as released
+    found = []
+    for module in vae.modules():
+        silu_owner = module if isinstance(getattr(module, "nonlinearity", None), torch.nn.SiLU) else None
+        if isinstance(module, released.QwenImageResidualBlock):
+            found += [(module.norm1, silu_owner), (module.norm2, silu_owner)]
+        elif isinstance(module, (released.QwenImageEncoder3d, released.QwenImageDecoder3d)):
+            found.append((module.norm_out, silu_owner))
+        elif isinstance(module, released.QwenImageAttentionBlock):
+            found.append((module.norm, None))
+    return found
+
+
+def _norm_forward(norm, silu: bool):
+    return lambda x: fused_rms_norm(norm, x, silu)
+
+
+def _same_dtype_upsample(upsample):
+    return lambda x: torch.nn.Upsample.forward(upsample, x)
+
+
+def _channels_last_output(module):
+    """`module`'s forward, its output of one frame handed on channels-last: a resampling layer's and the attention
+    block's come out in NCHW, and the residual addition after them would mix layouts (a strided kernel)."""
+    def forward(*args, **kwargs):
+        out = type(module).forward(module, *args, **kwargs)
+        if out.dim() != 5 or out.shape[2] != 1:
+            return out
+        return out[:, :, 0].contiguous(memory_format=torch.channels_last).unsqueeze(2)
+    return forward
+
+
+@contextlib.contextmanager
+def fused_norms(vae):
+    """`vae`'s RMS norms in one kernel each (taking over the SiLU after them), its nearest-neighbour upsampling in
+    the VAE's dtype, and the outputs of its resampling layers and attention blocks channels-last, for the length of
+    the context; yields how many norms."""
+    from diffsynth.models import qwen_image_vae as released
+    norms = _norms(vae)
+    activations = {owner: owner.nonlinearity for _, owner in norms if owner is not None}
+    upsamples = [module for module in vae.modules() if isinstance(module, released.QwenImageUpsample)
+                 and module.mode in ("nearest", "nearest-exact")]
+    relayouts = [module for module in vae.modules()
+                 if isinstance(module, (released.QwenImageResample, released.QwenImageAttentionBlock))]
+    for norm, owner in norms:
+        norm.forward = _norm_forward(norm, silu=owner is not None)
+    for owner in activations:
+        owner.nonlinearity = torch.nn.Identity()   # the norms apply it
+    for upsample in upsamples:
+        upsample.forward = _same_dtype_upsample(upsample)
+    for module in relayouts:
+        module.forward = _channels_last_output(module)
+    try:
+        yield len(norms)
+    finally:
+        for norm, _ in norms:
+            del norm.forward
+        for owner, activation in activations.items():
+            owner.nonlinearity = activation
+        for module in [*upsamples, *relayouts]:
+            del module.forward

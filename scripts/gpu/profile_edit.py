@@ -75,6 +75,10 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=1024)
     parser.add_argument("--model", default="synthetic", help="tiny with --device cpu rehearses the script")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--top", type=int, default=3, help="the largest kernels kept per stage")
+    parser.add_argument("--python-profile", action="store_true", help="also one warm edit under cProfile: each "
+                        "function's own and cumulative seconds (the profiler's overhead included), the largest kept in "
+                        "DIR/profile-edit/python.json")
     parser.add_argument("--cpu-runs", type=int, default=0, help="then this many warm edits in cpu_sampled_runs, for a "
                         "sampling profiler run around the script (scripts/gpu/cpu_stacks.py reads its samples)")
     args = parser.parse_args()
@@ -92,7 +96,7 @@ def main() -> None:
     for stage in [*stages, OUTSIDE]:
         wall = total_s - sum(stages.values()) if stage == OUTSIDE else stages[stage]
         gpu_ms = sum(kernels.get(stage, {}).values())
-        top = sorted(kernels.get(stage, {}).items(), key=lambda item: -item[1])[:3]
+        top = sorted(kernels.get(stage, {}).items(), key=lambda item: -item[1])[:args.top]
         rows.append({"stage": stage, "wall_s": wall, "gpu_s": gpu_ms / 1000, "idle_s": wall - gpu_ms / 1000,
                      "kernels": len(kernels.get(stage, {})),
                      "top": [{"name": name[:120], "ms": ms} for name, ms in top]})
@@ -107,7 +111,27 @@ def main() -> None:
                                 "idle_s": "GPU idle s", "kernels": "kernel names"}))
     for row in rows:
         print(row["stage"], [f"{kernel['ms']:.1f} ms {kernel['name']}" for kernel in row["top"]])
+    if args.python_profile:
+        python_profile(engine, request, config, out / "python.json")
     cpu_sampled_runs(engine, request, config, args.cpu_runs)
+
+
+def python_profile(engine, request, config, path: Path, keep: int = 120) -> None:
+    """One warm edit under cProfile; the functions with the most cumulative time written to `path`."""
+    import cProfile
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    engine.run(request, config)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    rows = [{"function": f"{name} ({Path(file).name}:{line})", "calls": calls, "own_s": own, "cumulative_s": total}
+            for (file, line, name), (_, calls, own, total, _) in stats.items()]
+    rows.sort(key=lambda row: -row["cumulative_s"])
+    path.write_text(json.dumps(rows[:keep], indent=1))
+    for row in rows[:keep]:
+        print(f"{row['cumulative_s'] * 1000:9.2f} ms cum {row['own_s'] * 1000:8.2f} ms own {row['calls']:7d}  "
+              f"{row['function'][:110]}")
 
 
 def cpu_sampled_runs(engine, request, config, runs: int) -> None:

@@ -11,6 +11,7 @@ instead)."""
 import contextlib
 import weakref
 
+from ... import tensors
 from ...device import Availability, UnavailableOptionError, needs_cuda
 from .. import compile as compile_blocks, text_encoder_graphs, vision_windows
 from ..registry import RUN, Choice, RunContext, Toggle, register
@@ -21,7 +22,7 @@ _compiled_once = weakref.WeakSet()   # the text encoders this process has compil
 
 
 def _on_device(text_encoder, device: str) -> bool:
-    return all(parameter.device.type == device.split(":")[0] for parameter in text_encoder.parameters())
+    return all(held.type == device.split(":")[0] for held in tensors.devices(text_encoder))
 
 
 @contextlib.contextmanager
@@ -63,7 +64,7 @@ def _text_encoder(context: RunContext, choice: str):
 @contextlib.contextmanager
 def _graphed(context: RunContext, text_encoder):
     graphs = text_encoder_graphs.graphs_of(text_encoder)
-    owner = (text_encoder_graphs.weights_address(text_encoder), None)
+    owner = (tensors.placement_mark(text_encoder), None)  # graphs read the weights where they lie: a move drops them
     with vision_windows.joined_windows(text_encoder), graphs.running(owner, context.recorder), \
             text_encoder_graphs.graphed_layers(text_encoder, graphs):
         try:

@@ -1,9 +1,11 @@
 """Toggle `vae`: how the VAE encodes the condition images and decodes the edit. `image`: its causal 3-D convolutions
 as 2-D ones on the lone frame of an image, channels-last (optimize/vae_frames.py): the same function without the
-zero frames of the causal padding. The VAE is shared by every configuration, so the choice is set for the run and
-put back after it."""
+zero frames of the causal padding. `image-fused`: that, and each RMS norm with the SiLU after it in one Triton kernel
+of GhostEdit's, the upsampling in the VAE's dtype (the same function, rounded where the released kernels round). The
+VAE is shared by every configuration, so the choice is set for the run and put back after it."""
 import contextlib
 
+from ...device import Availability, needs_cuda
 from .. import vae_frames
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
@@ -13,16 +15,27 @@ def _vae(context: RunContext, choice: str):
     if choice == "video":
         yield
         return
-    with vae_frames.image_convolutions(context.prepared.pipe.vae) as count:
-        context.ran.setdefault("words", {})["vae"] = f"image: {count} causal convolutions as 2-D ones"
+    vae = context.prepared.pipe.vae
+    with vae_frames.image_convolutions(vae) as count, \
+            (vae_frames.fused_norms(vae) if choice == "image-fused" else contextlib.nullcontext()) as norms:
+        words = f"{choice}: {count} causal convolutions as 2-D ones"
+        if norms is not None:
+            words += f", {norms} RMS norms in one kernel each (with the SiLU after them), upsampling in the VAE's dtype"
+        context.ran.setdefault("words", {})["vae"] = words
         yield
+
+
+def _availability(choice: str, device: str) -> Availability:
+    return needs_cuda(device, "vae image-fused (a Triton kernel)") if choice == "image-fused" else Availability.yes()
 
 
 register(Toggle(
     name="vae", label="VAE",
     help="as released (a video VAE: 3-D convolutions over the frame and its zero-padded history), or as an image "
-         "network (2-D convolutions, channels-last: the same function, a third of the convolutions' work)",
+         "network (2-D convolutions, channels-last: the same function, a third of the convolutions' work), or that "
+         "with each RMS norm and its SiLU in one kernel instead of eight passes over the image",
     choices=(Choice("video", "video (3-D convolutions, as DiffSynth runs it)"),
-             Choice("image", "image (2-D convolutions on the one frame, channels-last)")),
-    default="video", changes=RUN, component="vae", order=97, run_context=_vae,
+             Choice("image", "image (2-D convolutions on the one frame, channels-last)"),
+             Choice("image-fused", "image, norms fused (one kernel per RMS norm and its SiLU)")),
+    default="video", changes=RUN, component="vae", order=97, run_context=_vae, availability=_availability,
 ))
