@@ -94,6 +94,9 @@ vae_frames.KERNEL_DEVICES = ("cuda", "cpu")   # Triton's interpreter runs the ke
 vae = Engine("tiny", device="cpu").load().vae
 vae = copy.deepcopy(getattr(vae, "vae", vae)).float()
 image = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1
+residuals = []
+bias_residual = vae_frames.bias_residual
+vae_frames.bias_residual = lambda *args: residuals.append(1) or bias_residual(*args)
 calls = []
 normalize = torch.nn.functional.normalize
 torch.nn.functional.normalize = lambda *a, **k: calls.append(1) or normalize(*a, **k)
@@ -105,6 +108,8 @@ with torch.no_grad(), vae_frames.image_convolutions(vae):
         fused_latents = vae.encode(image)
         fused_decoded = vae.decode(fused_latents)
 assert released_calls > 0 and len(calls) == released_calls, (released_calls, len(calls))
+blocks = sum(1 for module in vae.modules() if type(module).__name__ == "QwenImageResidualBlock")
+assert len(residuals) == blocks, (len(residuals), blocks)   # each block once: its biases folded into the kernels
 for fused, expected in ((fused_latents, latents), (fused_decoded, decoded)):
     error = float((fused - expected).norm() / expected.norm())
     assert error < 1e-5, error
@@ -114,8 +119,8 @@ print("ok")
 
 def test_the_fused_norm_kernel_computes_the_released_norm_and_silu_in_tritons_interpreter():
     """The tiny VAE in float32 (the interpreter truncates conversions to bf16, so float32 shows the arithmetic):
-    encoding and decoding with every norm in the kernel, none through the released code, agree with the released
-    norms to float32 rounding."""
+    encoding and decoding with every norm in the kernel, none through the released code, and every residual block's
+    convolution biases added by the kernels after them, agree with the released VAE to float32 rounding."""
     done = subprocess.run([sys.executable, "-c", FUSED_CHECK], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -79,25 +79,37 @@ def _channel_chunk(x_ptr, rows, chunk, inside, n_channels: tl.constexpr, CHUNK: 
 
 
 @triton.jit
-def channel_rms_norm(x_ptr, gamma_ptr, bias_ptr, out_ptr, n_rows, scale, eps, n_channels: tl.constexpr,
-                     CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SILU: tl.constexpr):
+def _biased(x, input_bias_ptr, channels, n_channels: tl.constexpr, dtype, INPUT_BIAS: tl.constexpr):
+    """x plus a convolution's bias per channel, rounded to `dtype` as PyTorch's addition of it rounds."""
+    if INPUT_BIAS:
+        bias = tl.load(input_bias_ptr + channels, mask=channels < n_channels).to(tl.float32)
+        x = (x + bias).to(dtype).to(tl.float32)
+    return x
+
+
+@triton.jit
+def channel_rms_norm(x_ptr, input_bias_ptr, gamma_ptr, bias_ptr, out_ptr, n_rows, scale, eps,
+                     n_channels: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
+                     INPUT_BIAS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
     """The VAE's RMS norm of rows of `n_channels` contiguous values (a channels-last image's pixels), each step
-    rounded to the output's dtype where PyTorch's kernels round it: normalized in float32 (F.normalize: x / max(|x|,
-    eps)), times `scale`, times gamma, plus the bias, then SiLU if asked (x / (1 + exp(-x))). The channels are read
-    in CHUNKS chunks of CHUNK (a power of two: Qwen-Image's 96, 192 and 384 channels are 3 such chunks, unmasked),
-    twice: the second read of a program's few kilobytes comes from the cache."""
+    rounded to the output's dtype where PyTorch's kernels round it: the bias of the convolution before it added if
+    INPUT_BIAS, normalized in float32 (F.normalize: x / max(|x|, eps)), times `scale`, times gamma, plus the norm's
+    bias, then SiLU if asked (x / (1 + exp(-x))). The channels are read in CHUNKS chunks of CHUNK (a power of two:
+    Qwen-Image's 96, 192 and 384 channels are 3 such chunks, unmasked), twice: the second read of a program's few
+    kilobytes comes from the cache."""
     dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     in_rows = rows < n_rows
     mask_channels: tl.constexpr = CHUNK * CHUNKS != n_channels
     squares = tl.zeros([ROWS], dtype=tl.float32)
     for chunk in tl.static_range(CHUNKS):
-        x, _, _ = _channel_chunk(x_ptr, rows, chunk, in_rows, n_channels, CHUNK, mask_channels)
+        x, channels, _ = _channel_chunk(x_ptr, rows, chunk, in_rows, n_channels, CHUNK, mask_channels)
+        x = _biased(x, input_bias_ptr, channels, n_channels, dtype, INPUT_BIAS)
         squares += tl.sum(x * x, axis=1)
     norm = tl.maximum(tl.sqrt_rn(squares), eps)[:, None]
     for chunk in tl.static_range(CHUNKS):
         x, channels, inside = _channel_chunk(x_ptr, rows, chunk, in_rows, n_channels, CHUNK, mask_channels)
+        x = _biased(x, input_bias_ptr, channels, n_channels, dtype, INPUT_BIAS)
         values = tl.div_rn(x, norm).to(dtype)
         values = (values.to(tl.float32) * scale).to(dtype)
         gamma = tl.load(gamma_ptr + channels, mask=channels < n_channels).to(tl.float32)
@@ -111,5 +123,21 @@ def channel_rms_norm(x_ptr, gamma_ptr, bias_ptr, out_ptr, n_rows, scale, eps, n_
         tl.store(out_ptr + rows * n_channels + channels, values, mask=inside)
 
 
+@triton.jit
+def channel_bias_residual(x_ptr, bias_ptr, residual_ptr, out_ptr, n_values, n_channels: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """A residual block's end, on channels-last rows: (x + the convolution's bias per channel) + the residual, each
+    addition rounded to the output's dtype as PyTorch's two additions round."""
+    dtype = out_ptr.dtype.element_ty
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n_values
+    x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + offsets % n_channels, mask=inside, other=0.0).to(tl.float32)
+    residual = tl.load(residual_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    biased = (x + bias).to(dtype).to(tl.float32)
+    tl.store(out_ptr + offsets, (biased + residual).to(dtype), mask=inside)
+
+
 # the kernels' names, as the profiler lists them (scripts/gpu/profile_dit.py counts them as GhostEdit's)
-NAMES = (gelu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__, channel_rms_norm.__name__)
+NAMES = (gelu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__, channel_rms_norm.__name__,
+         channel_bias_residual.__name__)

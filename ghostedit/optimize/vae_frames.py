@@ -55,11 +55,16 @@ def _image_forward(conv, weight):
     def forward(x, cache_x=None):
         if cache_x is not None or x.shape[2] != 1:
             return type(conv).forward(conv, x, cache_x)
-        frame = x[:, :, 0].contiguous(memory_format=torch.channels_last)
-        padding = (conv._padding[2], conv._padding[0])   # (height, width): F.pad's order is (w, w, h, h, t, t)
-        output = torch.nn.functional.conv2d(frame, weight, conv.bias, conv.stride[1:], padding, conv.dilation[1:])
-        return output.unsqueeze(2)
+        return frame_convolution(conv, weight, x, conv.bias)
     return forward
+
+
+def frame_convolution(conv, weight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The causal convolution `conv` of x's lone frame as a 2-D one with `weight` (its last temporal slice), with
+    `bias` (PyTorch adds a convolution's bias in a pass of its own after cuDNN's)."""
+    frame = x[:, :, 0].contiguous(memory_format=torch.channels_last)
+    padding = (conv._padding[2], conv._padding[0])   # (height, width): F.pad's order is (w, w, h, h, t, t)
+    return torch.nn.functional.conv2d(frame, weight, bias, conv.stride[1:], padding, conv.dilation[1:]).unsqueeze(2)
 
 
 @contextlib.contextmanager
@@ -82,6 +87,7 @@ def image_convolutions(vae):
 # ---- vae=image-fused: the RMS norms in one kernel each, the upsampling in the VAE's dtype ----
 
 ROW_VALUES, WARPS = 4096, 8   # values per Triton program (whole rows), warps: scripts/gpu/vae_norm_probe.py
+RESIDUAL_BLOCK = 4096   # values per program of the residual addition
 NORMALIZE_EPS = 1e-12   # F.normalize's default, which the released norm uses
 
 
@@ -97,17 +103,40 @@ def _channel_rows(x: torch.Tensor) -> torch.Tensor | None:
     return x.movedim(1, -1).contiguous().view(-1, x.shape[1])
 
 
-def fused_rms_norm(norm, x: torch.Tensor, silu: bool) -> torch.Tensor:
-    """`norm` (the VAE's float32 RMS norm) of channels-last `x` in one Triton kernel, with the SiLU after it if
-    `silu`; any other input as released."""
+def _per_channel(bias: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return bias.reshape(1, -1, *[1] * (like.dim() - 2))
+
+
+def _as_laid_out(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[pixels, channels] rows back in the shape of `like`, channels-last."""
+    return rows.view(like.movedim(1, -1).shape).movedim(-1, 1)
+
+
+def fused_rms_norm(norm, x: torch.Tensor, silu: bool, input_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`norm` (the VAE's float32 RMS norm) of channels-last `x` (plus `input_bias`, the bias the convolution before
+    it left out) in one Triton kernel, with the SiLU after it if `silu`; any other input as released."""
     rows = _channel_rows(x)
     if rows is None:
-        out = type(norm).forward(norm, x)
+        out = type(norm).forward(norm, x if input_bias is None else x + _per_channel(input_bias, x))
         return torch.nn.functional.silu(out) if silu else out
     bias = norm.bias if isinstance(norm.bias, torch.Tensor) else None
     out_rows = channel_rms_norm_launch(rows, norm.gamma.reshape(-1), None if bias is None else bias.reshape(-1),
-                                       float(norm.scale), silu)
-    return out_rows.view(x.movedim(1, -1).shape).movedim(-1, 1)   # x's layout, channels-last
+                                       float(norm.scale), silu, input_bias=input_bias)
+    return _as_laid_out(out_rows, x)
+
+
+def bias_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """(x + a convolution's bias per channel) + residual, a residual block's end, in one Triton kernel on
+    channels-last tensors (as released elsewhere)."""
+    rows, residual_rows = _channel_rows(x), _channel_rows(residual)
+    if rows is None or residual_rows is None:
+        return x + _per_channel(bias, x) + residual
+    import triton
+    from . import kernels
+    out = torch.empty_like(rows)
+    kernels.channel_bias_residual[(triton.cdiv(rows.numel(), RESIDUAL_BLOCK),)](
+        rows, bias, residual_rows, out, rows.numel(), n_channels=rows.shape[1], BLOCK=RESIDUAL_BLOCK)
+    return _as_laid_out(out, x)
 
 
 def channel_chunk(channels: int) -> int:
@@ -117,7 +146,7 @@ def channel_chunk(channels: int) -> int:
 
 def channel_rms_norm_launch(rows: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | None, scale: float,
                             silu: bool, chunk: int | None = None, row_values: int = ROW_VALUES,
-                            warps: int = WARPS) -> torch.Tensor:
+                            warps: int = WARPS, input_bias: torch.Tensor | None = None) -> torch.Tensor:
     """kernels.channel_rms_norm over contiguous [pixels, channels] rows; the output in the same layout."""
     import triton
     from . import kernels
@@ -127,8 +156,9 @@ def channel_rms_norm_launch(rows: torch.Tensor, gamma: torch.Tensor, bias: torch
     per_program = triton.next_power_of_2(max(1, row_values // (chunk * chunks)))
     out = torch.empty_like(rows)
     kernels.channel_rms_norm[(triton.cdiv(n_rows, per_program),)](
-        rows, gamma, gamma if bias is None else bias, out, n_rows, scale, NORMALIZE_EPS, n_channels=n_channels,
-        CHUNK=chunk, CHUNKS=chunks, ROWS=per_program, HAS_BIAS=bias is not None, SILU=silu, num_warps=warps)
+        rows, gamma if input_bias is None else input_bias, gamma, gamma if bias is None else bias, out, n_rows, scale,
+        NORMALIZE_EPS, n_channels=n_channels, CHUNK=chunk, CHUNKS=chunks, ROWS=per_program,
+        INPUT_BIAS=input_bias is not None, HAS_BIAS=bias is not None, SILU=silu, num_warps=warps)
     return out
 
 
@@ -150,6 +180,23 @@ def _norms(vae) -> list[tuple]:
 
 def _norm_forward(norm, silu: bool):
     return lambda x: fused_rms_norm(norm, x, silu)
+
+
+def _residual_block_forward(block, weights: dict):
+    """A residual block on one frame with its norms fused: its two 3x3 convolutions run without their bias, which
+    the next kernel adds (the second norm; the residual addition), rounded as PyTorch's separate addition rounds;
+    anything else as released."""
+    def forward(x, feat_cache=None, feat_idx=[0]):
+        fits = feat_cache is None and _channel_rows(x) is not None and block.conv1 in weights \
+            and block.conv2 in weights and block.conv1.bias is not None and block.conv2.bias is not None
+        if not fits:
+            return type(block).forward(block, x, feat_cache, feat_idx)
+        residual = block.conv_shortcut(x)
+        y = frame_convolution(block.conv1, weights[block.conv1], block.norm1(x), None)
+        y = fused_rms_norm(block.norm2, y, silu=True, input_bias=block.conv1.bias)
+        y = frame_convolution(block.conv2, weights[block.conv2], block.dropout(y), None)
+        return bias_residual(y, block.conv2.bias, residual)
+    return forward
 
 
 def _same_dtype_upsample(upsample):
@@ -179,6 +226,9 @@ def fused_norms(vae):
                  and module.mode in ("nearest", "nearest-exact")]
     relayouts = [module for module in vae.modules()
                  if isinstance(module, (released.QwenImageResample, released.QwenImageAttentionBlock))]
+    blocks = [module for module in vae.modules() if isinstance(module, released.QwenImageResidualBlock)
+              and isinstance(module.nonlinearity, torch.nn.SiLU)]
+    weights = _single_frame_weights(vae)
     for norm, owner in norms:
         norm.forward = _norm_forward(norm, silu=owner is not None)
     for owner in activations:
@@ -187,6 +237,8 @@ def fused_norms(vae):
         upsample.forward = _same_dtype_upsample(upsample)
     for module in relayouts:
         module.forward = _channels_last_output(module)
+    for block in blocks:
+        block.forward = _residual_block_forward(block, weights)
     try:
         yield len(norms)
     finally:
@@ -194,5 +246,5 @@ def fused_norms(vae):
             del norm.forward
         for owner, activation in activations.items():
             owner.nonlinearity = activation
-        for module in [*upsamples, *relayouts]:
+        for module in [*upsamples, *relayouts, *blocks]:
             del module.forward
