@@ -15,8 +15,10 @@ over tensors of up to 100 M values at 1024x1024. GhostEdit's Triton kernel (kern
 pixel's channels once and writes the result once, rounding to bf16 where those kernels round; on the H100 its
 outputs match theirs bit for bit but where the sum of squares, summed in another order, rounds otherwise
 (scripts/gpu/vae_norm_probe.py). The upsampling before each upsampling convolution also runs in the VAE's dtype
-instead of through float32 (nearest neighbours copy values: the same bits). A norm of a video's frames, or on a
-CPU, runs as released, with its SiLU.
+instead of through float32 (nearest neighbours copy values: the same bits), the layers that write NCHW hand their
+output on channels-last, and each residual block's two convolutions leave their bias to the kernel after them
+(PyTorch adds it in a strided pass of its own). A norm of a video's frames, or on a CPU, runs as released, with its
+SiLU.
 """
 from __future__ import annotations
 
@@ -84,7 +86,7 @@ def image_convolutions(vae):
             del conv.forward
 
 
-# ---- vae=image-fused: the RMS norms in one kernel each, the upsampling in the VAE's dtype ----
+# ---- vae=image-fused: the RMS norms and the residual blocks' ends in GhostEdit's kernels ----
 
 ROW_VALUES, WARPS = 4096, 8   # values per Triton program (whole rows), warps: scripts/gpu/vae_norm_probe.py
 RESIDUAL_BLOCK = 4096   # values per program of the residual addition
@@ -94,13 +96,16 @@ NORMALIZE_EPS = 1e-12   # F.normalize's default, which the released norm uses
 KERNEL_DEVICES = ("cuda",)   # where the kernel runs (tests add "cpu" under Triton's interpreter)
 
 
+def _kernels_run_on(x: torch.Tensor) -> bool:
+    """Whether the kernels take `x`: on their device, one frame (a video's frames run as released)."""
+    return x.device.type in KERNEL_DEVICES and not (x.dim() == 5 and x.shape[2] != 1)
+
+
 def _channel_rows(x: torch.Tensor) -> torch.Tensor | None:
     """`x` ([batch, channels, ...]) as [pixels, channels] rows, copied channels-last if it is not (the output of a
-    resampling layer or of the attention block: the convolution after the norm wants it channels-last anyway);
-    None where the kernel does not run: on another device, or on the frames of a video."""
-    if x.device.type not in KERNEL_DEVICES or (x.dim() == 5 and x.shape[2] != 1):
-        return None
-    return x.movedim(1, -1).contiguous().view(-1, x.shape[1])
+    layer that writes NCHW: the convolution after the norm wants it channels-last anyway); None where the kernels
+    do not run."""
+    return x.movedim(1, -1).contiguous().view(-1, x.shape[1]) if _kernels_run_on(x) else None
 
 
 def _per_channel(bias: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -187,7 +192,7 @@ def _residual_block_forward(block, weights: dict):
     the next kernel adds (the second norm; the residual addition), rounded as PyTorch's separate addition rounds;
     anything else as released."""
     def forward(x, feat_cache=None, feat_idx=[0]):
-        fits = feat_cache is None and _channel_rows(x) is not None and block.conv1 in weights \
+        fits = feat_cache is None and _kernels_run_on(x) and block.conv1 in weights \
             and block.conv2 in weights and block.conv1.bias is not None and block.conv2.bias is not None
         if not fits:
             return type(block).forward(block, x, feat_cache, feat_idx)
@@ -216,9 +221,9 @@ def _channels_last_output(module):
 
 @contextlib.contextmanager
 def fused_norms(vae):
-    """`vae`'s RMS norms in one kernel each (taking over the SiLU after them), its nearest-neighbour upsampling in
-    the VAE's dtype, and the outputs of its resampling layers and attention blocks channels-last, for the length of
-    the context; yields how many norms."""
+    """`vae`'s RMS norms in one kernel each (taking over the SiLU after them), its residual blocks' biases added by
+    those kernels, its nearest-neighbour upsampling in the VAE's dtype, and the outputs of its resampling layers and
+    attention blocks channels-last, for the length of the context; yields how many norms."""
     from diffsynth.models import qwen_image_vae as released
     norms = _norms(vae)
     activations = {owner: owner.nonlinearity for _, owner in norms if owner is not None}

@@ -1,8 +1,9 @@
 """Toggle `vae`: how the VAE encodes the condition images and decodes the edit. `image`: its causal 3-D convolutions
 as 2-D ones on the lone frame of an image, channels-last (optimize/vae_frames.py): the same function without the
 zero frames of the causal padding. `image-fused`: that, and each RMS norm with the SiLU after it in one Triton kernel
-of GhostEdit's, the upsampling in the VAE's dtype (the same function, rounded where the released kernels round). The
-VAE is shared by every configuration, so the choice is set for the run and put back after it."""
+of GhostEdit's, which also adds the bias of the residual block's convolution before it (and one more kernel the
+block's last bias and its residual), the upsampling in the VAE's dtype: the same function, rounded where the released
+kernels round. The VAE is shared by every configuration, so the choice is set for the run and put back after it."""
 import contextlib
 
 from ...device import Availability, needs_cuda
@@ -20,7 +21,8 @@ def _vae(context: RunContext, choice: str):
             (vae_frames.fused_norms(vae) if choice == "image-fused" else contextlib.nullcontext()) as norms:
         words = f"{choice}: {count} causal convolutions as 2-D ones"
         if norms is not None:
-            words += f", {norms} RMS norms in one kernel each (with the SiLU after them), upsampling in the VAE's dtype"
+            words += (f", {norms} RMS norms in one kernel each (with the SiLU after them and the residual blocks' "
+                      "convolution biases), upsampling in the VAE's dtype")
         context.ran.setdefault("words", {})["vae"] = words
         yield
 
