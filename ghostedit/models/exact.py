@@ -65,9 +65,7 @@ class ReferenceScaledVAE(qwen_image_vae.QwenImageVAE):
     bf16 the condition latents differ by 4e-3 relative)."""
 
     def _statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (1, self.z_dim, 1, 1, 1)
-        mean = torch.tensor(LATENTS_MEAN).view(shape).to(device=x.device, dtype=x.dtype)
-        return mean, torch.tensor(LATENTS_STD).view(shape).to(device=x.device, dtype=x.dtype)
+        return _latent_statistics(self.z_dim, x.device, x.dtype)
 
     def encode(self, x, tiled=False, tile_size=128, tile_stride=64, **kwargs):
         if tiled:
@@ -83,6 +81,15 @@ class ReferenceScaledVAE(qwen_image_vae.QwenImageVAE):
         mean, std = self._statistics(x)
         x = x / (1.0 / std) + mean
         return self.decoder(self.post_quant_conv(x)).squeeze(2)
+
+
+@functools.cache
+def _latent_statistics(z_dim: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The latents' mean and std, [1, z_dim, 1, 1, 1], made once per device and dtype: a copy to the GPU at every
+    encode and decode waited there for the work queued before it."""
+    shape = (1, z_dim, 1, 1, 1)
+    return tuple(torch.tensor(values).view(shape).to(device=device, dtype=dtype)
+                 for values in (LATENTS_MEAN, LATENTS_STD))
 
 
 def install_module_patches() -> None:

@@ -12,6 +12,7 @@ LoRA adapter's own small layers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -95,6 +96,7 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
     targets = list(eligible.values())
     from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, PerRow,
                                       quantize_)
+    _answer_kernel_package_check_once()
     # set_inductor_config=False: torchao would otherwise switch on Inductor's coordinate-descent tuning for the
     # whole process, which multiplies compile time; GhostEdit offers it as its own measured toggle (inductor-cdt).
     config = (Float8WeightOnlyConfig(set_inductor_config=False) if mode == "storage"
@@ -103,6 +105,15 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
         quantize_(linear, config)
         linear.ghostedit_fp8_config = config  # how to quantize new values written in place (a fused LoRA)
     return report
+
+
+@functools.cache
+def _answer_kernel_package_check_once() -> None:
+    """torchao's FP8 linear asks importlib at every call whether its optional `mslk` kernels are installed (a search
+    of the import path: milliseconds of CPU per edit in the DiT's layers outside the blocks, profile_edit.py
+    --python-profile); the answer cannot change within a process, so it is kept after the first."""
+    from torchao.quantization.quantize_.workflows.float8 import float8_tensor
+    float8_tensor._is_mslk_available = functools.cache(float8_tensor._is_mslk_available)
 
 
 def quantized_like(linear: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:

@@ -204,6 +204,21 @@ def _residual_block_forward(block, weights: dict):
     return forward
 
 
+def _channels_last_pad(pad):
+    """A ZeroPad2d before a downsampling convolution, its output channels-last where its input is: PyTorch's pad
+    writes NCHW, a strided copy of the whole image, and the convolution's output then needs another."""
+    def forward(x):
+        if not _kernels_run_on(x) or x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last):
+            return type(pad).forward(pad, x)
+        left, right, top, bottom = pad.padding
+        batch, channels, height, width = x.shape
+        out = torch.empty((batch, channels, height + top + bottom, width + left + right), dtype=x.dtype,
+                          device=x.device, memory_format=torch.channels_last).zero_()
+        out[:, :, top:top + height, left:left + width] = x
+        return out
+    return forward
+
+
 def _same_dtype_upsample(upsample):
     return lambda x: torch.nn.Upsample.forward(upsample, x)
 
@@ -222,8 +237,8 @@ def _channels_last_output(module):
 @contextlib.contextmanager
 def fused_norms(vae):
     """`vae`'s RMS norms in one kernel each (taking over the SiLU after them), its residual blocks' biases added by
-    those kernels, its nearest-neighbour upsampling in the VAE's dtype, and the outputs of its resampling layers and
-    attention blocks channels-last, for the length of the context; yields how many norms."""
+    those kernels, its nearest-neighbour upsampling in the VAE's dtype, and the outputs of its padding, resampling
+    layers and attention blocks channels-last, for the length of the context; yields how many norms."""
     from diffsynth.models import qwen_image_vae as released
     norms = _norms(vae)
     activations = {owner: owner.nonlinearity for _, owner in norms if owner is not None}
@@ -233,6 +248,7 @@ def fused_norms(vae):
                  if isinstance(module, (released.QwenImageResample, released.QwenImageAttentionBlock))]
     blocks = [module for module in vae.modules() if isinstance(module, released.QwenImageResidualBlock)
               and isinstance(module.nonlinearity, torch.nn.SiLU)]
+    pads = [module for module in vae.modules() if isinstance(module, torch.nn.ZeroPad2d)]
     weights = _single_frame_weights(vae)
     for norm, owner in norms:
         norm.forward = _norm_forward(norm, silu=owner is not None)
@@ -244,6 +260,8 @@ def fused_norms(vae):
         module.forward = _channels_last_output(module)
     for block in blocks:
         block.forward = _residual_block_forward(block, weights)
+    for pad in pads:
+        pad.forward = _channels_last_pad(pad)
     try:
         yield len(norms)
     finally:
@@ -251,5 +269,5 @@ def fused_norms(vae):
             del norm.forward
         for owner, activation in activations.items():
             owner.nonlinearity = activation
-        for module in [*upsamples, *relayouts, *blocks]:
+        for module in [*upsamples, *relayouts, *blocks, *pads]:
             del module.forward
