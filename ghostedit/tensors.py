@@ -1,4 +1,5 @@
-"""Byte accounting that sees through tensor subclasses (torchao's FP8 tensors hold data and scales inside)."""
+"""Byte accounting and placement that see through tensor subclasses (torchao's FP8 tensors hold data and scales
+inside)."""
 from __future__ import annotations
 
 import itertools

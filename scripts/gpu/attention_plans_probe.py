@@ -8,9 +8,10 @@ A 1024x1024 edit: 24 heads of 128, 8192 image tokens and each given number of te
 is rarely a multiple of a tile), q and k of unit RMS per head, v of unit variance, each cast to FP8 with its own
 scale. At the first length, every plan of each heuristics mode for two input layouts (the engine's
 [batch, seq, heads, head_dim] and a contiguous [batch, heads, seq, head_dim]); at the others, mode A's plans in the
-engine's layout. Each plan is timed (median of CUDA-event timings after warm-up, and per call over calls back to back) and its output checked against
-float32 attention of the same FP8 inputs; the engine's own op is timed beside them, and again with the queries
-padded with rows of zeros to a multiple of 128 (the keys and values as they are). Writes attention-plans.json.
+engine's layout. Each plan is timed (median of CUDA-event timings after warm-up, and per call over calls back to
+back) and its output checked against float32 attention of the same FP8 inputs; the engine's own op is timed beside
+them, and again with the queries padded with rows of zeros to a multiple of 128 (the keys and values as they are),
+and mode A's plans with q, k and v padded to that multiple under cuDNN's padding mask. Writes attention-plans.json.
 """
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def padding_mask_plans(cudnn, handle, inputs, tokens: int, padded: int, error) -
     length, whole = (torch.full((1, 1, 1, 1), n, dtype=torch.int32, device="cuda") for n in (tokens, padded))
     for index, queries in [(index, queries) for index in range(graph.get_execution_plan_count())
                            for queries in ("real", "padded")]:
-        row = {"padded_to": padded, "query_length": queries, "index": index, "name": graph.get_plan_name_at_index(index)}
+        row = {"padded_to": padded, "query_length": queries, "index": index,
+               "name": graph.get_plan_name_at_index(index)}
         try:
             workspace = torch.empty(max(graph.get_workspace_size_plan_at_index(index), 1), dtype=torch.uint8,
                                     device="cuda")
