@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-_devices: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # module -> (placement_mark, its devices)
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # module -> {what: (placement mark, value)}
 
 
 def plain_tensors(tensor: torch.Tensor):
@@ -35,14 +35,21 @@ def placement_mark(module: torch.nn.Module) -> tuple | None:
     return plain.device, plain.data_ptr()
 
 
-def devices(module: torch.nn.Module) -> frozenset[torch.device]:
-    """The devices that hold `module`'s parameters and buffers, kept while its placement mark stays: walking
-    thousands of tensors at every edit cost it milliseconds (FP8 weights answer through torchao's Python code)."""
+def kept_while_placed(module: torch.nn.Module, what: str, compute):
+    """`compute(module)`, kept with the module under `what` while its placement mark stays (a moved or reloaded
+    module is read afresh): for what each edit would otherwise derive again from thousands of tensors."""
     mark = placement_mark(module)
-    kept = _devices.get(module)
-    if kept is None or kept[0] != mark:
-        kept = _devices[module] = (mark, frozenset(tensor.device for tensor in module_tensors(module)))
-    return kept[1]
+    kept = _kept.setdefault(module, {})
+    if what not in kept or kept[what][0] != mark:
+        kept[what] = (mark, compute(module))
+    return kept[what][1]
+
+
+def devices(module: torch.nn.Module) -> frozenset[torch.device]:
+    """The devices that hold `module`'s parameters and buffers (walking them at every edit cost it milliseconds:
+    FP8 weights answer through torchao's Python code)."""
+    return kept_while_placed(module, "devices",
+                             lambda held: frozenset(tensor.device for tensor in module_tensors(held)))
 
 
 def storage_bytes(module: torch.nn.Module, exclude: set[int] = frozenset()) -> int:

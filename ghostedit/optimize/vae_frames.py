@@ -23,24 +23,18 @@ SiLU.
 from __future__ import annotations
 
 import contextlib
-import weakref
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import tensors
 
-_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # vae -> (its placement mark, its slices)
-
 
 def _single_frame_weights(vae) -> dict:
     """{causal conv: its weight's last temporal slice, channels-last} for every causal 3-D convolution of `vae`
-    that zero-pads a lone frame (stride 1 in time, padding kernel_t - 1 frames in front). Kept while the VAE stays
-    where it is: taking them at every edit cost it milliseconds; a VAE moved or reloaded is read afresh."""
-    mark = tensors.placement_mark(vae)
-    kept = _kept.get(vae)
-    if kept is None or kept[0] != mark:
-        kept = _kept[vae] = (mark, _slices(vae))
-    return kept[1]
+    that zero-pads a lone frame (stride 1 in time, padding kernel_t - 1 frames in front). Kept with the VAE while it
+    stays where it is: taking them at every edit cost it milliseconds."""
+    return tensors.kept_while_placed(vae, "single-frame weights", _slices)
 
 
 def _slices(vae) -> dict:
@@ -167,19 +161,37 @@ def channel_rms_norm_launch(rows: torch.Tensor, gamma: torch.Tensor, bias: torch
     return out
 
 
-def _norms(vae) -> list[tuple]:
-    """(norm, the module whose SiLU follows it or None) for each RMS norm of `vae`: a residual block's two and the
-    encoder's and decoder's last are followed by their module's SiLU, an attention block's is not."""
+@dataclass
+class _FusedLayers:
+    """What vae=image-fused takes over in a VAE, found in one walk of its modules."""
+    norms: list = field(default_factory=list)        # (norm, the module whose SiLU follows it, or None)
+    upsamples: list = field(default_factory=list)    # nearest-neighbour upsampling layers
+    relayouts: list = field(default_factory=list)    # resampling layers and attention blocks (NCHW outputs)
+    blocks: list = field(default_factory=list)       # residual blocks whose SiLU the norms apply
+    pads: list = field(default_factory=list)         # the zero padding before downsampling convolutions
+
+
+def _fused_layers(vae) -> _FusedLayers:
+    """A residual block's two norms and the encoder's and decoder's last are followed by their module's SiLU (which
+    the kernel then applies), an attention block's is not."""
     from diffsynth.models import qwen_image_vae as released
-    found = []
+    found = _FusedLayers()
     for module in vae.modules():
         silu_owner = module if isinstance(getattr(module, "nonlinearity", None), torch.nn.SiLU) else None
         if isinstance(module, released.QwenImageResidualBlock):
-            found += [(module.norm1, silu_owner), (module.norm2, silu_owner)]
+            found.norms += [(module.norm1, silu_owner), (module.norm2, silu_owner)]
+            if silu_owner is not None:
+                found.blocks.append(module)
         elif isinstance(module, (released.QwenImageEncoder3d, released.QwenImageDecoder3d)):
-            found.append((module.norm_out, silu_owner))
+            found.norms.append((module.norm_out, silu_owner))
         elif isinstance(module, released.QwenImageAttentionBlock):
-            found.append((module.norm, None))
+            found.norms.append((module.norm, None))
+        if isinstance(module, released.QwenImageUpsample) and module.mode in ("nearest", "nearest-exact"):
+            found.upsamples.append(module)
+        elif isinstance(module, (released.QwenImageResample, released.QwenImageAttentionBlock)):
+            found.relayouts.append(module)
+        elif isinstance(module, torch.nn.ZeroPad2d):
+            found.pads.append(module)
     return found
 
 
@@ -239,35 +251,27 @@ def fused_norms(vae):
     """`vae`'s RMS norms in one kernel each (taking over the SiLU after them), its residual blocks' biases added by
     those kernels, its nearest-neighbour upsampling in the VAE's dtype, and the outputs of its padding, resampling
     layers and attention blocks channels-last, for the length of the context; yields how many norms."""
-    from diffsynth.models import qwen_image_vae as released
-    norms = _norms(vae)
-    activations = {owner: owner.nonlinearity for _, owner in norms if owner is not None}
-    upsamples = [module for module in vae.modules() if isinstance(module, released.QwenImageUpsample)
-                 and module.mode in ("nearest", "nearest-exact")]
-    relayouts = [module for module in vae.modules()
-                 if isinstance(module, (released.QwenImageResample, released.QwenImageAttentionBlock))]
-    blocks = [module for module in vae.modules() if isinstance(module, released.QwenImageResidualBlock)
-              and isinstance(module.nonlinearity, torch.nn.SiLU)]
-    pads = [module for module in vae.modules() if isinstance(module, torch.nn.ZeroPad2d)]
+    layers = tensors.kept_while_placed(vae, "fused layers", _fused_layers)
     weights = _single_frame_weights(vae)
-    for norm, owner in norms:
+    activations = {owner: owner.nonlinearity for _, owner in layers.norms if owner is not None}
+    for norm, owner in layers.norms:
         norm.forward = _norm_forward(norm, silu=owner is not None)
     for owner in activations:
         owner.nonlinearity = torch.nn.Identity()   # the norms apply it
-    for upsample in upsamples:
+    for upsample in layers.upsamples:
         upsample.forward = _same_dtype_upsample(upsample)
-    for module in relayouts:
+    for module in layers.relayouts:
         module.forward = _channels_last_output(module)
-    for block in blocks:
+    for block in layers.blocks:
         block.forward = _residual_block_forward(block, weights)
-    for pad in pads:
+    for pad in layers.pads:
         pad.forward = _channels_last_pad(pad)
     try:
-        yield len(norms)
+        yield len(layers.norms)
     finally:
-        for norm, _ in norms:
+        for norm, _ in layers.norms:
             del norm.forward
         for owner, activation in activations.items():
             owner.nonlinearity = activation
-        for module in [*upsamples, *relayouts, *blocks, *pads]:
+        for module in [*layers.upsamples, *layers.relayouts, *layers.blocks, *layers.pads]:
             del module.forward
