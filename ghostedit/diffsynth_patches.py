@@ -39,6 +39,11 @@ PATCHES = {
         "diffsynth.models.qwen_image_dit", "QwenDoubleStreamAttention",
         "the joint-layout rewrite turns its instances into GhostEdit's JointAttention, which reads its projection "
         "and norm attributes (optimize/rewrites.py)"),
+    "DiT block forward": Patch(
+        "diffsynth.models.qwen_image_dit", "QwenImageTransformerBlock.forward (replaced on each block object)",
+        "the carried-residual rewrite gives each block a forward that adds the residual the block before left "
+        "undone and leaves its own last one to the next block; it reads the block's modulation, norm, attention "
+        "and feed-forward attributes (optimize/carried_residual.py)"),
     "DiT MLP activation": Patch(
         "diffsynth.models.qwen_image_dit", "ApproximateGELU",
         "DiffSynth computes x * sigmoid(1.702 x); Qwen-Image's MLP is GELU with the tanh approximation (diffusers' "

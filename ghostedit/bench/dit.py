@@ -18,6 +18,7 @@ import torch
 from ..config import OptimizationConfig
 from ..device import synchronize
 from ..engine.runner import dit_contexts, forward, package_compiled_code
+from ..optimize import carried_residual
 from ..tensors import storage_bytes
 from ..telemetry import GIB, ClockSampler, RunRecorder, median_ms
 
@@ -138,6 +139,9 @@ def block_inputs(dit, call, index: int) -> dict:
         pass
     finally:
         handle.remove()
+    if captured.get("pending") is not None:  # carried-residual: the block before left its last addition to this one
+        captured["image"], captured["text"] = carried_residual.finish(
+            captured["image"], captured["text"], captured["pending"])
     return {name: captured[name] for name in ("image", "text", "temb", "image_rotary_emb")}
 
 
@@ -147,10 +151,7 @@ class _Captured(Exception):
 
 def run_blocks(dit, captured: dict, blocks: slice = slice(None)):
     """The blocks alone on captured inputs (inside the configuration's run-time contexts)."""
-    image, text = captured["image"], captured["text"]
-    for block in dit.transformer_blocks[blocks]:
-        text, image = block(image=image, text=text, temb=captured["temb"],
-                            image_rotary_emb=captured["image_rotary_emb"])
+    text, image = carried_residual.run_blocks(dit.transformer_blocks[blocks], **captured)
     return image
 
 

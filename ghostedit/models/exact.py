@@ -31,6 +31,7 @@ from PIL import Image
 
 from ..diffsynth_patches import replace
 from ..errors import InvalidRequestError
+from .. import pillow_resize
 from ..images import fit
 from .family import EDIT_PLUS_TEMPLATE, Family, dimensions
 
@@ -143,11 +144,16 @@ def condition_sizes(family: Family, images: list[Image.Image]) -> list[tuple[int
     return [dimensions(family.condition.vae_area, image.size[0] / image.size[1]) for image in images]
 
 
-def to_tensor(image: Image.Image, dtype: torch.dtype, device) -> torch.Tensor:
-    """[-1, 1] as the reference's preprocessing computes it in float32, then cast. The 8-bit pixels go to the device
-    and are looked up there in a table of the 256 values that formula gives: a quarter of the bytes to copy, no
-    float pass on the CPU, and the same bits (a division on the device may round otherwise)."""
-    pixels = torch.from_numpy(np.array(image)).to(device)
+def condition_pixels(family: Family, image: Image.Image, device) -> torch.Tensor:
+    """condition_images' image as 8-bit [H, W, 3] pixels on the device, resized there with Pillow's arithmetic
+    (pillow_resize.py): the same bits, without the GPU waiting for Pillow on the CPU."""
+    return pillow_resize.resize(image, dimensions(family.condition.vae_area, image.size[0] / image.size[1]), device)
+
+
+def to_tensor(pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[-1, 1] from 8-bit [H, W, 3] pixels, as the reference's preprocessing computes it in float32, then cast. The
+    pixels are looked up on their device in a table of the 256 values that formula gives: no float pass on the
+    CPU, and the same bits (a division on the device may round otherwise)."""
     return _unit_range(str(pixels.device))[pixels.long()].permute(2, 0, 1).unsqueeze(0).to(dtype)
 
 
@@ -159,9 +165,9 @@ def _unit_range(device: str) -> torch.Tensor:
 # ---- pipeline units ----
 
 class EditImageEmbedder(QwenImageUnit_EditImageEmbedder):
-    """The condition latents (each image resized once to the family's VAE area) and, as `edit_image` for the
-    prompt embedder, what the text encoder sees (resized once from the original to the VL area, or the VAE's image
-    where the family has none)."""
+    """The condition latents (each image resized once to the family's VAE area, on the device) and, as `edit_image`
+    for the prompt embedder, what the text encoder sees (resized once from the original to the VL area, or to the
+    VAE's size where the family has none)."""
 
     def __init__(self, family: Family):
         super().__init__()
@@ -172,11 +178,11 @@ class EditImageEmbedder(QwenImageUnit_EditImageEmbedder):
             return {}
         pipe.load_models_to_device(self.onload_model_names)
         images = edit_image if isinstance(edit_image, list) else [edit_image]
-        vae_images = condition_images(self.family, images)
-        latents = [pipe.vae.encode(to_tensor(image, pipe.torch_dtype, pipe.device), tiled=tiled, tile_size=tile_size,
-                                   tile_stride=tile_stride) for image in vae_images]
-        vl_area = self.family.condition.vl_area
-        vl_images = vae_images if vl_area is None else [resized(image, vl_area) for image in images]
+        latents = [pipe.vae.encode(to_tensor(condition_pixels(self.family, image, pipe.device), pipe.torch_dtype),
+                                   tiled=tiled, tile_size=tile_size, tile_stride=tile_stride) for image in images]
+        # on the CPU while the VAE encodes: the text encoder's processor takes Pillow images
+        vl_images = condition_images(self.family, images) if self.family.condition.vl_area is None else \
+            [resized(image, self.family.condition.vl_area) for image in images]
         return {"edit_latents": latents, "edit_image": vl_images}
 
 

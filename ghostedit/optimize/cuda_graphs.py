@@ -11,7 +11,7 @@ give a layer new tensors) or another configuration, and that run captures again.
 one memory pool: they never run at once, and each one's outputs are copied out before the next replay.
 
 It sits where the step cache sits (step_cache.py): between the engine and DiffSynth's model_fn, putting a block list of
-one entry into the DiT for the length of a forward, an entry that runs the whole loop. The store of graphs by input
+one entry into the DiT for the length of a forward, an entry that runs the whole loop (block_loop.py). The store of graphs by input
 signature (ShapeGraphs) also serves the text encoder's layers (text_encoder_graphs.py)."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 from .. import tensors
 from ..device import UnavailableOptionError
-from . import registry
+from . import block_loop, carried_residual, registry
 
 MAX_GRAPHS = 8   # shapes kept per prepared DiT (output sizes, prompt lengths), the least recently used dropped
 
@@ -164,12 +164,8 @@ def _leaf_key(leaf) -> tuple:
 
 
 def run_loop(blocks, inputs: dict) -> tuple:
-    """The loop of DiffSynth's model_fn over the blocks (no ControlNet, no KV cache): (text, image)."""
-    image, text = inputs["image"], inputs["text"]
-    rest = {name: value for name, value in inputs.items() if name not in ("image", "text")}
-    for block in blocks:
-        text, image = block(image=image, text=text, **rest)
-    return text, image
+    """The loop of DiffSynth's model_fn over the blocks: (text, image)."""
+    return carried_residual.run_blocks(blocks, **inputs)
 
 
 class _GraphedLoop(torch.nn.Module):
@@ -221,21 +217,6 @@ def why_not_capturable(dit: torch.nn.Module, device: str, config) -> str | None:
     return None
 
 
-@contextlib.contextmanager
 def graphed(pipe, graphs: ShapeGraphs):
-    """Every DiT forward of `pipe` runs its block loop through `graphs` (DiffSynth calls `pipe.model_fn`)."""
-    model_fn = pipe.model_fn
-
-    def graphed_model_fn(dit=None, **inputs):
-        blocks = dit.transformer_blocks
-        dit.transformer_blocks = torch.nn.ModuleList([_GraphedLoop(blocks, graphs)])
-        try:
-            return model_fn(dit=dit, **inputs)
-        finally:
-            dit.transformer_blocks = blocks
-
-    pipe.model_fn = graphed_model_fn
-    try:
-        yield
-    finally:
-        pipe.model_fn = model_fn
+    """Every DiT forward of `pipe` runs its block loop through `graphs`."""
+    return block_loop.one_entry(pipe, lambda blocks: _GraphedLoop(blocks, graphs))

@@ -12,8 +12,11 @@ name=$1 rounds=${4:-2}
 declare -A config=([a]=$2 [b]=$3)
 for round in $(seq "$rounds"); do
   for side in a b; do
+    mkdir -p "$RESULTS/$name/$round-$side"
     python3 -m ghostedit bench --model synthetic --level dit --skip-teardown --width 1024 --text-tokens 256 \
-      --repeats 10 --out-dir "$RESULTS/$name/$round-$side" --configs "${config[$side]}" 2>&1 | grep "ms/forward" || true
+      --repeats 10 --out-dir "$RESULTS/$name/$round-$side" --configs "${config[$side]}" \
+      > "$RESULTS/$name/$round-$side/bench.log" 2>&1 || tail -n 30 "$RESULTS/$name/$round-$side/bench.log"
+    grep "ms/forward" "$RESULTS/$name/$round-$side/bench.log" || true
   done
 done
 [ -z "${OUT:-}" ] || tar czf "$OUT/$name.tar.gz" -C "$RESULTS" "$name"
