@@ -78,12 +78,19 @@ def _pass(pixels: torch.Tensor, out_size: int, dim: int) -> torch.Tensor:
 
 def resize(image: Image.Image, size: tuple[int, int], device) -> torch.Tensor:
     """`image` (RGB) resized to `size` (width, height) as Pillow's LANCZOS resizes it: [height, width, 3] uint8 on
-    `device`. Pillow's horizontal pass covers only the rows its vertical pass reads; here it covers all of them,
-    which changes none of the rows read."""
-    pixels = torch.from_numpy(np.array(image)).to(device)
+    `device`. On a CPU, Pillow's own C code computes it (the same bits, sooner there)."""
+    if torch.device(device).type == "cpu":
+        return torch.from_numpy(np.array(image if image.size == size else image.resize(size, Image.LANCZOS)))
+    return resampled(torch.from_numpy(np.array(image)).to(device), size)
+
+
+def resampled(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[H, W, 3] uint8 `pixels` resampled to `size` (width, height) on their device, as Pillow's LANCZOS resamples.
+    Pillow's horizontal pass covers only the rows its vertical pass reads; here it covers all of them, which
+    changes none of the rows read."""
     width, height = size
-    if width != image.size[0]:
+    if width != pixels.shape[1]:
         pixels = _pass(pixels, width, dim=1)
-    if height != image.size[1]:
+    if height != pixels.shape[0]:
         pixels = _pass(pixels, height, dim=0)
     return pixels

@@ -62,6 +62,23 @@ def test_the_pipeline_level_marks_each_configuration(tmp_path):
     assert marks(results)[3:] == ["weights built", "stock", "fp8-storage"]
 
 
+def test_a_baseline_measured_in_another_process_is_every_rows_reference(tmp_path, monkeypatch):
+    """bench.sh runs stock and best in processes of their own: best's run reads stock's row and image."""
+    request = ("--level", "pipeline", "--steps", "2", "--width", "64", "--height", "64", "--repeats", "1")
+    stock = bench(tmp_path / "stock", *request, "--configs", "baseline")
+    runs = counted_runs(monkeypatch)
+    later = bench(tmp_path / "later", *request, "--baseline-from", str(tmp_path / "stock"), "--configs", "fp8=storage")
+    assert runs == [(2, "fp8-storage")] * 2  # stock is not run again
+    assert later["baseline_from"] == "stock" and [row["config"] for row in later["rows"]] == ["stock", "fp8-storage"]
+    copied, measured = later["rows"]
+    assert copied["measured_in"] == "stock" and copied["end_to_end_s"] == stock["rows"][0]["end_to_end_s"]
+    assert measured["speedup_e2e"] == pytest.approx(copied["end_to_end_s"] / measured["end_to_end_s"])
+    assert 20 < measured["psnr_db"] < float("inf")  # against stock's image, read from its folder
+    with pytest.raises(SystemExit, match=r"differs from this one in steps \(2 there, 3 here\)"):
+        bench(tmp_path / "refused", "--level", "pipeline", "--steps", "3", "--width", "64", "--height", "64",
+              "--repeats", "1", "--baseline-from", str(tmp_path / "stock"), "--configs", "fp8=storage")
+
+
 def counted_runs(monkeypatch) -> list[tuple[int, str]]:
     """(steps, configuration) of every edit the engine runs from here on."""
     from ghostedit.engine import Engine

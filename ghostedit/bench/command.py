@@ -54,6 +54,11 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--one-at-a-time", action="store_true",
                        help="pipeline level: free prepared pipelines before each configuration, so each "
                             "configuration's memory peak is its own")
+    bench.add_argument("--baseline-from", default=None, metavar="DIR",
+                       help="pipeline level: the first row, every row's reference (speed-up, image), is the first "
+                            "row of an earlier run with the same request, read from DIR (its results.json and "
+                            "output-0.png): measured in a process of its own, since configurations measured one "
+                            "after another in one process measured slower the later they came")
     bench.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
                        help="use at most this much of the GPU (torch.cuda.set_per_process_memory_fraction): a "
                             "smaller card, emulated; placement plans with it")
@@ -243,8 +248,12 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
         cold_rows_after = ("the edits of the process's earlier run" if chained
                            else pipeline.set_up_libraries(engine, request, configs[0]))
     context.update(step_cache_threshold_override=args.step_cache_threshold, cold_rows_after=cold_rows_after)
+    baseline = None
+    if args.baseline_from:
+        baseline = pipeline.earlier_baseline(Path(args.baseline_from), request, args.repeats)
+        context.update(baseline_from=Path(args.baseline_from).name)
     with threshold_override(args.step_cache_threshold):
-        rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row)
+        rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row, baseline)
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
                    repeats=args.repeats)
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",

@@ -21,7 +21,7 @@ FILES = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 # The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
 PHASES = {"dit": "dit", "ready-never-compiled": "ready", "ready-package-only": "ready", "ready-restart": "ready",
-          "e2e-4": "e2e", "e2e-40": "e2e", "card-24": "cards", "card-48": "cards", "card-full": "all",
+          "e2e-4": "e2e", "e2e-40": "e2e", "e2e-4-stock": "e2e", "e2e-40-stock": "e2e", "card-24": "cards", "card-48": "cards", "card-full": "all",
           "lora-switch": "lora-switch"}
 READY = {"ready-never-compiled": "a process that never compiled it (empty compile cache, no package)",
          "ready-package-only": "a new machine given its package (`ghostedit compiled install`)",
@@ -199,13 +199,17 @@ def end_to_end() -> str:
         runs = (f"median of {found['repeats']} after warm-up" if found["repeats"] else
                 f"one cold run each (preparation and compile warm-up apart), after {found['cold_rows_after']}, "
                 "which set up the libraries")
+        processes = (f" Stock's row in a process of its own (`docs/benchmarks/{found['baseline_from']}/`), the "
+                     "others one after another in another process, each stage a median of the edits too; stock's "
+                     "image is the PSNR column's reference." if found.get("baseline_from") else "")
         parts.append(f"{side}x{side}, {found['steps']} steps, CFG {found['cfg_scale']:g}, {runs}. Measured on "
-                     f"{source(part)}.{clocks(found['rows'])}\n\n{table}\n")
+                     f"{source(part)}.{processes}{clocks(found['rows'])}\n\n{table}\n")
     return "\n".join(parts)
 
 
 # The parts `bench.sh speed` writes, whose processes' walls together must fit one device call (issue 17's done-when)
-SPEED_PARTS = ("dit", "ready-never-compiled", "ready-package-only", "ready-restart", "e2e-4", "e2e-40")
+SPEED_PARTS = ("dit", "ready-never-compiled", "ready-package-only", "ready-restart", "e2e-4-stock", "e2e-40-stock",
+               "e2e-4", "e2e-40")
 DEVICE_CALL_S = 600
 PROCESS_WALL = re.compile(r"^== [\w-]+: process wall (\d+) s", re.M)
 
@@ -420,6 +424,36 @@ def _alternating(folder: Path) -> tuple[str, int, dict]:
     runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
                      for process in processes)
     return runs, len(processes) // 2, processes[0]["environment"]
+
+
+def e2e_order() -> str:
+    """Section 3: the best configuration's 4-step edit alone in a process, after stock, and before it."""
+    runs = []
+    for folder, words in (("best", "alone in its process"), ("baseline-best", "after stock in one process"),
+                          ("best-baseline", "before stock in one process")):
+        found = results(f"e2e-order/{folder}")
+        row = next(row for row in found["rows"] if name(row) != "stock")
+        runs.append(f"{words} {row['end_to_end_s']:.3f} s")
+    environment = found["environment"]
+    return (f"The best configuration's edit at 1024x1024, 4 steps, CFG 1, median of {found['repeats']} after warm-up, "
+            f"each in a process of its own ({environment['gpu']}, torch {environment['torch']}, "
+            f"{environment['date']}, `ghostedit bench ... --configs best`, `baseline best` and `best baseline`, "
+            f"`docs/benchmarks/e2e-order/`): {', '.join(runs)}.\n")
+
+
+def carried_residual() -> str:
+    """Section 6: best with and without carried-residual in processes of their own, alternating
+    (scripts/gpu/alternate.sh), and the kernels of a forward before and after (scripts/gpu/profile_dit.py)."""
+    runs, rounds, environment = _alternating(RESULTS / "carried-residual" / "alternating")
+    before, after = (next(iter(json.loads(path.read_text())["variants"].values())) for path in (
+        RESULTS / "earlier" / "profile-before-carried-residual" / "profile.json", RESULTS / "profile" / "profile.json"))
+    return (f"One DiT forward at 1024x1024, each configuration in {rounds} processes of its own, alternating "
+            f"(`scripts/gpu/alternate.sh`, {environment['gpu']}, torch {environment['torch']}, {environment['date']}, "
+            f"`docs/benchmarks/carried-residual/alternating/`): {runs}. The kernels of one forward "
+            f"(`scripts/gpu/profile_dit.py`, the profile above and the one before it, "
+            f"`docs/benchmarks/earlier/profile-before-carried-residual/`): Inductor's kernels "
+            f"{before['families_ms']['inductor']:.1f} ms before, {after['families_ms']['inductor']:.1f} ms with it; "
+            f"all kernels {before['total_kernel_ms']:.1f} ms and {after['total_kernel_ms']:.1f} ms.\n")
 
 
 def cuda_graph() -> str:
@@ -639,7 +673,8 @@ def targets() -> str:
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
             "multi-kernel": multi_kernel, "end-to-end": end_to_end, "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
-            "attention-io": attention_io, "cuda-graph": cuda_graph,
+            "attention-io": attention_io, "cuda-graph": cuda_graph, "carried-residual": carried_residual,
+            "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
             "attention-lengths": attention_lengths, "vae-norm": vae_norm,
             "parallel": parallel}

@@ -13,6 +13,7 @@ come with the reminder that random weights say little about a cache's quality wi
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 
 from pathlib import Path
@@ -82,7 +83,8 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "warm_cache_hits": all(s["cache_hit"] for s in summaries) if repeats else None,
         "attention_ran": warm[-1].attention_backend,
         "report": warm[-1].prepared_report,
-        "stages_s": summaries[-1]["stages_s"],
+        "stages_s": {stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries)
+                     for stage in summaries[-1]["stages_s"]},
         "notes": sorted({note for s in summaries for note in s["notes"]}),
         "step_cache": summaries[-1]["step_cache"],
         **served_and_computed_steps(summaries[-1]),
@@ -145,17 +147,18 @@ def set_up_libraries(engine, request, config: OptimizationConfig) -> str:
 
 
 def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, one_at_a_time: bool = False,
-              on_row=None) -> list[dict]:
+              on_row=None, baseline: dict | None = None) -> list[dict]:
+    """Each configuration's row against the first (`baseline`: an earlier process's, see earlier_baseline)."""
     from ..metrics import compare_images  # scikit-image: loaded when a bench runs, not with every CLI command
-    rows, by_config = [], {}
+    rows, by_config = ([baseline] if baseline else []), {}
     for config in with_full_runs(configs):
         if one_at_a_time:
             engine.free()
         row = bench_configuration(engine, request, config, repeats)
-        baseline = rows[0] if rows else row
-        row["speedup_step"] = baseline["s_per_step"] / row["s_per_step"]
-        row["speedup_e2e"] = baseline["end_to_end_s"] / row["end_to_end_s"]
-        row.update(compare_images(row["image"], baseline["image"]))
+        reference = rows[0] if rows else row
+        row["speedup_step"] = reference["s_per_step"] / row["s_per_step"]
+        row["speedup_e2e"] = reference["end_to_end_s"] / row["end_to_end_s"]
+        row.update(compare_images(row["image"], reference["image"]))
         if row["step_cache"] is not None:
             row.update(compare_with_full_run(row, by_config[full_run(config)]))
         by_config[config] = row
@@ -163,6 +166,22 @@ def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, 
         if on_row:
             on_row(row)
     return rows
+
+
+def earlier_baseline(folder: Path, request, repeats: int) -> dict:
+    """The first row of the run whose results are in `folder` (results.json, output-0.png), made by another process
+    with this request's steps, CFG, size and repeats (refused otherwise: its figures would compare other work)."""
+    from PIL import Image
+    found = json.loads((folder / "results.json").read_text())
+    asked = {"steps": request.steps, "cfg_scale": request.cfg_scale, "repeats": repeats}
+    differing = {key: (found.get(key), value) for key, value in asked.items() if found.get(key) != value}
+    if request.width is not None and found["size"] != [request.width, request.height]:
+        differing["size"] = (found["size"], [request.width, request.height])
+    if differing:
+        raise SystemExit(f"--baseline-from {folder}: that run differs from this one in "
+                         + ", ".join(f"{key} ({theirs} there, {ours} here)" for key, (theirs, ours) in differing.items()))
+    with Image.open(folder / "output-0.png") as image:
+        return {**found["rows"][0], "image": image.convert("RGB"), "measured_in": folder.name}
 
 
 def table(rows: list[dict]) -> str:

@@ -20,6 +20,8 @@ fp8-attention-out  With fused-qk-norm-rope and fp8=torchao: the FP8 attention's 
               and quantized again per row (one rounding fewer).
 fused-gelu-quant  With fp8=torchao: each feed-forward layer's GELU and its output's rowwise FP8 quantization in one
               Triton kernel of GhostEdit's (ghostedit/optimize/fp8_mlp.py).
+carried-residual  Each block's last residual addition done by the next block, inside its first LayerNorm's kernel
+              (ghostedit/optimize/carried_residual.py).
 Each is measured alone by the bench and offered only as a toggle; none changes the model's function beyond
 floating-point rounding.
 """

@@ -8,9 +8,9 @@
 #     ready   the best configuration's first use: a process that never compiled it (empty compile cache, no
 #             compiled package), one with its compiled package only (exported and installed with `ghostedit
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
-#     e2e     whole edits at 1024x1024 in one process: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning
-#             schedule, a fused LoRA costing no time per step), then e2e-40, 40 steps CFG 4 (stock, best, best +
-#             $STEP_CACHE); either alone too. The compiled text encoder was measured once (docs/benchmarks.md,
+#     e2e     whole edits at 1024x1024: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning schedule, a fused
+#             LoRA costing no time per step), then e2e-40, 40 steps CFG 4 (stock, best, best + $STEP_CACHE); stock
+#             in one process, best in another. The compiled text encoder was measured once (docs/benchmarks.md,
 #             section 3), not in every run
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
@@ -51,8 +51,8 @@ bench() {  # bench PHASE ARGS...: one process, its log kept beside its results (
   done
   if [ -n "${OUT:-}" ]; then  # each process's results come back on their own: a run cut short keeps what it did
     for part in "${parts[@]}"; do
-      find "$RESULTS/$part" -name 'output-*.png' -delete  # the edited images (2 MB each, random weights)
-      tar czf "$OUT/$part.tar.gz" --exclude=loras -C "$RESULTS" "$part"  # not the random LoRAs (1.2 GB)
+      # not the edited images (2 MB each, random weights; a later process may compare with them) nor the random
+      tar czf "$OUT/$part.tar.gz" --exclude=loras --exclude='output-*.png' -C "$RESULTS" "$part"  # LoRAs (1.2 GB)
     done
   fi
 }
@@ -82,15 +82,19 @@ ready() {
   bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
 }
 
-E2E_4=(--steps 4 --cfg 1 --repeats 6 --configs baseline "$BEST" "$BEST,scheduler=lightning")
-E2E_40=(--steps 40 --cfg 4 --repeats 0 --configs baseline "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
-        ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"})
-e2e-4() { bench e2e-4 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_4[@]}"; }
-e2e-40() { bench e2e-40 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_40[@]}"; }
-# both in one process, the weights built once (the process-time block of docs/benchmarks.md: what a process costs)
+# Stock and best each in a process of their own (configurations measured one after another in one process measured
+# slower the later they came: docs/benchmarks.md, section 3), each process running e2e-4 and then e2e-40 (the
+# weights built once: the process-time block of docs/benchmarks.md says what a process costs). Best's process reads
+# stock's rows and images as every row's reference (--baseline-from).
+E2E_4=(--steps 4 --cfg 1 --repeats 6)
+E2E_40=(--steps 40 --cfg 4 --repeats 0 ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"})
 e2e() {
+  bench e2e-4-stock --width "$SIDE" --height "$SIDE" "${E2E_4[@]}" --configs baseline \
+    --then --out-dir "$RESULTS/e2e-40-stock" "${E2E_40[@]}"
   bench e2e-4 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_4[@]}" \
-    --then --out-dir "$RESULTS/e2e-40" "${E2E_40[@]}"
+    --baseline-from "$RESULTS/e2e-4-stock" --configs "$BEST" "$BEST,scheduler=lightning" \
+    --then --out-dir "$RESULTS/e2e-40" "${E2E_40[@]}" --baseline-from "$RESULTS/e2e-40-stock" \
+    --configs "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
 }
 
 speed() { dit; ready; e2e; }
@@ -117,6 +121,6 @@ lora-switch() {
 all() { card-full; lora-switch; }
 
 case ${1:-} in
-  speed|dit|ready|e2e|e2e-4|e2e-40|cards|all|card-full|lora-switch) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|e2e-4|e2e-40|cards|all|card-full|lora-switch" >&2; exit 2 ;;
+  speed|dit|ready|e2e|cards|all|card-full|lora-switch) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|cards|all|card-full|lora-switch" >&2; exit 2 ;;
 esac

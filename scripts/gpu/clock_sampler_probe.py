@@ -1,0 +1,74 @@
+"""Whether sampling the GPU's clock on a thread (telemetry.ClockSampler, around every row the bench times) slows the
+edits it samples: warm edits of one configuration, with and without the sampler in turns whose order alternates,
+each edit's total and stages, and their medians.
+
+On the GPU machine (after `source scripts/gpu/setup.sh`):
+    python3 scripts/gpu/clock_sampler_probe.py [--config best] [--rounds 8] [--side 1024] [--steps 4] [--cfg 1]
+        [--out DIR]
+Full-size synthetic model (`--model tiny --device cpu` rehearses on a CPU, where nothing is sampled). Writes
+DIR/clock-sampler/results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+from pathlib import Path
+
+from PIL import Image
+
+from ghostedit import EditRequest, OptimizationConfig
+from ghostedit.bench.output import environment
+from ghostedit.bench.pipeline import DEFAULT_IMAGE
+from ghostedit.engine import Engine
+from ghostedit.telemetry import STAGE_ORDER, ClockSampler
+
+STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    parser.add_argument("--config", default="best")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--cfg", type=float, default=1.0)
+    parser.add_argument("--side", type=int, default=1024)
+    parser.add_argument("--model", default="synthetic")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    engine = Engine(args.model, device=args.device)
+    config = OptimizationConfig.parse(args.config)
+    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
+                          "night", width=args.side, height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
+    for _ in range(3):  # prepare and compile, capture the graphs, one warm edit
+        engine.run(request, config)
+    sampled = {"without": contextlib.nullcontext, "with": lambda: ClockSampler(engine.device)}
+    edits = {name: [] for name in sampled}
+    for round_index in range(args.rounds):
+        for name in (list(sampled) if round_index % 2 == 0 else list(sampled)[::-1]):
+            with sampled[name]():
+                edits[name].append(engine.run(request, config).telemetry.summary())
+    medians = {name: {"total_s": statistics.median(s["total_s"] for s in summaries),
+                      **{stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries)
+                         for stage in STAGES}}
+               for name, summaries in edits.items()}
+    found = {"config": config.label, "text": config.text, "side": args.side, "steps": args.steps, "cfg": args.cfg,
+             "rounds": args.rounds, "medians": medians,
+             "edits": {name: [{"total_s": s["total_s"], **s["stages_s"]} for s in summaries]
+                       for name, summaries in edits.items()},
+             "environment": environment()}
+    out = Path(args.out) / "clock-sampler"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(found, indent=2, default=str))
+    for name, median in medians.items():
+        print(name, {key: round(value, 4) for key, value in median.items()})
+    for name, summaries in found["edits"].items():
+        print(name, [round(s["total_s"], 3) for s in summaries])
+        print(name, "text encoding", [round(s.get("text encoding", 0), 3) for s in summaries])
+
+
+if __name__ == "__main__":
+    main()
