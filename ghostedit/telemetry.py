@@ -26,6 +26,10 @@ GIB = 1024**3
 # The order in which stages are shown; a run reports the ones it went through.
 STAGE_ORDER = ("load", "prepare", "LoRA switch", "compile warm-up", "image encoding", "text encoding", "denoising",
                "decoding")
+# An edit's own stages, timed on a GPU by events on its clock, as the denoising steps are: the CPU goes on into the
+# next stage while the GPU finishes this one's work (the text encoder's processor while the VAE encodes, say), where
+# a synchronizing timer would make the edit wait for its own measurement.
+EVENT_TIMED_STAGES = ("image encoding", "text encoding")
 
 
 def median_ms(fn, device: str, repeats: int, warmup: int = 0) -> float:
@@ -305,6 +309,9 @@ class RunRecorder:
         self._excluded_from_step = 0.0
         self._step_warmed_up = False
         self._denoise_end = 0.0
+        self._clock = StepClock(device)
+        self._event_stages = []     # (name, start event, end event) of EVENT_TIMED_STAGES, read at finish
+        self._unfinished_steps = []  # a GPU's last step, read once decoding is done
 
     def elapsed(self) -> float:
         return time.perf_counter() - self._start
@@ -353,6 +360,12 @@ class RunRecorder:
         before: a step timed on the GPU's clock does not contain that wait, nor the steps before."""
         self.check_cancelled()
         self.emit("preparing" if into_prepare else name, message or name)
+        if self._clock.on_gpu and name in EVENT_TIMED_STAGES and not (into_prepare or out_of_step or warm_up):
+            start = self._clock.mark()
+            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):
+                yield
+            self._event_stages.append((name, start, self._clock.mark()))
+            return
         synchronize(self.device)
         start = time.perf_counter()
         try:
@@ -376,8 +389,8 @@ class RunRecorder:
         self.total_steps = len(timesteps)
         self._steps_done = 0
         self.emit("denoising", f"step 0/{self.total_steps}")
-        clock = StepClock(self.device)
-        unfinished = []  # steps handed to the device, not timed yet
+        clock = self._clock
+        unfinished = self._unfinished_steps = []  # steps handed to the device, not timed yet
         for timestep in timesteps:
             self.check_cancelled()
             start = clock.mark()
@@ -387,8 +400,8 @@ class RunRecorder:
             unfinished.append((start, clock.mark(), self._excluded_from_step, self._step_warmed_up))
             while len(unfinished) > clock.steps_ahead:
                 self._step_finished(clock, *unfinished.pop(0))
-        for step in unfinished:
-            self._step_finished(clock, *step)
+        if not clock.on_gpu:  # a GPU's last step is read after decoding, which the CPU hands over meanwhile
+            self._steps_finished()
         self._denoise_end = time.perf_counter()
         self._decoding_range = contextlib.ExitStack()  # open from here to decoding_done (DiffSynth's own call)
         self._decoding_range.enter_context(torch.profiler.record_function(f"{STAGE_RANGE}decoding"))
@@ -403,13 +416,30 @@ class RunRecorder:
         self._steps_done += 1
         self.emit("denoising", f"step {self._steps_done}/{self.total_steps}", step_seconds=seconds)
 
+    def _steps_finished(self) -> None:
+        while self._unfinished_steps:
+            self._step_finished(self._clock, *self._unfinished_steps.pop(0))
+
     def decoding_done(self) -> None:
-        """DiffSynth decodes right after the loop, inside the same call: the rest of that call is decoding."""
-        synchronize(self.device)
+        """DiffSynth decodes right after the loop, inside the same call: the rest of that call is decoding (on a
+        GPU, from the last step's end on its clock)."""
+        if self._clock.on_gpu and self._unfinished_steps:
+            last_step_end = self._unfinished_steps[-1][1]
+            decoded = self._clock.mark()
+            self._steps_finished()
+            seconds = self._clock.seconds(last_step_end, decoded)
+        else:
+            synchronize(self.device)
+            seconds = time.perf_counter() - self._denoise_end
         self._decoding_range.close()
-        self.telemetry.add_stage("decoding", time.perf_counter() - self._denoise_end)
+        self.telemetry.add_stage("decoding", seconds)
 
     def finish(self) -> RunTelemetry:
+        synchronize(self.device)
+        self._steps_finished()
+        for name, start, end in self._event_stages:
+            self.telemetry.add_stage(name, self._clock.seconds(start, end))
+        self._event_stages.clear()
         self._sample()
         self.telemetry.peak = self._peak
         self.telemetry.total_seconds = self.elapsed()

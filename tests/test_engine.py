@@ -287,21 +287,9 @@ def test_the_dit_forward_reads_the_prompt_mask_from_a_host_copy_made_once_per_ma
 
 def test_steps_on_a_gpu_are_timed_a_step_behind_the_cpu(monkeypatch):
     """With CUDA events a step is timed once the CPU has handed over the next one (nothing waits for the GPU between
-    steps), each step less its own one-time stages, and the steps still untimed when the loop ends; a compile
-    warm-up's step is left out of the median step time, a graph capture's is not."""
-    class EventClock:  # stands in for CUDA events: each mark one second after the one before
-        steps_ahead = 1
-
-        def __init__(self, device):
-            self.marks = 0
-
-        def mark(self):
-            self.marks += 1
-            return self.marks
-
-        def seconds(self, start, end):
-            return float(end - start)
-
+    steps), each step less its own one-time stages, and the last step once the CPU has handed over the decoding
+    too, which is timed from that step's end; a compile warm-up's step is left out of the median step time, a graph
+    capture's is not."""
     monkeypatch.setattr(telemetry, "StepClock", EventClock)
     events = []
     recorder = telemetry.RunRecorder("cpu", on_progress=events.append)
@@ -313,10 +301,45 @@ def test_steps_on_a_gpu_are_timed_a_step_behind_the_cpu(monkeypatch):
         if index == 2:
             with recorder.stage("CUDA graph capture", out_of_step=True):
                 time.sleep(0.1)
+    assert len(recorder.telemetry.step_seconds) == 2
+    recorder.decoding_done()
     warm_up, capture = (recorder.telemetry.stages[name] for name in ("compile warm-up", "CUDA graph capture"))
     assert warm_up >= 0.25 and capture >= 0.1
     steps = [1.0, 1.0 - warm_up, 1.0 - capture]
     assert recorder.telemetry.step_seconds == steps
+    assert recorder.telemetry.stages["decoding"] == 1.0  # the mark after the last step's end
     assert recorder.telemetry.warm_up_steps == [1]  # a capture's step times its replays as any later step
     assert recorder.telemetry.denoise_seconds_per_step == statistics.median([steps[0], steps[2]])
     assert [event.step_seconds for event in events if event.step_seconds is not None] == steps
+
+
+def test_an_edits_encoding_stages_on_a_gpu_are_timed_by_events_read_at_the_end(monkeypatch):
+    """Image and text encoding do not make the CPU wait for the GPU (it goes on into the next stage meanwhile): their
+    marks are read when the run finishes. Other stages (loading, preparing) wait and take the host's clock."""
+    monkeypatch.setattr(telemetry, "StepClock", EventClock)
+    recorder = telemetry.RunRecorder("cpu")
+    with recorder.stage("load"):
+        time.sleep(0.05)
+    with recorder.stage("image encoding"):
+        pass
+    with recorder.stage("text encoding"):
+        pass
+    assert set(recorder.telemetry.stages) == {"load"} and recorder.telemetry.stages["load"] >= 0.05
+    recorder.finish()
+    assert recorder.telemetry.stages["image encoding"] == recorder.telemetry.stages["text encoding"] == 1.0
+
+
+class EventClock:
+    """Stands in for CUDA events: each mark one second after the one before."""
+    on_gpu = True
+    steps_ahead = 1
+
+    def __init__(self, device):
+        self.marks = 0
+
+    def mark(self):
+        self.marks += 1
+        return self.marks
+
+    def seconds(self, start, end):
+        return float(end - start)
