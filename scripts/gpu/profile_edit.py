@@ -29,7 +29,7 @@ OUTSIDE = "outside the named stages"
 
 
 def profiled_run(engine, request, config):
-    """The run's result and its trace (the engine synchronizes the device at the end of every stage)."""
+    """The run's result and its trace (each stage is a named range there, its kernels those launched inside it)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
