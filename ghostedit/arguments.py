@@ -10,6 +10,7 @@ from .optimize import registry
 from .optimize.presets import LIGHTNING
 
 DEFAULT_CFG = 4.0
+DEFAULT_PROMPT = "turn the scene into a ghostly night"  # the bench's and the probes' edit
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +35,7 @@ def model_and_device(args) -> tuple[str, str]:
 def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool = True) -> None:
     parser.add_argument("--image", action="append", required=image_required, default=None,
                         help=f"input image; repeat for up to {MAX_INPUT_IMAGES}, edited together")
-    parser.add_argument("--prompt", required=image_required, default="turn the scene into a ghostly night",
+    parser.add_argument("--prompt", required=image_required, default=DEFAULT_PROMPT,
                         help="the edit instruction")
     parser.add_argument("--negative-prompt", default="", help="what the edit should avoid (used when --cfg > 1)")
     parser.add_argument("--steps", type=int, default=None,

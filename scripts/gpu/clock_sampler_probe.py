@@ -13,15 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 from pathlib import Path
 
-from PIL import Image
-
-from ghostedit import EditRequest, OptimizationConfig
+from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment
-from ghostedit.bench.pipeline import DEFAULT_IMAGE
+from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
 from ghostedit.engine import Engine
 from ghostedit.telemetry import STAGE_ORDER, ClockSampler
 
@@ -30,19 +27,12 @@ STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--config", default="best")
+    add_edit_probe_arguments(parser)
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--cfg", type=float, default=1.0)
-    parser.add_argument("--side", type=int, default=1024)
-    parser.add_argument("--model", default="synthetic")
-    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     engine = Engine(args.model, device=args.device)
     config = OptimizationConfig.parse(args.config)
-    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
-                          "night", width=args.side, height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
+    request = probe_request(args)
     for _ in range(3):  # prepare and compile, capture the graphs, one warm edit
         engine.run(request, config)
     sampled = {"without": contextlib.nullcontext, "with": lambda: ClockSampler(engine.device)}

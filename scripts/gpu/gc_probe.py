@@ -10,14 +10,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import time
 from pathlib import Path
 
-from PIL import Image
-
-from ghostedit import EditRequest, OptimizationConfig
-from ghostedit.bench.pipeline import DEFAULT_IMAGE
+from ghostedit import OptimizationConfig
+from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
 from ghostedit.engine import Engine
 
 
@@ -52,14 +49,12 @@ def timed_runs(engine, request, config, runs: int, pauses: Pauses) -> list[dict]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_edit_probe_arguments(parser)
     parser.add_argument("--runs", type=int, default=6)
-    parser.add_argument("--config", default="best")
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     args = parser.parse_args()
-    engine = Engine("synthetic", device="cuda")
+    engine = Engine(args.model, device=args.device)
     config = OptimizationConfig.parse(args.config)
-    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
-                          "night", width=1024, height=1024, steps=4, cfg_scale=1.0, seed=0)
+    request = probe_request(args)
     engine.run(request, config)  # load, prepare, compile
     engine.run(request, config)
     pauses = Pauses()

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from PIL import Image
 
-from ghostedit import EditRequest, OptimizationConfig
+from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment, markdown_table
-from ghostedit.bench.pipeline import DEFAULT_IMAGE
+from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
 from ghostedit.engine import Engine
 from ghostedit.telemetry import STAGE_RANGE
 
@@ -68,13 +66,7 @@ def kernels_by_stage(events, windows) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--config", default="best")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--cfg", type=float, default=1.0)
-    parser.add_argument("--side", type=int, default=1024)
-    parser.add_argument("--model", default="synthetic", help="tiny with --device cpu rehearses the script")
-    parser.add_argument("--device", default="cuda")
+    add_edit_probe_arguments(parser)
     parser.add_argument("--top", type=int, default=3, help="the largest kernels kept per stage")
     parser.add_argument("--python-profile", action="store_true", help="also one warm edit under cProfile: each "
                         "function's own and cumulative seconds (the profiler's overhead included), the largest kept in "
@@ -84,8 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine(args.model, device=args.device)
     config = OptimizationConfig.parse(args.config)
-    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
-                          "night", width=args.side, height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
+    request = probe_request(args)
     engine.run(request, config)  # load, prepare, compile
     warm = engine.run(request, config).telemetry.summary()  # the wall times: the profiler slows the CPU side
     _, events = profiled_run(engine, request, config)

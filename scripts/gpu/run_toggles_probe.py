@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 from pathlib import Path
 
 import torch
-from PIL import Image
 
-from ghostedit import EditRequest, OptimizationConfig
+from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment, markdown_table
-from ghostedit.bench.pipeline import DEFAULT_IMAGE
+from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
 from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
 from ghostedit.optimize import vae_frames
@@ -102,22 +100,15 @@ def row(name: str, config, summaries: list[dict], images: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--config", default="best,vae=video,text-encoder=eager")
+    add_edit_probe_arguments(parser, config="best,vae=video,text-encoder=eager")
     parser.add_argument("--variants", nargs="+", default=["vae=image", "vae=image-fused", "text-encoder=graphed",
                                                           "vae=image-fused,text-encoder=graphed"])
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--cfg", type=float, default=1.0)
-    parser.add_argument("--side", type=int, default=1024)
-    parser.add_argument("--model", default="synthetic")
-    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     engine = Engine(args.model, device=args.device)
     configs = {"base": OptimizationConfig.parse(args.config)}
     configs.update({variant: OptimizationConfig.parse(f"{args.config},{variant}") for variant in args.variants})
-    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt="turn the scene into a ghostly "
-                          "night", width=args.side, height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
+    request = probe_request(args)
     # two untimed runs each: preparing and compiling, then capturing graphs
     first_runs = {name: [engine.run(request, config).telemetry.summary() for _ in range(2)]
                   for name, config in configs.items()}
