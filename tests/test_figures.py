@@ -58,11 +58,13 @@ def test_the_step_cache_shows_its_measured_gain_and_image_difference():
 
 def test_runs_chained_in_one_process_are_one_row_of_the_process_block(monkeypatch):
     committed = docs.results
-    chained = {part: {**committed(part), "process": {"pid": 1, "started": 1.0}} for part in ("e2e-4", "e2e-40")}
+    started = {"e2e-4-stock": 1.0, "e2e-40-stock": 1.0, "e2e-4": 2.0, "e2e-40": 2.0}  # two processes, two runs each
+    chained = {part: {**committed(part), "process": {"pid": 1, "started": when}} for part, when in started.items()}
     monkeypatch.setattr(docs, "results", lambda part: chained.get(part) or committed(part))
-    assert docs.processes(docs.SPEED_PARTS)[-1] == ["e2e-4", "e2e-40"]
+    assert docs.processes(docs.SPEED_PARTS)[-2:] == [["e2e-4-stock", "e2e-40-stock"], ["e2e-4", "e2e-40"]]
     block = docs.process_time()
-    assert "| e2e-4 + e2e-40 " in block and "| all 5 " in block
+    assert "| e2e-4-stock + e2e-40-stock " in block and "| e2e-4 + e2e-40 " in block
+    assert f"| all {len(docs.SPEED_PARTS) - 2} " in block
 
 
 def test_the_dit_block_says_how_much_of_the_forward_is_outside_the_blocks(monkeypatch):
@@ -71,6 +73,8 @@ def test_the_dit_block_says_how_much_of_the_forward_is_outside_the_blocks(monkey
     changed = {**dit, "experiments": {**dit["experiments"], "forward_ms": 215.0, "block_loop_ms": 204.8}}
     monkeypatch.setattr(docs, "results", lambda part: changed if part == "dit" else committed(part))
     assert "the whole forward 215.0 ms, 10.2 ms of it outside the blocks" in docs.dit_shapes()
+    changed["experiments"]["forward_ms"] = 204.6  # two medians, of runs that vary
+    assert "the whole forward 204.6 ms, no longer than its blocks" in docs.dit_shapes()
 
 
 def test_a_result_measured_before_a_preset_gained_a_rewrite_is_named_for_it():

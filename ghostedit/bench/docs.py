@@ -134,10 +134,12 @@ def dit_shapes() -> str:
                                   "exact x": "exact speedup", "best error": "best rel. error",
                                   "exact error": "exact rel. error"})
     experiments = found["experiments"]
+    outside = experiments["forward_ms"] - experiments["block_loop_ms"]
+    what = "the uncompiled embeddings and output layer, and the forward's start before its first kernel"
     loop = (f"the transformer blocks {experiments['block_loop_ms']:.1f} ms as a Python loop; the whole forward "
-            f"{experiments['forward_ms']:.1f} ms, {experiments['forward_ms'] - experiments['block_loop_ms']:.1f} ms "
-            f"of it outside the blocks (the uncompiled embeddings and output layer, and the forward's start before "
-            f"its first kernel)")
+            f"{experiments['forward_ms']:.1f} ms, " + (f"{outside:.1f} ms of it outside the blocks ({what})" if outside > 0
+                                                        else f"no longer than its blocks: what lies outside them "
+                                                             f"({what}) is within the spread of the two medians"))
     return (f"One DiT forward, {found['text_tokens']} text tokens, median of {found['repeats']} after warm-up, all "
             f"shapes in one process (shapes after the first reuse the compiled code with dynamic shapes). "
             f"Measured on {source('dit')}.{clocks(found['rows'])}\n\n{table}\n\nAt {experiments['shape']} on "
