@@ -59,9 +59,12 @@ def test_a_streamed_text_encoder_runs_graphed_as_joined_windows_and_says_so(pipe
     """Streamed layer by layer (memory mode low), the weights are not on the device for a graph to read: the run
     says so in its words and notes and joins the vision windows only, as cuda-graph does for a streamed DiT."""
     from types import SimpleNamespace
+
+    from ghostedit.optimize.registry import RunContext
     from ghostedit.optimize.toggles import text_encoder as toggle
     recorder = SimpleNamespace(telemetry=SimpleNamespace(notes=[]))
-    context = SimpleNamespace(prepared=SimpleNamespace(pipe=pipe), device="cuda", recorder=recorder, ran={})
+    context = RunContext(prepared=SimpleNamespace(pipe=pipe), config=None, device="cuda", sequence_length=0,
+                         recorder=recorder)
     visual = pipe.text_encoder.model.visual
     with toggle._text_encoder(context, "graphed"):   # a CPU text encoder: as a streamed one on a GPU machine
         assert visual.config._attn_implementation == vision_windows.NAME

@@ -21,8 +21,8 @@ FILES = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 # The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
 PHASES = {"dit": "dit", "ready-never-compiled": "ready", "ready-package-only": "ready", "ready-restart": "ready",
-          "e2e-4": "e2e", "e2e-40": "e2e", "e2e-4-stock": "e2e", "e2e-40-stock": "e2e", "card-24": "cards", "card-48": "cards", "card-full": "all",
-          "lora-switch": "lora-switch"}
+          "e2e-4": "e2e", "e2e-40": "e2e", "e2e-4-stock": "e2e", "e2e-40-stock": "e2e", "card-24": "cards",
+          "card-48": "cards", "card-full": "all", "lora-switch": "lora-switch"}
 READY = {"ready-never-compiled": "a process that never compiled it (empty compile cache, no package)",
          "ready-package-only": "a new machine given its package (`ghostedit compiled install`)",
          "ready-restart": "a restarted process (compile cache on disk)"}
@@ -136,10 +136,10 @@ def dit_shapes() -> str:
     experiments = found["experiments"]
     outside = experiments["forward_ms"] - experiments["block_loop_ms"]
     what = "the uncompiled embeddings and output layer, and the forward's start before its first kernel"
+    share = (f"{outside:.1f} ms of it outside the blocks ({what})" if outside > 0 else
+             f"no longer than its blocks: what lies outside them ({what}) is within the spread of the two medians")
     loop = (f"the transformer blocks {experiments['block_loop_ms']:.1f} ms as a Python loop; the whole forward "
-            f"{experiments['forward_ms']:.1f} ms, " + (f"{outside:.1f} ms of it outside the blocks ({what})" if outside > 0
-                                                        else f"no longer than its blocks: what lies outside them "
-                                                             f"({what}) is within the spread of the two medians"))
+            f"{experiments['forward_ms']:.1f} ms, {share}")
     return (f"One DiT forward, {found['text_tokens']} text tokens, median of {found['repeats']} after warm-up, all "
             f"shapes in one process (shapes after the first reuse the compiled code with dynamic shapes). "
             f"Measured on {source('dit')}.{clocks(found['rows'])}\n\n{table}\n\nAt {experiments['shape']} on "

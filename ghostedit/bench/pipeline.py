@@ -201,8 +201,8 @@ def earlier_baseline(folder: Path, request, repeats: int) -> dict:
     if request.width is not None and found["size"] != [request.width, request.height]:
         differing["size"] = (found["size"], [request.width, request.height])
     if differing:
-        raise SystemExit(f"--baseline-from {folder}: that run differs from this one in "
-                         + ", ".join(f"{key} ({theirs} there, {ours} here)" for key, (theirs, ours) in differing.items()))
+        told = ", ".join(f"{key} ({theirs} there, {ours} here)" for key, (theirs, ours) in differing.items())
+        raise SystemExit(f"--baseline-from {folder}: that run differs from this one in {told}")
     with Image.open(folder / "output-0.png") as image:
         return {**found["rows"][0], "image": image.convert("RGB"), "measured_in": folder.name}
 

@@ -74,6 +74,11 @@ class RunContext:
     recorder: Any
     ran: dict = field(default_factory=dict)   # what a context resolved, for the result (e.g. "auto" -> a backend)
 
+    def not_applied(self, toggle: str, words: str) -> None:
+        """What a toggle did not do on this run, and why: in the run's words and in its notes."""
+        self.ran.setdefault("words", {})[toggle] = words
+        self.recorder.telemetry.notes.append(f"{toggle} {words}")
+
 
 @dataclass(frozen=True)
 class Toggle:

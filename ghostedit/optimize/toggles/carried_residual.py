@@ -22,9 +22,7 @@ def _carried(context: RunContext, value: str):
     from .. import carried_residual
     reason = carried_residual.why_not_carried(context.config)
     if reason is not None:
-        words = f"not applied on this run: {reason}"
-        context.ran.setdefault("words", {})["carried-residual"] = words
-        context.recorder.telemetry.notes.append(f"carried-residual {words}")
+        context.not_applied("carried-residual", f"not applied on this run: {reason}")
         yield
         return
     with carried_residual.carried(context.prepared.pipe):

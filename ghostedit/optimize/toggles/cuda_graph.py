@@ -18,9 +18,7 @@ def _graphed(context: RunContext, value: str):
     dit = context.prepared.dit
     reason = cuda_graphs.why_not_capturable(dit, context.device, context.config)
     if reason is not None:  # said in the run's words and notes: the blocks run from Python
-        words = f"not applied on this run: {reason}"
-        context.ran.setdefault("words", {})["cuda-graph"] = words
-        context.recorder.telemetry.notes.append(f"cuda-graph {words}")
+        context.not_applied("cuda-graph", f"not applied on this run: {reason}")
         yield
         return
     graphs = cuda_graphs.graphs_of(dit)

@@ -38,9 +38,8 @@ def _text_encoder(context: RunContext, choice: str):
         return
     if choice in ("joined-windows", "graphed"):
         if choice == "graphed":  # streamed: as cuda-graph does for a streamed DiT, the run says so and runs without
-            words = f"graphs not applied on this run: {STREAMED}; its vision windows joined"
-            context.ran.setdefault("words", {})["text-encoder"] = words
-            context.recorder.telemetry.notes.append(f"text-encoder {words}")
+            context.not_applied("text-encoder", f"graphs not applied on this run: {STREAMED}; its vision windows "
+                                                "joined")
         with vision_windows.joined_windows(text_encoder):
             yield
         return
