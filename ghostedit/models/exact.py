@@ -29,9 +29,9 @@ from diffsynth.pipelines.qwen_image import (QwenImagePipeline, QwenImageUnit_Edi
 from einops import rearrange
 from PIL import Image
 
+from .. import pillow_resize
 from ..diffsynth_patches import replace
 from ..errors import InvalidRequestError
-from .. import pillow_resize
 from ..images import fit
 from .family import EDIT_PLUS_TEMPLATE, Family, dimensions
 
