@@ -29,11 +29,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_edit_probe_arguments(parser)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--untimed", type=int, default=3, help="edits before the timed ones: the first prepares and "
+                        "compiles, the second captures the graphs (at least 1)")
     args = parser.parse_args()
     engine = Engine(args.model, device=args.device)
     config = OptimizationConfig.parse(args.config)
     request = probe_request(args)
-    for _ in range(3):  # prepare and compile, capture the graphs, one warm edit
+    for _ in range(max(args.untimed, 1)):  # prepare and compile, capture the graphs, warm edits
         engine.run(request, config)
     sampled = {"without": contextlib.nullcontext, "with": lambda: ClockSampler(engine.device)}
     edits = {name: [] for name in sampled}
