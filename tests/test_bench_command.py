@@ -74,6 +74,9 @@ def test_a_baseline_measured_in_another_process_is_every_rows_reference(tmp_path
     assert copied["measured_in"] == "stock" and copied["end_to_end_s"] == stock["rows"][0]["end_to_end_s"]
     assert measured["speedup_e2e"] == pytest.approx(copied["end_to_end_s"] / measured["end_to_end_s"])
     assert 20 < measured["psnr_db"] < float("inf")  # against stock's image, read from its folder
+    edits = measured["edits_s"]  # each timed edit's total and stages, the medians' inputs
+    assert len(edits) == 1 and edits[0]["total"] == measured["end_to_end_s"]
+    assert edits[0]["denoising"] == measured["stages_s"]["denoising"]
     with pytest.raises(SystemExit, match=r"differs from this one in steps \(2 there, 3 here\)"):
         bench(tmp_path / "refused", "--level", "pipeline", "--steps", "3", "--width", "64", "--height", "64",
               "--repeats", "1", "--baseline-from", str(tmp_path / "stock"), "--configs", "fp8=storage")

@@ -108,6 +108,7 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "report": warm[-1].prepared_report,
         "stages_s": {stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries)
                      for stage in summaries[-1]["stages_s"]},
+        "edits_s": [{"total": edit_seconds(s), **s["stages_s"]} for s in summaries],  # each edit's, in order
         "notes": sorted({note for s in summaries for note in s["notes"]}),
         "step_cache": summaries[-1]["step_cache"],
         **served_and_computed_steps(summaries[-1]),
