@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .images import fit
+
 PRECISION_BITS = 32 - 8 - 2   # Pillow's Resample.c for 8-bit images
 LANCZOS_SUPPORT = 3.0
 
@@ -80,7 +82,7 @@ def resize(image: Image.Image, size: tuple[int, int], device) -> torch.Tensor:
     """`image` (RGB) resized to `size` (width, height) as Pillow's LANCZOS resizes it: [height, width, 3] uint8 on
     `device`. On a CPU, Pillow's own C code computes it (the same bits, sooner there)."""
     if torch.device(device).type == "cpu":
-        return torch.from_numpy(np.array(image if image.size == size else image.resize(size, Image.LANCZOS)))
+        return torch.from_numpy(np.array(fit(image, size)))
     return resampled(torch.from_numpy(np.array(image)).to(device), size)
 
 

@@ -405,27 +405,30 @@ def attention_io() -> str:
                                   "us": "us (CUDA events)", "kernel_us": "us (kernels alone)",
                                   "bandwidth": "GB/s (kernels alone)",
                                   "differing": "share of FP8 values unlike the compiled code's"})
-    runs, rounds, environment = _alternating(RESULTS / "attention-io")
-    before = json.loads((RESULTS / "earlier" / "profile-before-attention-io" / "profile.json").read_text())
-    after = json.loads((RESULTS / "earlier" / "profile-after-attention-io" / "profile.json").read_text())
-    kernels_before, kernels_after = (next(iter(profile["variants"].values()))["total_kernel_ms"]
-                                     for profile in (before, after))
+    before, after = (_profiled(f"earlier/profile-{when}-attention-io") for when in ("before", "after"))
     return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
             f"(`scripts/gpu/qk_norm_rope_probe.py`, {found['gpu']}, torch {found['torch']}, committed "
             f"{_committed_on(path)}, `docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
-            f"One DiT forward at 1024x1024, each configuration in {rounds} processes of its own, "
-            f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, {environment['date']}, "
-            f"`docs/benchmarks/attention-io/`): {runs}. The kernels of one forward (`scripts/gpu/profile_dit.py`) "
-            f"summed to {kernels_before:.1f} ms before the two rewrites and {kernels_after:.1f} ms with them.\n")
+            f"{_alternating('attention-io')}. The kernels of one forward (`scripts/gpu/profile_dit.py`) summed to "
+            f"{before['total_kernel_ms']:.1f} ms before the two rewrites and {after['total_kernel_ms']:.1f} ms with "
+            "them.\n")
 
 
-def _alternating(folder: Path) -> tuple[str, int, dict]:
-    """An A/B of scripts/gpu/alternate.sh (a results.json per process, in run order): each process's configuration
-    and forward in words, the rounds (processes per configuration) and the environment."""
-    processes = [json.loads((run / "results.json").read_text()) for run in sorted(folder.iterdir())]
+def _alternating(folder: str) -> str:
+    """An A/B of scripts/gpu/alternate.sh in `docs/benchmarks/<folder>/` (a results.json per process, in run order),
+    in words: where and how it ran, and each process's configuration and forward."""
+    processes = [json.loads((run / "results.json").read_text()) for run in sorted((RESULTS / folder).iterdir())]
     runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
                      for process in processes)
-    return runs, len(processes) // 2, processes[0]["environment"]
+    environment = processes[0]["environment"]
+    return (f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
+            f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, torch {environment['torch']}, "
+            f"{environment['date']}, `docs/benchmarks/{folder}/`): {runs}")
+
+
+def _profiled(folder: str) -> dict:
+    """The first variant of the profile_dit.py profile in `docs/benchmarks/<folder>/`."""
+    return next(iter(json.loads((RESULTS / folder / "profile.json").read_text())["variants"].values()))
 
 
 def e2e_order() -> str:
@@ -446,12 +449,8 @@ def e2e_order() -> str:
 def carried_residual() -> str:
     """Section 6: best with and without carried-residual in processes of their own, alternating
     (scripts/gpu/alternate.sh), and the kernels of a forward before and after (scripts/gpu/profile_dit.py)."""
-    runs, rounds, environment = _alternating(RESULTS / "carried-residual" / "alternating")
-    before, after = (next(iter(json.loads(path.read_text())["variants"].values())) for path in (
-        RESULTS / "earlier" / "profile-before-carried-residual" / "profile.json", RESULTS / "profile" / "profile.json"))
-    return (f"One DiT forward at 1024x1024, each configuration in {rounds} processes of its own, alternating "
-            f"(`scripts/gpu/alternate.sh`, {environment['gpu']}, torch {environment['torch']}, {environment['date']}, "
-            f"`docs/benchmarks/carried-residual/alternating/`): {runs}. The kernels of one forward "
+    before, after = _profiled("earlier/profile-before-carried-residual"), _profiled("profile")
+    return (f"{_alternating('carried-residual/alternating')}. The kernels of one forward "
             f"(`scripts/gpu/profile_dit.py`, the profile above and the one before it, "
             f"`docs/benchmarks/earlier/profile-before-carried-residual/`): Inductor's kernels "
             f"{before['families_ms']['inductor']:.1f} ms before, {after['families_ms']['inductor']:.1f} ms with it; "
@@ -461,7 +460,6 @@ def carried_residual() -> str:
 def cuda_graph() -> str:
     """Section 1: best with and without cuda-graph in processes of their own, alternating (scripts/gpu/alternate.sh),
     and in one process each of best and exact after the same configuration without it, where the outputs compare."""
-    runs, rounds, environment = _alternating(RESULTS / "cuda-graph" / "alternating")
     checks = []
     for preset in ("best", "exact"):
         graphed, looped = _with_and_without(results(f"cuda-graph/same-process-{preset}")["rows"], "cuda-graph")
@@ -469,9 +467,7 @@ def cuda_graph() -> str:
                     f"{graphed['rel_error']:.4f} relative to it")
         checks.append(f"{name(graphed)} {graphed['ms_per_forward']:.1f} ms after {name(looped)} "
                       f"{looped['ms_per_forward']:.1f} ms, output {compared}")
-    return (f"One DiT forward at 1024x1024, each configuration in {rounds} processes of its own, "
-            f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, torch {environment['torch']}, "
-            f"{environment['date']}, `docs/benchmarks/cuda-graph/alternating/`): {runs}. In one process each "
+    return (f"{_alternating('cuda-graph/alternating')}. In one process each "
             f"(`docs/benchmarks/cuda-graph/same-process-*/`), the configuration without it first and so the reference: "
             f"{'; '.join(checks)}.\n")
 

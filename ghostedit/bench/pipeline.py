@@ -66,14 +66,17 @@ def add_edit_probe_arguments(parser, config: str = "best") -> None:
     parser.add_argument("--device", default="cuda")
 
 
-def probe_request(args):
-    """The bench's edit (its image and default prompt) at a probe's size, steps and CFG."""
+def edit_probe(args):
+    """A whole-edit probe's engine (its --model on its --device) and the bench's edit (its image and default prompt)
+    at the probe's size, steps and CFG: (engine, request)."""
     from PIL import Image
 
     from ..arguments import DEFAULT_PROMPT
     from ..config import EditRequest
-    return EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt=DEFAULT_PROMPT, width=args.side,
-                       height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
+    from ..engine import Engine
+    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt=DEFAULT_PROMPT, width=args.side,
+                          height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
+    return Engine(args.model, device=args.device), request
 
 
 def edit_seconds(summary: dict) -> float:

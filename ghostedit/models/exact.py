@@ -128,10 +128,14 @@ LATENTS_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3
 
 # ---- images ----
 
+def size_for(image: Image.Image, area: int) -> tuple[int, int]:
+    """The reference's size of `image` for `area`: aspect ratio kept, sides multiples of 32."""
+    return dimensions(area, image.size[0] / image.size[1])
+
+
 def resized(image: Image.Image, area: int) -> Image.Image:
-    """The image at the reference's size for `area` (aspect ratio kept, sides multiples of 32), LANCZOS as
-    diffusers' VaeImageProcessor resizes."""
-    return fit(image, dimensions(area, image.size[0] / image.size[1]))
+    """The image at size_for `area`, LANCZOS as diffusers' VaeImageProcessor resizes."""
+    return fit(image, size_for(image, area))
 
 
 def condition_images(family: Family, images: list[Image.Image]) -> list[Image.Image]:
@@ -141,13 +145,13 @@ def condition_images(family: Family, images: list[Image.Image]) -> list[Image.Im
 
 def condition_sizes(family: Family, images: list[Image.Image]) -> list[tuple[int, int]]:
     """The sizes of condition_images, without resizing."""
-    return [dimensions(family.condition.vae_area, image.size[0] / image.size[1]) for image in images]
+    return [size_for(image, family.condition.vae_area) for image in images]
 
 
 def condition_pixels(family: Family, image: Image.Image, device) -> torch.Tensor:
     """condition_images' image as 8-bit [H, W, 3] pixels on the device, resized there with Pillow's arithmetic
     (pillow_resize.py): the same bits, without the GPU waiting for Pillow on the CPU."""
-    return pillow_resize.resize(image, dimensions(family.condition.vae_area, image.size[0] / image.size[1]), device)
+    return pillow_resize.resize(image, size_for(image, family.condition.vae_area), device)
 
 
 def to_tensor(pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment
-from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
-from ghostedit.engine import Engine
+from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
 from ghostedit.telemetry import STAGE_ORDER, ClockSampler
 
 STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]
@@ -32,9 +31,8 @@ def main() -> None:
     parser.add_argument("--untimed", type=int, default=3, help="edits before the timed ones: the first prepares and "
                         "compiles, the second captures the graphs (at least 1)")
     args = parser.parse_args()
-    engine = Engine(args.model, device=args.device)
+    engine, request = edit_probe(args)
     config = OptimizationConfig.parse(args.config)
-    request = probe_request(args)
     for _ in range(max(args.untimed, 1)):  # prepare and compile, capture the graphs, warm edits
         engine.run(request, config)
     sampled = {"without": contextlib.nullcontext, "with": lambda: ClockSampler(engine.device)}

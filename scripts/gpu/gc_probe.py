@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 from ghostedit import OptimizationConfig
-from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
-from ghostedit.engine import Engine
+from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
 
 
 class Pauses:
@@ -52,9 +51,8 @@ def main() -> None:
     add_edit_probe_arguments(parser)
     parser.add_argument("--runs", type=int, default=6)
     args = parser.parse_args()
-    engine = Engine(args.model, device=args.device)
+    engine, request = edit_probe(args)
     config = OptimizationConfig.parse(args.config)
-    request = probe_request(args)
     engine.run(request, config)  # load, prepare, compile
     engine.run(request, config)
     pauses = Pauses()

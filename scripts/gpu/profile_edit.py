@@ -19,8 +19,7 @@ import torch
 
 from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment, markdown_table
-from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
-from ghostedit.engine import Engine
+from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
 from ghostedit.telemetry import STAGE_RANGE
 
 OUTSIDE = "outside the named stages"
@@ -74,9 +73,8 @@ def main() -> None:
     parser.add_argument("--cpu-runs", type=int, default=0, help="then this many warm edits in cpu_sampled_runs, for a "
                         "sampling profiler run around the script (scripts/gpu/cpu_stacks.py reads its samples)")
     args = parser.parse_args()
-    engine = Engine(args.model, device=args.device)
+    engine, request = edit_probe(args)
     config = OptimizationConfig.parse(args.config)
-    request = probe_request(args)
     engine.run(request, config)  # load, prepare, compile
     warm = engine.run(request, config).telemetry.summary()  # the wall times: the profiler slows the CPU side
     _, events = profiled_run(engine, request, config)

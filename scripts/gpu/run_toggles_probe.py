@@ -22,8 +22,7 @@ import torch
 
 from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment, markdown_table
-from ghostedit.bench.pipeline import add_edit_probe_arguments, probe_request
-from ghostedit.engine import Engine
+from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
 from ghostedit.metrics import compare_images
 from ghostedit.optimize import vae_frames
 from ghostedit.telemetry import STAGE_ORDER
@@ -105,10 +104,9 @@ def main() -> None:
                                                           "vae=image-fused,text-encoder=graphed"])
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
-    engine = Engine(args.model, device=args.device)
+    engine, request = edit_probe(args)
     configs = {"base": OptimizationConfig.parse(args.config)}
     configs.update({variant: OptimizationConfig.parse(f"{args.config},{variant}") for variant in args.variants})
-    request = probe_request(args)
     # two untimed runs each: preparing and compiling, then capturing graphs
     first_runs = {name: [engine.run(request, config).telemetry.summary() for _ in range(2)]
                   for name, config in configs.items()}
