@@ -28,9 +28,16 @@ READY = {"ready-never-compiled": "a process that never compiled it (empty compil
          "ready-restart": "a restarted process (compile cache on disk)"}
 
 
+def _ran_on(environment: dict, committed: Path | None = None) -> str:
+    """Where and when a result was measured, in words: the GPU, torch and the date (with `committed`, the day that
+    results file was committed, for probes whose output carries no date)."""
+    when = f"committed {_committed_on(committed)}" if committed else environment["date"]
+    return f"{environment['gpu']}, torch {environment['torch']}, {when}"
+
+
 def source(part: str) -> str:
     environment = results(part)["environment"]
-    return (f"{environment['gpu']}, torch {environment['torch']}, {environment['date']}, "
+    return (f"{_ran_on(environment)}, "
             f"`scripts/gpu/bench.sh {PHASES[part]}` (`docs/benchmarks/{part}/`)")
 
 
@@ -174,7 +181,7 @@ def multi_kernel() -> str:
             for label in ("best", "without-multi-kernel")}
     environment = found["environment"]
     return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best) on {name(with_it)} at 1024x1024 on "
-            f"{environment['gpu']}, torch {environment['torch']}, {environment['date']}: the first forward of a "
+            f"{_ran_on(environment)}: the first forward of a "
             f"process that never compiled took {cold['best']['first_call_s']:.1f} s with it and "
             f"{cold['without-multi-kernel']['first_call_s']:.1f} s without (`scripts/gpu/profile_first_call.py "
             f"cold`, empty compile caches each; Inductor's code "
@@ -334,8 +341,7 @@ def profile() -> str:
                                   "ideal": "at the ceiling ms (the FP8 GEMM and bf16 attention rates of the brief)"})
     top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
     return (f"torch.profiler over three forwards of {found['config']} at 1024x1024 "
-            f"(`scripts/gpu/profile_dit.py`, {found['gpu']}, torch {found['torch']}, committed "
-            f"{_committed_on(path)}, `docs/benchmarks/profile/`). The CPU hands one forward to the GPU in "
+            f"(`scripts/gpu/profile_dit.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/profile/`). The CPU hands one forward to the GPU in "
             f"{variant['cpu_launch_ms']:.1f} ms, and the forward makes it wait for the GPU "
             f"{variant['synchronizing_calls']} time(s).\n\n{table}\n\nLargest kernels:\n{top}\n")
 
@@ -372,7 +378,7 @@ def fused_gelu() -> str:
     fused, without = _with_and_without(results("fused-gelu")["rows"], "fused-gelu-quant")
     environment = results("fused-gelu")["environment"]
     return (f"The GELU and its quantization alone at 1024x1024, 12288 values a row (`scripts/gpu/gelu_quant_probe.py`, "
-            f"{found['gpu']}, torch {found['torch']}, committed {_committed_on(path)}, `docs/benchmarks/gelu-quant/`; "
+            f"{_ran_on(found, committed=path)}, `docs/benchmarks/gelu-quant/`; "
             f"the reference: torchao's quantization of the GELU computed in float32):\n\n{table}\n\n"
             f"One image-stream feed-forward layer, compiled: {layer['torchao + inductor']['ms'] * 1000:.0f} us with "
             f"torchao and Inductor, {layer['fused GELU quantization']['ms'] * 1000:.0f} us with the fused kernel "
@@ -407,8 +413,7 @@ def attention_io() -> str:
                                   "differing": "share of FP8 values unlike the compiled code's"})
     before, after = (_profiled(f"earlier/profile-{when}-attention-io") for when in ("before", "after"))
     return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
-            f"(`scripts/gpu/qk_norm_rope_probe.py`, {found['gpu']}, torch {found['torch']}, committed "
-            f"{_committed_on(path)}, `docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
+            f"(`scripts/gpu/qk_norm_rope_probe.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
             f"{_alternating('attention-io')}. The kernels of one forward (`scripts/gpu/profile_dit.py`) summed to "
             f"{before['total_kernel_ms']:.1f} ms before the two rewrites and {after['total_kernel_ms']:.1f} ms with "
             "them.\n")
@@ -422,8 +427,7 @@ def _alternating(folder: str) -> str:
                      for process in processes)
     environment = processes[0]["environment"]
     return (f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
-            f"alternating (`scripts/gpu/alternate.sh`, {environment['gpu']}, torch {environment['torch']}, "
-            f"{environment['date']}, `docs/benchmarks/{folder}/`): {runs}")
+            f"alternating (`scripts/gpu/alternate.sh`, {_ran_on(environment)}, `docs/benchmarks/{folder}/`): {runs}")
 
 
 def _profiled(folder: str) -> dict:
@@ -441,8 +445,7 @@ def e2e_order() -> str:
         runs.append(f"{words} {row['end_to_end_s']:.3f} s")
     environment = found["environment"]
     return (f"The best configuration's edit at 1024x1024, 4 steps, CFG 1, median of {found['repeats']} after warm-up, "
-            f"each in a process of its own ({environment['gpu']}, torch {environment['torch']}, "
-            f"{environment['date']}, `ghostedit bench ... --configs best`, `baseline best` and `best baseline`, "
+            f"each in a process of its own ({_ran_on(environment)}, `ghostedit bench ... --configs best`, `baseline best` and `best baseline`, "
             f"`docs/benchmarks/e2e-order/`): {', '.join(runs)}.\n")
 
 
@@ -482,8 +485,7 @@ def profile_edit() -> str:
     environment = found["environment"]
     return (f"One warm edit of {name(found)} at {found['side']}x{found['side']}, {found['steps']} steps, CFG "
             f"{found['cfg']:g}, {found['total_s']:.2f} s; its kernels from a torch.profiler trace of the next edit "
-            f"(`scripts/gpu/profile_edit.py`, {environment['gpu']}, torch {environment['torch']}, "
-            f"{environment['date']}, `docs/benchmarks/profile-edit/`).\n\n{table}\n")
+            f"(`scripts/gpu/profile_edit.py`, {_ran_on(environment)}, `docs/benchmarks/profile-edit/`).\n\n{table}\n")
 
 
 def run_toggles() -> str:
@@ -510,8 +512,7 @@ def run_toggles() -> str:
              f"warmed up and captured every layer: {graphed_first:.3f} s of text encoding.\n")
     return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x"
             f"{found['side']}, {found['steps']} steps, CFG {found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
-            f"(`scripts/gpu/run_toggles_probe.py`, {environment['gpu']}, torch {environment['torch']}, "
-            f"{environment['date']}, `docs/benchmarks/run-toggles/`). The base's own row compares two of its warm "
+            f"(`scripts/gpu/run_toggles_probe.py`, {_ran_on(environment)}, `docs/benchmarks/run-toggles/`). The base's own row compares two of its warm "
             f"images.\n\n{markdown_table(rows, columns)}\n{after}")
 
 
@@ -540,7 +541,7 @@ def attention_lengths() -> str:
     return (f"cuDNN's FP8 attention alone, {found['shape']['heads']} heads of {found['shape']['head_dim']}, "
             f"{found['shape']['image_tokens']} image tokens and three prompt lengths, cuDNN's first plan (the "
             f"engine's), per call over calls back to back (`scripts/gpu/attention_plans_probe.py --text-tokens 256 "
-            f"214 300`, {found['gpu']}, torch {found['torch']}, committed {_committed_on(path)}, "
+            f"214 300`, {_ran_on(found, committed=path)}, "
             f"`docs/benchmarks/attention-lengths/`):\n\n{table}\n\nOne DiT forward of "
             f"{name(forwards[214]['rows'][0])} at 1024x1024 in processes of its own: {forward} ({environment['gpu']}, "
             f"{environment['date']}, `ghostedit bench --level dit --text-tokens N`, "
@@ -570,8 +571,7 @@ def vae_norm() -> str:
     environment = found["environment"]
     return (f"The VAE's RMS norm and the SiLU after it on a channels-last bf16 input, as released and in "
             f"GhostEdit's kernel as the engine runs it ({engine_setting}), beside PyTorch's copy of the same bytes "
-            f"(`scripts/gpu/vae_norm_probe.py`, {environment['gpu']}, torch {environment['torch']}, "
-            f"{environment['date']}, `docs/benchmarks/vae-norm/`):\n\n{table}\n")
+            f"(`scripts/gpu/vae_norm_probe.py`, {_ran_on(environment)}, `docs/benchmarks/vae-norm/`):\n\n{table}\n")
 
 
 def attention() -> str:
@@ -583,8 +583,7 @@ def attention() -> str:
                                   "error": "rel. error vs fp32"})
     shape = found["shape"]
     return (f"Attention alone, {shape['heads']} heads x {shape['head_dim']}, {shape['tokens']} tokens "
-            f"(`scripts/gpu/attention_probe.py`, {found['gpu']}, torch {found['torch']}, committed "
-            f"{_committed_on(path)}, `docs/benchmarks/attention/`).\n\n{table}\n")
+            f"(`scripts/gpu/attention_probe.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/attention/`).\n\n{table}\n")
 
 
 # Section 8's runs, newest first: the same script on two kinds of 2-GPU machine
