@@ -341,7 +341,8 @@ def profile() -> str:
                                   "ideal": "at the ceiling ms (the FP8 GEMM and bf16 attention rates of the brief)"})
     top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
     return (f"torch.profiler over three forwards of {found['config']} at 1024x1024 "
-            f"(`scripts/gpu/profile_dit.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/profile/`). The CPU hands one forward to the GPU in "
+            f"(`scripts/gpu/profile_dit.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/profile/`). "
+            f"The CPU hands one forward to the GPU in "
             f"{variant['cpu_launch_ms']:.1f} ms, and the forward makes it wait for the GPU "
             f"{variant['synchronizing_calls']} time(s).\n\n{table}\n\nLargest kernels:\n{top}\n")
 
@@ -413,7 +414,8 @@ def attention_io() -> str:
                                   "differing": "share of FP8 values unlike the compiled code's"})
     before, after = (_profiled(f"earlier/profile-{when}-attention-io") for when in ("before", "after"))
     return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
-            f"(`scripts/gpu/qk_norm_rope_probe.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
+            f"(`scripts/gpu/qk_norm_rope_probe.py`, {_ran_on(found, committed=path)}, "
+            f"`docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
             f"{_alternating('attention-io')}. The kernels of one forward (`scripts/gpu/profile_dit.py`) summed to "
             f"{before['total_kernel_ms']:.1f} ms before the two rewrites and {after['total_kernel_ms']:.1f} ms with "
             "them.\n")
@@ -445,7 +447,8 @@ def e2e_order() -> str:
         runs.append(f"{words} {row['end_to_end_s']:.3f} s")
     environment = found["environment"]
     return (f"The best configuration's edit at 1024x1024, 4 steps, CFG 1, median of {found['repeats']} after warm-up, "
-            f"each in a process of its own ({_ran_on(environment)}, `ghostedit bench ... --configs best`, `baseline best` and `best baseline`, "
+            f"each in a process of its own ({_ran_on(environment)}, `ghostedit bench ... --configs best`, "
+            "`baseline best` and `best baseline`, "
             f"`docs/benchmarks/e2e-order/`): {', '.join(runs)}.\n")
 
 
@@ -512,7 +515,8 @@ def run_toggles() -> str:
              f"warmed up and captured every layer: {graphed_first:.3f} s of text encoding.\n")
     return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x"
             f"{found['side']}, {found['steps']} steps, CFG {found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
-            f"(`scripts/gpu/run_toggles_probe.py`, {_ran_on(environment)}, `docs/benchmarks/run-toggles/`). The base's own row compares two of its warm "
+            f"(`scripts/gpu/run_toggles_probe.py`, {_ran_on(environment)}, `docs/benchmarks/run-toggles/`). "
+            "The base's own row compares two of its warm "
             f"images.\n\n{markdown_table(rows, columns)}\n{after}")
 
 
@@ -583,7 +587,8 @@ def attention() -> str:
                                   "error": "rel. error vs fp32"})
     shape = found["shape"]
     return (f"Attention alone, {shape['heads']} heads x {shape['head_dim']}, {shape['tokens']} tokens "
-            f"(`scripts/gpu/attention_probe.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/attention/`).\n\n{table}\n")
+            f"(`scripts/gpu/attention_probe.py`, {_ran_on(found, committed=path)}, "
+            f"`docs/benchmarks/attention/`).\n\n{table}\n")
 
 
 # Section 8's runs, newest first: the same script on two kinds of 2-GPU machine
