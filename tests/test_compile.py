@@ -143,3 +143,38 @@ def test_a_multi_kernel_pick_is_kept_for_a_restarted_process(tmp_path, monkeypat
         unnamed.run("input")
         assert ran == [""]
     assert len(timings_taken) == 4
+
+
+def test_persistent_rows_are_decided_by_the_compile_at_hand_in_any_thread():
+    """Inductor makes its heuristics object once per thread, on first use. GhostEdit's, which every thread that
+    compiles blocks runs, asks the options of the compile at hand: a configuration with inductor-persistent-rows keeps
+    the DiT's rows of 3072 in registers, one without loops over them as Inductor does, whichever came first."""
+    import threading
+
+    import sympy
+    from torch._inductor import config as inductor_config
+    from torch._inductor.ir import ReductionHint
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch._inductor.virtualized import V
+
+    from ghostedit.optimize import registry
+    options, _ = registry.compile_options(OptimizationConfig.parse("compile=regional,rewrites=inductor-persistent-rows"))
+    decided = []
+
+    def persistent(values: int, hint=ReductionHint.INNER) -> bool:
+        features = SimpleNamespace(get_reduction_hint=lambda: hint, reduction_numel=sympy.Integer(values))
+        return V.choices.should_use_persistent_reduction(features, False)
+
+    def compile_in_a_new_thread():
+        V.choices  # Inductor's own heuristics, made by a compile before any of GhostEdit's
+        compile_blocks.configure_dynamo()
+        with V.set_graph_handler(SimpleNamespace(sizevars=SizeVarAllocator())):
+            with inductor_config.patch(options):
+                decided.extend([persistent(3072), persistent(compile_blocks.PERSISTENT_ROW_LIMIT * 2),
+                                persistent(3072, ReductionHint.OUTER)])
+            decided.append(persistent(3072))
+
+    thread = threading.Thread(target=compile_in_a_new_thread)
+    thread.start()
+    thread.join()
+    assert decided == [True, False, False, False]

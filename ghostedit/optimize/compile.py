@@ -61,6 +61,47 @@ def configure_dynamo() -> None:
                                                            16 * RECOMPILE_LIMIT)
     torch._dynamo.config.specialize_float = True
     keep_multi_kernel_picks()
+    _choose_with_persistent_rows()
+
+
+# Under inductor-persistent-rows, reductions along rows of up to this many values keep the whole row in registers:
+# the DiT's LayerNorms reduce rows of 3072, which Inductor loops over (above 1024) unless multi-kernel times both
+PERSISTENT_ROW_LIMIT = 16384
+
+
+def persistent_rows():
+    """The value of Inductor's `inductor_choices_class` option that inductor-persistent-rows sets. It is the option,
+    not the object it returns, that decides: Inductor makes its heuristics object once per thread, on first use,
+    so every thread that compiles blocks runs GhostEdit's (`_choose_with_persistent_rows`), which asks the option
+    of the compile at hand. Being an option, it takes part in the compile cache's key."""
+    return _heuristics_class()()
+
+
+def _choose_with_persistent_rows() -> None:
+    from torch._inductor.virtualized import V
+    V.set_choices_handler(_heuristics_class()())  # without `with`: kept for this thread, as Inductor keeps its own
+
+
+@functools.cache
+def _heuristics_class():
+    from torch._inductor import config
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.ir import ReductionHint
+    from torch._inductor.virtualized import V
+
+    class PersistentRows(InductorChoices):
+        """Inductor's heuristics, except that under persistent_rows a reduction along rows of at most
+        PERSISTENT_ROW_LIMIT values is persistent: the kernel multi-kernel's timing picked for the DiT's
+        image-stream norms, without a second variant compiled and timed."""
+
+        @staticmethod
+        def should_use_persistent_reduction(features, cooperative_reduction: bool) -> bool:
+            if (config.inductor_choices_class is persistent_rows and config.triton.persistent_reductions
+                    and not cooperative_reduction and features.get_reduction_hint() == ReductionHint.INNER):
+                return V.graph.sizevars.statically_known_leq(features.reduction_numel, PERSISTENT_ROW_LIMIT)
+            return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
+
+    return PersistentRows
 
 
 def keep_multi_kernel_picks() -> None:
