@@ -148,7 +148,8 @@ def test_a_multi_kernel_pick_is_kept_for_a_restarted_process(tmp_path, monkeypat
 def test_persistent_rows_are_decided_by_the_compile_at_hand_in_any_thread():
     """Inductor makes its heuristics object once per thread, on first use. GhostEdit's, which every thread that
     compiles blocks runs, asks the options of the compile at hand: a configuration with inductor-persistent-rows keeps
-    the DiT's rows of 3072 in registers, one without loops over them as Inductor does, whichever came first."""
+    the DiT's rows of 3072 in registers (multi-kernel's limit), one without loops over them as Inductor does, whichever
+    came first."""
     import threading
 
     import sympy
@@ -170,7 +171,7 @@ def test_persistent_rows_are_decided_by_the_compile_at_hand_in_any_thread():
         compile_blocks.configure_dynamo()
         with V.set_graph_handler(SimpleNamespace(sizevars=SizeVarAllocator())):
             with inductor_config.patch(options):
-                decided.extend([persistent(3072), persistent(compile_blocks.PERSISTENT_ROW_LIMIT * 2),
+                decided.extend([persistent(3072), persistent(4 * 16384),
                                 persistent(3072, ReductionHint.OUTER)])
             decided.append(persistent(3072))
 

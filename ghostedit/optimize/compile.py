@@ -64,11 +64,6 @@ def configure_dynamo() -> None:
     _choose_with_persistent_rows()
 
 
-# Under inductor-persistent-rows, reductions along rows of up to this many values keep the whole row in registers:
-# the DiT's LayerNorms reduce rows of 3072, which Inductor loops over (above 1024) unless multi-kernel times both
-PERSISTENT_ROW_LIMIT = 16384
-
-
 def persistent_rows():
     """The value of Inductor's `inductor_choices_class` option that inductor-persistent-rows sets. It is the option,
     not the object it returns, that decides: Inductor makes its heuristics object once per thread, on first use,
@@ -86,20 +81,20 @@ def _choose_with_persistent_rows() -> None:
 def _heuristics_class():
     from torch._inductor import config
     from torch._inductor.choices import InductorChoices
-    from torch._inductor.ir import ReductionHint
-    from torch._inductor.virtualized import V
 
     class PersistentRows(InductorChoices):
-        """Inductor's heuristics, except that under persistent_rows a reduction along rows of at most
-        PERSISTENT_ROW_LIMIT values is persistent: the kernel multi-kernel's timing picked for the DiT's
-        image-stream norms, without a second variant compiled and timed."""
+        """Inductor's heuristics, except that under persistent_rows a reduction is persistent (the whole row in
+        registers) wherever multi-kernel would offer that variant: Inductor's own rule with multi-kernel's
+        16-fold row limit (16384 values along a row), which covers the DiT's norms over rows of 3072. The looped
+        variant is neither compiled nor timed; multi-kernel's timing picked the persistent one for the image
+        stream's norms, where the time is."""
 
         @staticmethod
         def should_use_persistent_reduction(features, cooperative_reduction: bool) -> bool:
-            if (config.inductor_choices_class is persistent_rows and config.triton.persistent_reductions
-                    and not cooperative_reduction and features.get_reduction_hint() == ReductionHint.INNER):
-                return V.graph.sizevars.statically_known_leq(features.reduction_numel, PERSISTENT_ROW_LIMIT)
-            return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
+            if config.inductor_choices_class is not persistent_rows or config.triton.multi_kernel:
+                return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
+            with config.patch({"triton.multi_kernel": 1}):
+                return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
 
     return PersistentRows
 
