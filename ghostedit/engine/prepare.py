@@ -61,6 +61,9 @@ def prepare_dit(base_dit: torch.nn.Module, config, recorder: RunRecorder, device
     with stage("copy", "copying the DiT (weights shared)"):
         dit = clone_sharing_weights(base_dit)
     context = registry.PrepareContext(dit, config, device, stage, report)
+    for toggle in registry.toggles():
+        if toggle.begin is not None and toggle.changes == registry.PREPARED:
+            toggle.begin(context, config.value(toggle.name))
     if config.runtime_loras:
         _attach_runtime_loras(context)
     moved = False

@@ -133,6 +133,15 @@ def keep_multi_kernel_picks() -> None:
     MultiKernelCall.ghostedit_keeps_picks = True
 
 
+def start_compile_workers() -> None:
+    """Starts Inductor's worker processes, which compile the generated Triton kernels, if they are not running.
+    torch starts them once Dynamo hands its first graph over, and each worker imports torch and Triton first: on
+    the H100 machine a cold first call waited seconds for them (docs/benchmarks.md, section 2). Started when
+    preparation begins, they start while the DiT's weights are quantized and copied, which is GPU work."""
+    from torch._inductor.async_compile import maybe_warm_pool
+    maybe_warm_pool()
+
+
 def hand_blocks_plain_tensors(model: torch.nn.Module) -> None:
     """The DiT's input projections return views (F.linear folds the batch dimensions and views its result back), so
     the first block gets views and every later block gets plain tensors. Dynamo guards on a view's base, so the

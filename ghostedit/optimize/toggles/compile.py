@@ -17,6 +17,11 @@ def _prepare(context: PrepareContext, mode: str) -> None:
     context.report["compile"] = ", ".join([f"{mode}: {blocks} transformer blocks ({first_call})", *words])
 
 
+def _start_compile_workers(context: PrepareContext, mode: str) -> None:
+    if mode != "off" and context.device.startswith("cuda"):
+        compile_blocks.start_compile_workers()
+
+
 @contextlib.contextmanager
 def _dynamo_settings(context: RunContext, mode: str):
     if mode != "off":
@@ -32,5 +37,5 @@ register(Toggle(
         Choice("regional", "regional (each transformer block)"),
         Choice("max-autotune", "max-autotune (each block, tuned kernels)"),
     ),
-    order=90, prepare=_prepare, run_context=_dynamo_settings, availability=compile_blocks.availability,
+    order=90, prepare=_prepare, begin=_start_compile_workers, run_context=_dynamo_settings, availability=compile_blocks.availability,
 ))
