@@ -60,9 +60,9 @@ def name(row: dict) -> str:
             added = _added_to(text, settings)
             if added:
                 return f"{called} + {' + '.join(added)}"
-            left_out = _rewrites_left_out(text, settings)
-            if left_out:
-                return f"{called} without {' and '.join(left_out)}"
+            changed = _rewrites_changed(text, settings)
+            if changed:
+                return f"{called} {changed}"
     return row["config"]
 
 
@@ -89,16 +89,19 @@ def _added_to(text: str, preset: str) -> list[str]:
     return added
 
 
-def _rewrites_left_out(text: str, preset: str) -> list[str]:
-    """The rewrites of `preset` that a configuration without LoRAs leaves out when it is otherwise the preset (a
-    result measured before the preset gained them, or an A/B of one), at most two; none otherwise."""
+def _rewrites_changed(text: str, preset: str) -> str:
+    """How a configuration without LoRAs that is otherwise the preset differs from it in its rewrites (a result
+    measured before the preset changed them, or an A/B of one), in words: at most three left out and one added;
+    "" otherwise."""
     if "lora=" in text:
-        return []
+        return ""
     config, named = OptimizationConfig.parse(text).settings(), OptimizationConfig.parse(preset).settings()
     rewrites, preset_rewrites = set(config.pop("rewrites")), set(named.pop("rewrites"))
-    if config != named or not rewrites < preset_rewrites or len(preset_rewrites - rewrites) > 2:
-        return []
-    return sorted(preset_rewrites - rewrites)
+    left_out, added = sorted(preset_rewrites - rewrites), sorted(rewrites - preset_rewrites)
+    if config != named or not left_out or len(left_out) > 3 or len(added) > 1:
+        return ""
+    words = "without " + (f"{', '.join(left_out[:-1])} and {left_out[-1]}" if len(left_out) > 1 else left_out[0])
+    return f"{words}, with {added[0]}" if added else words
 
 
 def _with_and_without(rows: list[dict], rewrite: str) -> tuple[dict, dict]:
@@ -180,7 +183,8 @@ def multi_kernel() -> str:
     cold = {label: json.loads((folder / f"first-call-cold-{label}.json").read_text())
             for label in ("best", "without-multi-kernel")}
     environment = found["environment"]
-    return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best) on {name(with_it)} at 1024x1024 on "
+    return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best until `inductor-persistent-rows` replaced it) "
+            f"on {name(with_it)} at 1024x1024 on "
             f"{_ran_on(environment)}: the first forward of a "
             f"process that never compiled took {cold['best']['first_call_s']:.1f} s with it and "
             f"{cold['without-multi-kernel']['first_call_s']:.1f} s without (`scripts/gpu/profile_first_call.py "
@@ -190,6 +194,34 @@ def multi_kernel() -> str:
             f"`docs/benchmarks/multi-kernel/`) the forward took {with_it['ms_per_forward']:.1f} ms with it and "
             f"{without['ms_per_forward']:.1f} ms without "
             f"({without['ms_per_forward'] / with_it['ms_per_forward']:.3f}x).\n")
+
+
+def _first_calls(folder: str) -> dict[str, dict]:
+    """The profile_first_call.py outputs in `docs/benchmarks/<folder>/`, by label."""
+    return {path.stem.removeprefix("first-call-"): json.loads(path.read_text())
+            for path in (RESULTS / folder).glob("first-call-*.json")}
+
+
+def persistent_rows() -> str:
+    """Section 2: inductor-persistent-rows against inductor-multi-kernel (best before it), the first call cold and
+    after a restart (profile_first_call.py) and the forward (alternate.sh); and the compile workers started before
+    preparing against when torch starts them."""
+    calls, pool = _first_calls("persistent-rows/first-call"), _first_calls("persistent-rows/warm-pool")
+
+    def reductions(label: str) -> str:
+        kinds = calls[label]["generated_reductions"]
+        return f"{kinds['persistent']} persistent and {kinds['looped']} looped"
+    return (f"The first forward of a process that never compiled (`scripts/gpu/profile_first_call.py cold`, empty "
+            f"compile caches each, the compile workers started as preparation begins; "
+            f"`docs/benchmarks/persistent-rows/first-call/`): {calls['cold-best']['first_call_s']:.1f} s with "
+            f"inductor-multi-kernel, {calls['cold-rows']['first_call_s']:.1f} s with inductor-persistent-rows "
+            f"(reduction kernels generated: {reductions('cold-best')}, against {reductions('cold-rows')}); after a "
+            f"restart {calls['restart-best-2']['first_call_s']:.1f} s and {calls['restart-rows-2']['first_call_s']:.1f}"
+            f" s. Before the workers started with preparation, in a process of the same configuration that never "
+            f"compiled (`docs/benchmarks/persistent-rows/warm-pool/`): {pool['cold-rows']['first_call_s']:.1f} s "
+            f"with the workers started by torch, {pool['cold-rows-warm-pool']['first_call_s']:.1f} s with them "
+            f"started before preparing (the probe's `--warm-pool` flag in commit 37bd46b; the engine's start replaced "
+            f"it). {_alternating('persistent-rows/alternating')}.\n")
 
 
 def end_to_end() -> str:
@@ -673,7 +705,7 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "multi-kernel": multi_kernel, "end-to-end": end_to_end, "step-cache": step_cache,
+            "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end, "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph, "carried-residual": carried_residual,
             "e2e-order": e2e_order,

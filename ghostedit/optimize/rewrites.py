@@ -13,6 +13,9 @@ inductor-cdt  Inductor's coordinate-descent tuning of its generated kernels whil
 inductor-multi-kernel  Inductor generates each reduction two ways, whole rows in registers (persistent) and
               looped, and times both on first use: by default it loops over rows longer than 1024 (the FP8 MLP's
               quantization reads its 12288-wide rows twice).
+inductor-persistent-rows  Inductor makes the persistent variant alone wherever multi-kernel would offer it (its
+              16-fold row limit): the variant multi-kernel's timing picked for the DiT's norms, without compiling
+              and timing the looped one (ghostedit/optimize/compile.py).
 fused-qk-norm-rope  With attention=cudnn-fp8: the q and k of both streams normalized, rotated and cast to FP8 in
               one Triton kernel of GhostEdit's that writes them joined (ghostedit/optimize/fp8_qk.py).
 fp8-attention-out  With fused-qk-norm-rope and fp8=torchao: the FP8 attention's output goes into the output

@@ -51,9 +51,6 @@ def main() -> None:
     parser.add_argument("label", help="cold or restart: names the output file")
     parser.add_argument("config", nargs="?", default="best")
     parser.add_argument("--cprofile", action="store_true")
-    parser.add_argument("--warm-pool", action="store_true",
-                        help="start Inductor's compile workers before preparing (torch starts them when Dynamo hands "
-                             "its first graph to Inductor)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results") + "/first-call")
     args = parser.parse_args()
     began = time.perf_counter()
@@ -61,9 +58,6 @@ def main() -> None:
     inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
     built = time.perf_counter()
-    if args.warm_pool:
-        from torch._inductor.async_compile import maybe_warm_pool
-        maybe_warm_pool()
     preparing, profile = (cProfile.Profile() if args.cprofile else None for _ in range(2))
     with preparing or contextlib.nullcontext():
         pipeline, _ = engine.prepare(config)
@@ -83,7 +77,7 @@ def main() -> None:
         "config": config.label, "label": args.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         "build_s": built - began, "prepare_s": prepared - built, "prepare_stages_s": pipeline.prepare_seconds,
-        "first_call_s": first_call, "warm_pool": args.warm_pool,
+        "first_call_s": first_call,
         "generated_reductions": generated_reductions(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
         "second_call_s": second_call,
         "dynamo_compile_times": compile_times(repr="str", aggregate=True),
