@@ -153,3 +153,25 @@ def test_the_best_configuration_for_runtime_loras_drops_only_the_rewrites_that_r
     assert set(best.flags("rewrites")) - set(for_runtime.flags("rewrites")) == {"fused-gelu-quant", "fp8-attention-out"}
     assert {**best.settings(), "rewrites": ()} == {**for_runtime.settings(), "rewrites": ()}  # nothing else moved
     assert for_runtime.replace(loras=(runtime_lora,)).runtime_loras == (runtime_lora,)
+
+
+def test_a_toggles_begin_runs_before_the_preparation_steps_and_compile_starts_its_workers_there(monkeypatch):
+    """`begin` is work a toggle starts before the first preparation step, to overlap the steps: compile starts
+    Inductor's compile workers there on a GPU (their start took seconds of a cold first call), not on a CPU (the
+    C++ backend compiles without them) and not with compile off."""
+    from types import SimpleNamespace
+    events = []
+    monkeypatch.setattr("torch._inductor.async_compile.maybe_warm_pool", lambda: events.append("workers started"))
+    for device, mode in (("cpu", "regional"), ("cuda", "off"), ("cuda", "regional")):
+        registry.get("compile").begin(SimpleNamespace(device=device), mode)
+    assert events == ["workers started"]
+    events.clear()
+    registry.register(Toggle(name="test-begin", label="Test begin", help="records its begin and its step",
+                             choices=(Choice(OFF, "off"), Choice(ON, "on")), order=10,
+                             begin=lambda context, value: events.append(f"begin {value}"),
+                             prepare=lambda context, value: events.append(f"step {value}")))
+    try:
+        Engine("tiny", device="cpu").prepare(OptimizationConfig.parse("test-begin=on"))
+    finally:
+        registry.unregister("test-begin")
+    assert events == ["begin on", "step on"]
