@@ -69,13 +69,32 @@ def layouts(inputs, tokens: int, every: bool):
         yield "bhsd", [v.contiguous() for v in views], (HEADS * tokens * HEAD_DIM, tokens * HEAD_DIM, HEAD_DIM, 1)
 
 
-def plans(cudnn, handle, q, k, v, output_stride, mode, tokens: int):
+def plans(cudnn, handle, q, k, v, output_stride, mode, tokens: int, padding_mask: bool = False):
     graph = fp8_attention.operation_graph(cudnn, handle, (1, HEADS, tokens, tokens, HEAD_DIM), q.stride(),
-                                          k.stride(), v.stride(), output_stride)
+                                          k.stride(), v.stride(), output_stride, padding_mask=padding_mask)
     graph.create_execution_plans([mode])
     graph.check_support()
     graph.build_plans(cudnn.build_plan_policy.ALL)
     return graph
+
+
+def timed_plan(graph, handle, index: int, tokens: int, row: dict, bind) -> dict:
+    """Execution plan `index` of a built graph in `row`: its name, its time (median of CUDA-event timings after
+    warm-up, and per call over calls back to back) and its output's error. `bind()` gives the plan's variant pack
+    and a function that reads its output's error; a plan that does not build or run gives its error instead."""
+    row.update(index=index, name=graph.get_plan_name_at_index(index))
+    try:
+        workspace = torch.empty(max(graph.get_workspace_size_plan_at_index(index), 1), dtype=torch.uint8,
+                                device="cuda")
+        pack, output_error = bind()
+
+        def run():
+            graph.execute_plan_at_index(pack, workspace, index, handle=handle)
+        ms = median_ms(run, "cuda", repeats=20, warmup=3)
+        row.update(ms=ms, tflops=flops(tokens) / ms / 1e9, rel_error=output_error(), sustained_ms=sustained_ms(run))
+    except Exception as failure:  # a plan that did not build or run
+        row["error"] = str(failure)[:300]
+    return row
 
 
 def padding_mask_plans(cudnn, handle, inputs, tokens: int, padded: int, error) -> list[dict]:
@@ -85,39 +104,25 @@ def padding_mask_plans(cudnn, handle, inputs, tokens: int, padded: int, error) -
     q, k, v = (torch.cat([x.view(torch.uint8), x.new_zeros((1, padded - tokens, HEADS, HEAD_DIM)).view(torch.uint8)],
                          dim=1).view(x.dtype).permute(0, 2, 1, 3) for x, _ in inputs)
     output_stride = fp8_attention._bshd_output_stride(1, HEADS, padded, HEAD_DIM)
-    rows = []
     try:
-        graph = fp8_attention.operation_graph(cudnn, handle, (1, HEADS, padded, padded, HEAD_DIM), q.stride(),
-                                              k.stride(), v.stride(), output_stride, padding_mask=True)
-        graph.create_execution_plans([cudnn.heur_mode.A])
-        graph.check_support()
-        graph.build_plans(cudnn.build_plan_policy.ALL)
+        graph = plans(cudnn, handle, q, k, v, output_stride, cudnn.heur_mode.A, padded, padding_mask=True)
     except Exception as failure:  # cuDNN refuses a padding mask on this graph
         print("padding mask: no plans:", str(failure)[:300], flush=True)
         return [{"error": str(failure)[:300]}]
     (_, qd), (_, kd), (_, vd) = inputs
     length, whole = (torch.full((1, 1, 1, 1), n, dtype=torch.int32, device="cuda") for n in (tokens, padded))
-    for index, queries in [(index, queries) for index in range(graph.get_execution_plan_count())
-                           for queries in ("real", "padded")]:
-        row = {"padded_to": padded, "query_length": queries, "index": index,
-               "name": graph.get_plan_name_at_index(index)}
-        try:
-            workspace = torch.empty(max(graph.get_workspace_size_plan_at_index(index), 1), dtype=torch.uint8,
-                                    device="cuda")
-            output = torch.zeros((1, padded, HEADS, HEAD_DIM), dtype=q.dtype, device="cuda")
-            pack = fp8_attention.variant_pack(q, k, v, output.permute(0, 2, 1, 3), qd, kd, vd)
-            pack.update({fp8_attention._SEQ_LEN_Q: length if queries == "real" else whole,
-                         fp8_attention._SEQ_LEN_KV: length})
-            ms = median_ms(lambda: graph.execute_plan_at_index(pack, workspace, index, handle=handle), "cuda",
-                           repeats=20, warmup=3)
-            row.update(ms=ms, tflops=flops(tokens) / ms / 1e9,
-                       rel_error=error(output[:, :tokens].permute(0, 2, 1, 3)),
-                       sustained_ms=sustained_ms(lambda: graph.execute_plan_at_index(pack, workspace, index,
-                                                                                     handle=handle)))
-        except Exception as failure:  # a plan that did not build or run
-            row["error"] = str(failure)[:300]
-        rows.append(row)
-        print("padding mask:", json.dumps(row), flush=True)
+    rows = []
+    for index in range(graph.get_execution_plan_count()):
+        for queries in ("real", "padded"):
+            def bind():
+                output = torch.zeros((1, padded, HEADS, HEAD_DIM), dtype=q.dtype, device="cuda")
+                pack = fp8_attention.variant_pack(q, k, v, output.permute(0, 2, 1, 3), qd, kd, vd)
+                pack.update({fp8_attention._SEQ_LEN_Q: length if queries == "real" else whole,
+                             fp8_attention._SEQ_LEN_KV: length})
+                return pack, lambda: error(output[:, :tokens].permute(0, 2, 1, 3))
+            rows.append(timed_plan(graph, handle, index, tokens, {"padded_to": padded, "query_length": queries},
+                                   bind))
+            print("padding mask:", json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -165,23 +170,13 @@ def probe_length(cudnn, handle, text_tokens: int, every: bool) -> dict:
                 print(layout, mode_name, "no plans:", str(failure)[:200], flush=True)
                 continue
             for index in range(graph.get_execution_plan_count()):
-                row = {"layout": layout, "mode": mode_name, "index": index,
-                       "name": graph.get_plan_name_at_index(index)}
-                try:
-                    workspace = torch.empty(max(graph.get_workspace_size_plan_at_index(index), 1), dtype=torch.uint8,
-                                            device="cuda")
+                def bind():
                     output = torch.empty_strided((1, HEADS, tokens, HEAD_DIM), output_stride, dtype=q.dtype,
                                                  device="cuda")
-                    pack = fp8_attention.variant_pack(q, k, v, output, qd, kd, vd)
-                    ms = median_ms(lambda: graph.execute_plan_at_index(pack, workspace, index, handle=handle), "cuda",
-                                   repeats=20, warmup=3)
-                    row.update(ms=ms, tflops=flops(tokens) / ms / 1e9, rel_error=error(output),
-                               sustained_ms=sustained_ms(lambda: graph.execute_plan_at_index(pack, workspace, index,
-                                                                                             handle=handle)))
-                except Exception as failure:  # a plan that did not build or run
-                    row["error"] = str(failure)[:300]
-                found["plans"].append(row)
-                print(json.dumps(row), flush=True)
+                    return fp8_attention.variant_pack(q, k, v, output, qd, kd, vd), lambda: error(output)
+                found["plans"].append(timed_plan(graph, handle, index, tokens, {"layout": layout, "mode": mode_name},
+                                                 bind))
+                print(json.dumps(found["plans"][-1]), flush=True)
     return found
 
 
