@@ -487,10 +487,12 @@ def e2e_order() -> str:
 def carried_residual() -> str:
     """Section 6: best with and without carried-residual in processes of their own, alternating
     (scripts/gpu/alternate.sh), and the kernels of a forward before and after (scripts/gpu/profile_dit.py)."""
-    before, after = _profiled("earlier/profile-before-carried-residual"), _profiled("profile")
+    before, after = (_profiled(f"earlier/profile-before-{change}") for change in ("carried-residual",
+                                                                                  "persistent-rows"))
     return (f"{_alternating('carried-residual/alternating')}. The kernels of one forward "
-            f"(`scripts/gpu/profile_dit.py`, the profile above and the one before it, "
-            f"`docs/benchmarks/earlier/profile-before-carried-residual/`): Inductor's kernels "
+            f"(`scripts/gpu/profile_dit.py`, before it and with it: "
+            f"`docs/benchmarks/earlier/profile-before-carried-residual/` and "
+            f"`docs/benchmarks/earlier/profile-before-persistent-rows/`): Inductor's kernels "
             f"{before['families_ms']['inductor']:.1f} ms before, {after['families_ms']['inductor']:.1f} ms with it; "
             f"all kernels {before['total_kernel_ms']:.1f} ms and {after['total_kernel_ms']:.1f} ms.\n")
 
