@@ -159,7 +159,8 @@ def test_persistent_rows_are_decided_by_the_compile_at_hand_in_any_thread():
     from torch._inductor.virtualized import V
 
     from ghostedit.optimize import registry
-    options, _ = registry.compile_options(OptimizationConfig.parse("compile=regional,rewrites=inductor-persistent-rows"))
+    with_rows = OptimizationConfig.parse("compile=regional,rewrites=inductor-persistent-rows")
+    options, _ = registry.compile_options(with_rows)
     decided = []
 
     def persistent(values: int, hint=ReductionHint.INNER) -> bool:

@@ -249,3 +249,25 @@ def test_full_weight_and_bias_deltas_switch_into_a_compiled_dit_without_recompil
     pixels = [np.asarray(result.image, dtype=np.int16) for result in (stock, *runs, eager)]
     assert np.abs(pixels[1] - pixels[3]).max() <= 1 and np.abs(pixels[1] - pixels[0]).mean() > 0.5
     assert np.array_equal(pixels[2], pixels[0])  # back to the base weights and biases exactly
+
+
+def test_a_dit_with_fused_qkv_holds_the_reference_weights_in_its_joined_projections(engine, reference):
+    """fused-qkv joins each stream's q, k and v projections into one; a fused LoRA's q, k and v layers are written
+    into its rows (before: the switch looked the q layer up and failed). Each joined weight and bias is the
+    reference's three, one under another (ComfyUI's `diff` convention, biases included), and switching back to no
+    LoRA restores the base's."""
+    from ghostedit.optimize.rewrites import FUSED_PROJECTIONS
+    base, factors, files = reference["base"], reference["factors"], reference["files"]
+    config = OptimizationConfig.parse("rewrites=joint-layout+fused-qkv")
+    with_lora = ref.comfy_diff(base, factors, reference["biases"], -SCALE)
+    for loras, want in (((LoraChoice.from_file(files["diff"], -SCALE),), with_lora), ((), base)):
+        prepared, _ = engine.prepare(config.replace(loras=loras))
+        got = {name: value.detach().float() for name, value in prepared.dit.state_dict().items()}
+        for block in range(len(prepared.dit.transformer_blocks)):
+            for fused, parts in FUSED_PROJECTIONS.items():
+                for kind in ("weight", "bias"):
+                    prefix = f"transformer_blocks.{block}.attn"
+                    joined = torch.cat([want[f"{prefix}.{part}.{kind}"] for part in parts])
+                    assert (got[f"{prefix}.{fused}.{kind}"] - joined).abs().max() <= TOLERANCE, (block, fused, kind)
+    biases = [f"transformer_blocks.1.attn.{part}.bias" for part in FUSED_PROJECTIONS["to_qkv"]]
+    assert any(not torch.equal(with_lora[name], base[name]) for name in biases)  # the reference changed a joined bias

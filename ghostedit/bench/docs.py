@@ -707,7 +707,8 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end, "step-cache": step_cache,
+            "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
+            "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph, "carried-residual": carried_residual,
             "e2e-order": e2e_order,

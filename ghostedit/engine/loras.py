@@ -6,6 +6,9 @@ again and nothing recompiles.
 
 A layer whose weight is still the base's own tensor (a bf16 DiT built on the base's weights) gets a tensor of its own
 when a LoRA first touches it and the base's tensor back when no LoRA does any more, so the base never changes.
+Where fused-qkv joined q, k and v into one projection, a LoRA's q, k or v layer is written into its rows: the three
+parts merged one by one and written together (torchao's rowwise FP8 scales are per output row, so the joined weight
+quantizes row for row as its parts would).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..optimize import lora as lora_layers
+from ..optimize import lora as lora_layers, rewrites
 from ..telemetry import RunRecorder
 
 CACHED_FILES = 8
@@ -59,13 +62,24 @@ def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: Ru
     touched = sorted(current.layers | layers)
     with recorder.stage("LoRA switch", f"fusing {len(loras)} LoRA(s): {len(touched)} layers rewritten"):
         with torch.no_grad():
-            for name in touched:
-                deltas = [(found.layers[name], lora.scale) for lora, found in matched if name in found.layers]
-                _write_layer(prepared.dit, name, base_dit.get_submodule(name).weight, deltas, device)
-            for name in sorted(current.biases | biases):
-                deltas = [(found.layers[name].bias, lora.scale) for lora, found in matched
-                          if name in found.layers and found.layers[name].bias is not None]
-                _write_bias(_linear(prepared.dit, name), base_dit.get_submodule(name).bias, deltas, device)
+            for target, parts in _write_targets(prepared.dit, touched):
+                deltas = [[(found.layers[part], lora.scale) for lora, found in matched if part in found.layers]
+                          for part in parts]
+                bases = [base_dit.get_submodule(part).weight for part in parts]
+                if len(parts) == 1:
+                    _write_layer(prepared.dit, target, bases[0], deltas[0], device)
+                else:
+                    lora_layers.write_weight_in_place(_linear(prepared.dit, target), torch.cat(
+                        [_merged(base, part_deltas, device) for base, part_deltas in zip(bases, deltas)]))
+            for target, parts in _write_targets(prepared.dit, sorted(current.biases | biases)):
+                deltas = [[(found.layers[part].bias, lora.scale) for lora, found in matched
+                           if part in found.layers and found.layers[part].bias is not None] for part in parts]
+                bases = [base_dit.get_submodule(part).bias for part in parts]
+                if len(parts) == 1:
+                    _write_bias(_linear(prepared.dit, target), bases[0], deltas[0], device)
+                else:
+                    _linear(prepared.dit, target).bias.data.copy_(torch.cat(
+                        [_merged_bias(base, part_deltas, device) for base, part_deltas in zip(bases, deltas)]))
     prepared.loras = FusedLoras(wanted, layers, biases)
     for key in [key for key in prepared.report if key.startswith("LoRA ") and key.endswith("(fused)")]:
         del prepared.report[key]
@@ -74,16 +88,44 @@ def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: Ru
     return True
 
 
+def _write_targets(dit, names: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """The layers of the prepared DiT that hold the weights of the base's layers `names`, each with the base layers
+    it holds in the order of its rows: a layer itself, or fused-qkv's projection with its three parts."""
+    targets = {}
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        fused = next((fused for fused, parts in rewrites.FUSED_PROJECTIONS.items()
+                      if leaf in parts and not hasattr(dit.get_submodule(parent), leaf)), None)
+        if fused is None:
+            targets[name] = (name,)
+        else:
+            targets[f"{parent}.{fused}"] = tuple(f"{parent}.{part}" for part in rewrites.FUSED_PROJECTIONS[fused])
+    return sorted(targets.items())
+
+
+def _merged(base_weight: torch.Tensor, deltas, device: str) -> torch.Tensor:
+    """The base weight plus the scaled deltas, in float32 on the device (a copy: never the base itself)."""
+    # copies without waiting (pinned sources): the host queues layer after layer while the GPU works
+    weight = base_weight.to(device, non_blocking=True, copy=True).float()
+    for layer, scale in deltas:
+        layer.add_to(weight, scale, device)
+    return weight
+
+
+def _merged_bias(base_bias: torch.Tensor, deltas, device: str) -> torch.Tensor:
+    bias = base_bias.to(device, non_blocking=True, copy=True).float()
+    for delta, scale in deltas:
+        bias.add_(delta.to(device, non_blocking=True).float(), alpha=scale)
+    return bias
+
+
 def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str) -> None:
     linear = _linear(dit, name)
     plain = type(linear.weight) is torch.nn.Parameter and linear.weight.dtype == base_weight.dtype
     if not deltas and plain and base_weight.device == torch.device(device):
         linear.weight = torch.nn.Parameter(base_weight, requires_grad=False)  # the base's own tensor again
         return
-    # copies without waiting (pinned sources): the host queues layer after layer while the GPU works
-    weight = base_weight.to(device, non_blocking=True, copy=True).float()  # never the base itself
-    for layer, scale in deltas:
-        layer.add_to(weight, scale, device)
+    weight = _merged(base_weight, deltas, device)
     if _shares_storage(linear.weight, base_weight):
         linear.weight = torch.nn.Parameter(weight.to(base_weight.dtype), requires_grad=False)
     else:
@@ -95,9 +137,7 @@ def _write_bias(linear, base_bias: torch.Tensor, deltas, device: str) -> None:
     if not deltas and type(linear.bias) is torch.nn.Parameter and base_bias.device == torch.device(device):
         linear.bias = torch.nn.Parameter(base_bias, requires_grad=False)
         return
-    bias = base_bias.to(device, non_blocking=True, copy=True).float()
-    for delta, scale in deltas:
-        bias.add_(delta.to(device, non_blocking=True).float(), alpha=scale)
+    bias = _merged_bias(base_bias, deltas, device)
     if _shares_storage(linear.bias, base_bias):
         linear.bias = torch.nn.Parameter(bias.to(base_bias.dtype), requires_grad=False)
     else:

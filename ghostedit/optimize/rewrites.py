@@ -95,14 +95,19 @@ def _fused_linear(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
     return fused
 
 
+# fused-qkv's projections, each with the released projections it joins, in the order of its output rows
+FUSED_PROJECTIONS = {"to_qkv": ("to_q", "to_k", "to_v"), "add_qkv": ("add_q_proj", "add_k_proj", "add_v_proj")}
+
+
 def fuse_qkv(layers: list[torch.nn.Module]) -> int:
     """Replaces the q/k/v projections (both streams) of these JointAttention layers with one projection each. Must
-    run on plain linear layers: after LoRA fusing, before quantization."""
+    run on plain linear layers, before quantization (fused LoRAs are written into the joined projection's rows
+    later: engine/loras.py)."""
     for module in layers:
-        module.to_qkv = _fused_linear([module.to_q, module.to_k, module.to_v])
-        module.add_qkv = _fused_linear([module.add_q_proj, module.add_k_proj, module.add_v_proj])
-        for name in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
-            delattr(module, name)
+        for fused, parts in FUSED_PROJECTIONS.items():
+            setattr(module, fused, _fused_linear([getattr(module, part) for part in parts]))
+            for part in parts:
+                delattr(module, part)
     return len(layers)
 
 
