@@ -497,6 +497,11 @@ def carried_residual() -> str:
             f"all kernels {before['total_kernel_ms']:.1f} ms and {after['total_kernel_ms']:.1f} ms.\n")
 
 
+def fused_qkv() -> str:
+    """Section 6: best with and without fused-qkv in processes of their own, alternating (scripts/gpu/alternate.sh)."""
+    return f"{_alternating('fused-qkv/alternating')}.\n"
+
+
 def cuda_graph() -> str:
     """Section 1: best with and without cuda-graph in processes of their own, alternating (scripts/gpu/alternate.sh),
     and in one process each of best and exact after the same configuration without it, where the outputs compare."""
@@ -711,6 +716,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph, "carried-residual": carried_residual,
+            "fused-qkv": fused_qkv,
             "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
             "attention-lengths": attention_lengths, "vae-norm": vae_norm,
