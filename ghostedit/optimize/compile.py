@@ -1,5 +1,6 @@
 """torch.compile of the DiT's repeated transformer block ("regional" compilation): the 60 blocks of the real model
-share one compiled graph, so compiling costs one block's worth, not the whole model's."""
+share one compiled graph, so compiling costs one block's worth, not the whole model's. Also what GhostEdit adds to
+Inductor: multi-kernel picks kept for a restart, the persistent-rows heuristics, and the compile workers' early start."""
 from __future__ import annotations
 
 import functools

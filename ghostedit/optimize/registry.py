@@ -5,8 +5,8 @@ the UI controls, "Run variants", the API options and the bench) reads the declar
 A toggle has choices; a choice says what it needs (another toggle's setting), what it implies, whether it is lossy,
 and its words. The toggle says what it changes: the prepared pipeline (and so the cache key: only what its
 `prepared_key` keeps of the value), or only how a run goes. It may bring a preparation step (run in `order`, lossless
-steps before lossy ones) and work to start before the first step (`begin`), a run-time context, Inductor options for compiled code, and an availability check that
-gives the reason when a choice cannot run on this machine.
+steps before lossy ones) and work to start before the first step (`begin`), a run-time context, Inductor options for
+compiled code, and an availability check that gives the reason when a choice cannot run on this machine.
 
 A flag is a toggle with the choices "off" and "on" that belongs to a group (the lossless rewrites): the command line,
 the API and the page show a group as one multi-choice setting, e.g. `rewrites=real-rope+joint-layout`.

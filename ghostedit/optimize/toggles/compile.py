@@ -37,5 +37,6 @@ register(Toggle(
         Choice("regional", "regional (each transformer block)"),
         Choice("max-autotune", "max-autotune (each block, tuned kernels)"),
     ),
-    order=90, prepare=_prepare, begin=_start_compile_workers, run_context=_dynamo_settings, availability=compile_blocks.availability,
+    order=90, prepare=_prepare, begin=_start_compile_workers, run_context=_dynamo_settings,
+    availability=compile_blocks.availability,
 ))
