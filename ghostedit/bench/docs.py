@@ -167,6 +167,17 @@ def ready() -> str:
     return f"One DiT forward at 1024x1024. Measured on {source('ready-restart')}.{clocks(timed)}\n\n{table}\n"
 
 
+def ready_again() -> str:
+    """Section 2: the ready phase again, on another machine of the same kind started for it, on the table's code."""
+    timed = [results(f"ready-again/{part}")["rows"][0] for part in READY]
+    runs = ", ".join(f"{what.split(' (')[0]} {row['prepare_s'] + row['first_call_s']:.2f} s (prepare "
+                     f"{row['prepare_s']:.2f} s, first forward {row['first_call_s']:.2f} s)"
+                     for what, row in zip(READY.values(), timed))
+    environment = results("ready-again/ready-restart")["environment"]
+    return (f"The same phase again on another machine started for it ({_ran_on(environment)}, "
+            f"`scripts/gpu/bench.sh ready`, `docs/benchmarks/ready-again/`): {runs}.\n")
+
+
 def _inductor_codegen_s(first_call: dict) -> float:
     """Inductor's code generation in a first call, from Dynamo's compile-time table (profile_first_call.py)."""
     line = next(line for line in first_call["dynamo_compile_times"].splitlines()
@@ -712,6 +723,7 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
+            "ready-again": ready_again,
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
