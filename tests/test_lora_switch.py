@@ -79,3 +79,37 @@ def test_a_lora_switched_into_fp8_weights_is_quantized_as_a_fresh_fp8_layer():
     assert [tensor.data_ptr() for tensor in (layer.weight.qdata, layer.weight.scale)] == held  # the same tensors
     engine.prepare(config)
     assert torch.equal(layer.weight.qdata.view(torch.uint8), quantized_base.view(torch.uint8))
+
+
+def test_a_lora_switched_into_fused_qkv_fp8_weights_is_quantized_as_the_joined_fresh_layer():
+    """With fused-qkv, a LoRA's q, k and v deltas are merged into their parts in float32, joined, and quantized as
+    preparation quantizes the joined projection (rowwise scales: each row as its part would be); back to none
+    restores the quantized joined base bit for bit, in the same tensors."""
+    import torch
+    from torchao.quantization import quantize_
+
+    from ghostedit.models.tiny import tiny_lora_deltas
+    from ghostedit.optimize.rewrites import FUSED_PROJECTIONS
+    engine = Engine("tiny", device="cpu")
+    base = engine.load().dit
+    config = OptimizationConfig.parse("fp8=storage,rewrites=joint-layout+fused-qkv")
+    prepared, _ = engine.prepare(config)
+    attention = "transformer_blocks.1.attn"
+    layer = prepared.dit.get_submodule(f"{attention}.to_qkv")
+    held = [tensor.data_ptr() for tensor in (layer.weight.qdata, layer.weight.scale)]
+    quantized_base = layer.weight.qdata.clone()
+
+    engine.prepare(config.replace(loras=(LoraChoice.from_file(ensure_tiny_lora("peft"), 0.8),)))
+    deltas = tiny_lora_deltas()
+    parts = [f"{attention}.{part}" for part in FUSED_PROJECTIONS["to_qkv"]]
+    merged = [base.get_submodule(part).weight.float() + 0.8 * deltas[part][1].bfloat16().float()
+              @ deltas[part][0].bfloat16().float() for part in parts]
+    expected = torch.nn.Linear(merged[0].shape[1], sum(w.shape[0] for w in merged), bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected.weight.copy_(torch.cat(merged))
+    quantize_(expected, layer.ghostedit_fp8_config)
+    assert torch.equal(layer.weight.qdata.view(torch.uint8), expected.weight.qdata.view(torch.uint8))
+    assert torch.equal(layer.weight.scale, expected.weight.scale)
+    assert [tensor.data_ptr() for tensor in (layer.weight.qdata, layer.weight.scale)] == held
+    engine.prepare(config)
+    assert torch.equal(layer.weight.qdata.view(torch.uint8), quantized_base.view(torch.uint8))
