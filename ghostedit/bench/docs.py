@@ -509,8 +509,15 @@ def carried_residual() -> str:
 
 
 def fused_qkv() -> str:
-    """Section 6: best with and without fused-qkv in processes of their own, alternating (scripts/gpu/alternate.sh)."""
-    return f"{_alternating('fused-qkv/alternating')}.\n"
+    """Section 6: best with and without fused-qkv in processes of their own, alternating (scripts/gpu/alternate.sh),
+    and fused LoRA switches on best + fused-qkv (bench.sh lora-switch with it as BEST)."""
+    switched = results("fused-qkv/lora-switch")
+    seconds = [row["switch_s"] for row in switched["rows"]]
+    recompiled = sum(row["new_compiled_frames"] for row in switched["rows"])
+    return (f"{_alternating('fused-qkv/alternating')}. Fused LoRA switches on {name(switched)} "
+            f"(`BEST=... scripts/gpu/bench.sh lora-switch`, {_ran_on(switched['environment'])}, "
+            f"`docs/benchmarks/fused-qkv/lora-switch/`): {len(seconds)} switches of rank {switched['rank']} in "
+            f"{min(seconds):.2f}-{max(seconds):.2f} s, {recompiled} frames recompiled.\n")
 
 
 def cuda_graph() -> str:
