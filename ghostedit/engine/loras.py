@@ -63,23 +63,14 @@ def switch_fused_loras(prepared, loras, base_dit, files: LoraFiles, recorder: Ru
     with recorder.stage("LoRA switch", f"fusing {len(loras)} LoRA(s): {len(touched)} layers rewritten"):
         with torch.no_grad():
             for target, parts in _write_targets(prepared.dit, touched):
-                deltas = [[(found.layers[part], lora.scale) for lora, found in matched if part in found.layers]
-                          for part in parts]
-                bases = [base_dit.get_submodule(part).weight for part in parts]
-                if len(parts) == 1:
-                    _write_layer(prepared.dit, target, bases[0], deltas[0], device)
-                else:
-                    lora_layers.write_weight_in_place(_linear(prepared.dit, target), torch.cat(
-                        [_merged(base, part_deltas, device) for base, part_deltas in zip(bases, deltas)]))
+                _write_layer(prepared.dit, target, [base_dit.get_submodule(part).weight for part in parts],
+                             [[(found.layers[part], lora.scale) for lora, found in matched if part in found.layers]
+                              for part in parts], device)
             for target, parts in _write_targets(prepared.dit, sorted(current.biases | biases)):
-                deltas = [[(found.layers[part].bias, lora.scale) for lora, found in matched
-                           if part in found.layers and found.layers[part].bias is not None] for part in parts]
-                bases = [base_dit.get_submodule(part).bias for part in parts]
-                if len(parts) == 1:
-                    _write_bias(_linear(prepared.dit, target), bases[0], deltas[0], device)
-                else:
-                    _linear(prepared.dit, target).bias.data.copy_(torch.cat(
-                        [_merged_bias(base, part_deltas, device) for base, part_deltas in zip(bases, deltas)]))
+                _write_bias(_linear(prepared.dit, target), [base_dit.get_submodule(part).bias for part in parts],
+                            [[(found.layers[part].bias, lora.scale) for lora, found in matched
+                              if part in found.layers and found.layers[part].bias is not None] for part in parts],
+                            device)
     prepared.loras = FusedLoras(wanted, layers, biases)
     for key in [key for key in prepared.report if key.startswith("LoRA ") and key.endswith("(fused)")]:
         del prepared.report[key]
@@ -119,8 +110,14 @@ def _merged_bias(base_bias: torch.Tensor, deltas, device: str) -> torch.Tensor:
     return bias
 
 
-def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str) -> None:
+def _write_layer(dit, name: str, base_weights: list[torch.Tensor], deltas: list, device: str) -> None:
+    """The layer's weight: its base parts (one, or fused-qkv's three) each plus its scaled deltas."""
     linear = _linear(dit, name)
+    if len(base_weights) > 1:  # fused-qkv's joined projection: a tensor of its own, written in place
+        lora_layers.write_weight_in_place(linear, torch.cat(
+            [_merged(base, part_deltas, device) for base, part_deltas in zip(base_weights, deltas)]))
+        return
+    (base_weight,), (deltas,) = base_weights, deltas
     plain = type(linear.weight) is torch.nn.Parameter and linear.weight.dtype == base_weight.dtype
     if not deltas and plain and base_weight.device == torch.device(device):
         linear.weight = torch.nn.Parameter(base_weight, requires_grad=False)  # the base's own tensor again
@@ -132,8 +129,13 @@ def _write_layer(dit, name: str, base_weight: torch.Tensor, deltas, device: str)
         lora_layers.write_weight_in_place(linear, weight)
 
 
-def _write_bias(linear, base_bias: torch.Tensor, deltas, device: str) -> None:
+def _write_bias(linear, base_biases: list[torch.Tensor], deltas: list, device: str) -> None:
     """The bias as the weight: the base's own tensor when no LoRA changes it, else base + the scaled deltas."""
+    if len(base_biases) > 1:  # fused-qkv's joined projection
+        linear.bias.data.copy_(torch.cat([_merged_bias(base, part_deltas, device)
+                                          for base, part_deltas in zip(base_biases, deltas)]))
+        return
+    (base_bias,), (deltas,) = base_biases, deltas
     if not deltas and type(linear.bias) is torch.nn.Parameter and base_bias.device == torch.device(device):
         linear.bias = torch.nn.Parameter(base_bias, requires_grad=False)
         return
