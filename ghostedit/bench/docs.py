@@ -157,8 +157,13 @@ def dit_shapes() -> str:
             f"{experiments['cfg_batched_ms']:.1f} ms ({experiments['cfg_batching_gain']:.2f}x); {loop}.\n")
 
 
+def _ready_rows(folder: str = "") -> list[dict]:
+    """The ready phase's three rows (READY's order), from `docs/benchmarks/<folder><part>/`."""
+    return [results(f"{folder}{part}")["rows"][0] for part in READY]
+
+
 def ready() -> str:
-    timed = [results(part)["rows"][0] for part in READY]
+    timed = _ready_rows()
     rows = [{"process": what, "prepare": row["prepare_s"], "first": row["first_call_s"],
              "ready": row["prepare_s"] + row["first_call_s"], "ms": row["ms_per_forward"]}
             for what, row in zip(READY.values(), timed)]
@@ -169,7 +174,7 @@ def ready() -> str:
 
 def ready_again() -> str:
     """Section 2: the ready phase again, on another machine of the same kind started for it, on the table's code."""
-    timed = [results(f"ready-again/{part}")["rows"][0] for part in READY]
+    timed = _ready_rows("ready-again/")
     runs = ", ".join(f"{what.split(' (')[0]} {row['prepare_s'] + row['first_call_s']:.2f} s (prepare "
                      f"{row['prepare_s']:.2f} s, first forward {row['first_call_s']:.2f} s)"
                      for what, row in zip(READY.values(), timed))
@@ -188,11 +193,10 @@ def _inductor_codegen_s(first_call: dict) -> float:
 def multi_kernel() -> str:
     """Section 2: what inductor-multi-kernel costs a never-compiled first call and gains a forward, each measured
     both ways (docs/benchmarks/multi-kernel/)."""
-    folder = RESULTS / "multi-kernel"
     found = results("multi-kernel")
     with_it, without = _with_and_without(found["rows"], "inductor-multi-kernel")
-    cold = {label: json.loads((folder / f"first-call-cold-{label}.json").read_text())
-            for label in ("best", "without-multi-kernel")}
+    calls = _first_calls("multi-kernel")
+    cold = {label: calls[f"cold-{label}"] for label in ("best", "without-multi-kernel")}
     environment = found["environment"]
     return (f"Inductor's multi-kernel (`inductor-multi-kernel`, in best until `inductor-persistent-rows` replaced it) "
             f"on {name(with_it)} at 1024x1024 on "

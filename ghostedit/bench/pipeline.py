@@ -79,6 +79,11 @@ def edit_probe(args):
     return Engine(args.model, device=args.device), request
 
 
+def stage_medians(summaries: list[dict], stages) -> dict[str, float]:
+    """Each of `stages`' median over the runs' summaries (a run without the stage counts 0)."""
+    return {stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries) for stage in stages}
+
+
 def edit_seconds(summary: dict) -> float:
     """A run's time without the one-time stages: a cold run's edit, comparable with a warm run's total."""
     return summary["total_s"] - sum(summary["stages_s"].get(stage, 0.0) for stage in ONE_TIME_STAGES)
@@ -109,8 +114,7 @@ def bench_configuration(engine, request, config: OptimizationConfig, repeats: in
         "warm_cache_hits": all(s["cache_hit"] for s in summaries) if repeats else None,
         "attention_ran": warm[-1].attention_backend,
         "report": warm[-1].prepared_report,
-        "stages_s": {stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries)
-                     for stage in summaries[-1]["stages_s"]},
+        "stages_s": stage_medians(summaries, summaries[-1]["stages_s"]),
         "edits_s": [{"total": edit_seconds(s), **s["stages_s"]} for s in summaries],  # each edit's, in order
         "notes": sorted({note for s in summaries for note in s["notes"]}),
         "step_cache": summaries[-1]["step_cache"],

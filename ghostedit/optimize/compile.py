@@ -1,6 +1,6 @@
 """torch.compile of the DiT's repeated transformer block ("regional" compilation): the 60 blocks of the real model
 share one compiled graph, so compiling costs one block's worth, not the whole model's. Also what GhostEdit adds to
-Inductor: multi-kernel picks kept for a restart, the persistent-rows heuristics, and the compile workers' early start."""
+Inductor: multi-kernel picks kept for a restart, the persistent-rows heuristics, the compile workers' early start."""
 from __future__ import annotations
 
 import functools
@@ -75,7 +75,8 @@ def persistent_rows():
 
 def _choose_with_persistent_rows() -> None:
     from torch._inductor.virtualized import V
-    V.set_choices_handler(_heuristics_class()())  # without `with`: kept for this thread, as Inductor keeps its own
+    if not isinstance(V.choices, _heuristics_class()):  # a thread's first compile, or Inductor's own made first
+        V.set_choices_handler(_heuristics_class()())  # without `with`: kept for this thread, as Inductor keeps its own
 
 
 @functools.cache

@@ -51,8 +51,9 @@ bench() {  # bench PHASE ARGS...: one process, its log kept beside its results (
   done
   if [ -n "${OUT:-}" ]; then  # each process's results come back on their own: a run cut short keeps what it did
     for part in "${parts[@]}"; do
-      # not the edited images (2 MB each, random weights; a later process may compare with them) nor the random
-      tar czf "$OUT/$part.tar.gz" --exclude=loras --exclude='output-*.png' -C "$RESULTS" "$part"  # LoRAs (1.2 GB)
+      # without the edited images (2 MB each, random weights; they stay for a later process to compare with) and
+      # the random LoRAs (1.2 GB)
+      tar czf "$OUT/$part.tar.gz" --exclude=loras --exclude='output-*.png' -C "$RESULTS" "$part"
     done
   fi
 }

@@ -18,10 +18,8 @@ from pathlib import Path
 
 from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment
-from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
-from ghostedit.telemetry import STAGE_ORDER, ClockSampler
-
-STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]
+from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe, stage_medians
+from ghostedit.telemetry import EDIT_STAGES, ClockSampler
 
 
 def main() -> None:
@@ -42,8 +40,7 @@ def main() -> None:
             with sampled[name]():
                 edits[name].append(engine.run(request, config).telemetry.summary())
     medians = {name: {"total_s": statistics.median(s["total_s"] for s in summaries),
-                      **{stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries)
-                         for stage in STAGES}}
+                      **stage_medians(summaries, EDIT_STAGES)}
                for name, summaries in edits.items()}
     found = {"config": config.label, "text": config.text, "side": args.side, "steps": args.steps, "cfg": args.cfg,
              "rounds": args.rounds, "medians": medians,

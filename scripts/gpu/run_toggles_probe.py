@@ -22,12 +22,11 @@ import torch
 
 from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment, markdown_table
-from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
+from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe, stage_medians
 from ghostedit.metrics import compare_images
 from ghostedit.optimize import vae_frames
-from ghostedit.telemetry import STAGE_ORDER
+from ghostedit.telemetry import EDIT_STAGES
 
-STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]   # an edit's own stages
 
 
 def rotated(names: list[str], round_index: int) -> list[str]:
@@ -91,7 +90,7 @@ def row(name: str, config, summaries: list[dict], images: dict) -> dict:
     """A variant's medians, its spread, and its last warm image against the base's (the base's own row: its first
     warm image against its last, what runs alone vary)."""
     totals = [summary["total_s"] for summary in summaries]
-    stages = {stage: statistics.median(s["stages_s"].get(stage, 0.0) for s in summaries) for stage in STAGES}
+    stages = stage_medians(summaries, EDIT_STAGES)
     return {"variant": name, "config": config.label, "text": config.text, "total_s": statistics.median(totals),
             **stages, "total_spread_s": [min(totals), max(totals)],
             "against_base": compare_images(images[name][-1], images["base"][0 if name == "base" else -1])}
@@ -120,7 +119,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(found, indent=2, default=str))
     table = markdown_table(rows, {"variant": "variant", "total_s": "edit s (median)",
-                                  **{stage: f"{stage} s" for stage in STAGES}})
+                                  **{stage: f"{stage} s" for stage in EDIT_STAGES}})
     (out / "table.md").write_text(table + "\n")
     print(table)
     for found_row in rows:
