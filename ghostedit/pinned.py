@@ -59,13 +59,25 @@ class PinnedArena:
         self._chunks: list[list] = []   # [chunk (uint8), bytes used]
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-            raise TypeError(f"pinned copies are made of plain tensors, not {type(tensor).__name__}")
-        nbytes = tensor.numel() * tensor.element_size()
-        chunk, offset = self._room(nbytes)
-        view = chunk[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape)
-        view.copy_(tensor)
-        return view
+        return self.copy_end_to_end([tensor])[0]
+
+    def copy_end_to_end(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies of `tensors` (one dtype) laid end to end in one chunk, in order: together they are one span of
+        memory, which a view can join without copying (rewrites.fuse_qkv)."""
+        for tensor in tensors:
+            if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+                raise TypeError(f"pinned copies are made of plain tensors, not {type(tensor).__name__}")
+        if len({tensor.dtype for tensor in tensors}) > 1:
+            raise ValueError("tensors laid end to end share one dtype")
+        sizes = [tensor.numel() * tensor.element_size() for tensor in tensors]
+        chunk, offset = self._room(sum(sizes))
+        copies = []
+        for tensor, nbytes in zip(tensors, sizes):
+            view = chunk[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape)
+            view.copy_(tensor)
+            copies.append(view)
+            offset += nbytes
+        return copies
 
     def _room(self, nbytes: int) -> tuple[torch.Tensor, int]:
         for entry in self._chunks:
@@ -78,13 +90,20 @@ class PinnedArena:
         return chunk, 0
 
 
-def pin_module(module: torch.nn.Module, arena: PinnedArena | None = None) -> torch.nn.Module:
+def pin_module(module: torch.nn.Module, arena: PinnedArena | None = None, end_to_end=()) -> torch.nn.Module:
     """Every parameter and buffer of `module` not pinned yet moved into `arena` (a new one by default), one tensor
-    at a time, so that only one extra copy exists at any moment."""
+    (or one group of `end_to_end`, lists of its tensors laid end to end) at a time, so that only one extra copy
+    exists at any moment."""
     arena = arena or PinnedArena()
+    placed = set()
     with torch.no_grad():
+        for group in end_to_end:
+            if not any(tensor.is_pinned() for tensor in group):
+                for tensor, copy in zip(group, arena.copy_end_to_end([tensor.data for tensor in group])):
+                    tensor.data = copy
+            placed.update(id(tensor) for tensor in group)
         for tensor in [*module.parameters(), *module.buffers()]:
-            if not tensor.is_pinned():
+            if id(tensor) not in placed and not tensor.is_pinned():
                 tensor.data = arena.copy(tensor.data)
     return module
 

@@ -251,16 +251,24 @@ def test_full_weight_and_bias_deltas_switch_into_a_compiled_dit_without_recompil
     assert np.array_equal(pixels[2], pixels[0])  # back to the base weights and biases exactly
 
 
-def test_a_dit_with_fused_qkv_holds_the_reference_weights_in_its_joined_projections(engine, reference):
+@pytest.mark.parametrize("base_memory", ["as loaded", "parts end to end"])
+def test_a_dit_with_fused_qkv_holds_the_reference_weights_in_its_joined_projections(engine, reference, base_memory):
     """fused-qkv joins each stream's q, k and v projections into one; a fused LoRA's q, k and v layers are written
     into its rows (before: the switch looked the q layer up and failed). Each joined weight and bias is the
     reference's three, one under another (ComfyUI's `diff` convention, biases included), and switching back to no
-    LoRA restores the base's."""
-    from ghostedit.optimize.rewrites import FUSED_PROJECTIONS
+    LoRA restores the base's. A base laid out as on a GPU machine (pinned, each q, k and v end to end) is joined
+    without a copy, and a LoRA written into the joined projection leaves the base as it was."""
+    from ghostedit.optimize.rewrites import FUSED_PROJECTIONS, joinable_parts
+    from ghostedit.pinned import PinnedArena, pin_module
+    from test_pinned import PlainMemory
+    if base_memory == "parts end to end":
+        engine = Engine("tiny", device="cpu", dtype="float32")
+        pin_module(engine.load().dit, PinnedArena(PlainMemory()), joinable_parts(engine.load().dit))
+    base_dit = engine.load().dit
     base, factors, files = reference["base"], reference["factors"], reference["files"]
     config = OptimizationConfig.parse("rewrites=joint-layout+fused-qkv")
     with_lora = ref.comfy_diff(base, factors, reference["biases"], -SCALE)
-    for loras, want in (((LoraChoice.from_file(files["diff"], -SCALE),), with_lora), ((), base)):
+    for loras, want in (((), base), ((LoraChoice.from_file(files["diff"], -SCALE),), with_lora), ((), base)):
         prepared, _ = engine.prepare(config.replace(loras=loras))
         got = {name: value.detach().float() for name, value in prepared.dit.state_dict().items()}
         for block in range(len(prepared.dit.transformer_blocks)):
@@ -269,5 +277,10 @@ def test_a_dit_with_fused_qkv_holds_the_reference_weights_in_its_joined_projecti
                     prefix = f"transformer_blocks.{block}.attn"
                     joined = torch.cat([want[f"{prefix}.{part}.{kind}"] for part in parts])
                     assert (got[f"{prefix}.{fused}.{kind}"] - joined).abs().max() <= TOLERANCE, (block, fused, kind)
+        if not loras and not prepared.loras:  # freshly prepared: joined as views of the base's parts or copied
+            joined_in_place = prepared.dit.transformer_blocks[0].attn.to_qkv.weight.data_ptr() == \
+                base_dit.transformer_blocks[0].attn.to_q.weight.data_ptr()
+            assert joined_in_place == (base_memory == "parts end to end")
     biases = [f"transformer_blocks.1.attn.{part}.bias" for part in FUSED_PROJECTIONS["to_qkv"]]
     assert any(not torch.equal(with_lora[name], base[name]) for name in biases)  # the reference changed a joined bias
+    assert all(torch.equal(value.float(), base[name]) for name, value in base_dit.state_dict().items())

@@ -49,6 +49,19 @@ def test_tensors_of_every_kind_keep_their_values_in_power_of_two_chunks():
             assert (copy.data_ptr() - base) % ALIGNMENT == 0
 
 
+def test_tensors_laid_end_to_end_are_one_span_even_where_a_chunk_is_partly_used():
+    memory = PlainMemory()
+    arena = PinnedArena(memory, chunk_bytes=4096)
+    arena.copy(torch.zeros(700))                                  # 2800 of the first chunk's 4096 bytes
+    parts = [torch.randn(8, 16), torch.randn(4, 16), torch.randn(8, 16)]   # 1280 bytes together: no room left
+    copies = arena.copy_end_to_end(parts)
+    assert all(torch.equal(copy, part) for copy, part in zip(copies, parts))
+    assert all(after.data_ptr() == before.data_ptr() + before.numel() * 4 for before, after in zip(copies, copies[1:]))
+    assert copies[0].data_ptr() == memory.chunks[1].data_ptr()
+    with pytest.raises(ValueError, match="one dtype"):
+        arena.copy_end_to_end([torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16)])
+
+
 def test_a_subclassed_tensor_is_refused():
     class Wrapped(torch.Tensor):
         pass

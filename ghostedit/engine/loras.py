@@ -113,9 +113,12 @@ def _merged_bias(base_bias: torch.Tensor, deltas, device: str) -> torch.Tensor:
 def _write_layer(dit, name: str, base_weights: list[torch.Tensor], deltas: list, device: str) -> None:
     """The layer's weight: its base parts (one, or fused-qkv's three) each plus its scaled deltas."""
     linear = _linear(dit, name)
-    if len(base_weights) > 1:  # fused-qkv's joined projection: a tensor of its own, written in place
-        lora_layers.write_weight_in_place(linear, torch.cat(
-            [_merged(base, part_deltas, device) for base, part_deltas in zip(base_weights, deltas)]))
+    if len(base_weights) > 1:  # fused-qkv's joined projection: written in place, once it is a tensor of its own
+        weight = torch.cat([_merged(base, part_deltas, device) for base, part_deltas in zip(base_weights, deltas)])
+        if _shares_storage(linear.weight, base_weights[0]):  # joined as a view of the base's parts (rewrites._joined)
+            linear.weight = torch.nn.Parameter(weight.to(base_weights[0].dtype), requires_grad=False)
+        else:
+            lora_layers.write_weight_in_place(linear, weight)
         return
     (base_weight,), (deltas,) = base_weights, deltas
     plain = type(linear.weight) is torch.nn.Parameter and linear.weight.dtype == base_weight.dtype
@@ -131,9 +134,12 @@ def _write_layer(dit, name: str, base_weights: list[torch.Tensor], deltas: list,
 
 def _write_bias(linear, base_biases: list[torch.Tensor], deltas: list, device: str) -> None:
     """The bias as the weight: the base's own tensor when no LoRA changes it, else base + the scaled deltas."""
-    if len(base_biases) > 1:  # fused-qkv's joined projection
-        linear.bias.data.copy_(torch.cat([_merged_bias(base, part_deltas, device)
-                                          for base, part_deltas in zip(base_biases, deltas)]))
+    if len(base_biases) > 1:  # fused-qkv's joined projection, as its weight
+        bias = torch.cat([_merged_bias(base, part_deltas, device) for base, part_deltas in zip(base_biases, deltas)])
+        if _shares_storage(linear.bias, base_biases[0]):
+            linear.bias = torch.nn.Parameter(bias.to(base_biases[0].dtype), requires_grad=False)
+        else:
+            linear.bias.data.copy_(bias.to(linear.bias.dtype))
         return
     (base_bias,), (deltas,) = base_biases, deltas
     if not deltas and type(linear.bias) is torch.nn.Parameter and base_bias.device == torch.device(device):

@@ -7,6 +7,7 @@ import torch
 
 from ..device import empty_cache
 from ..models import ModelSpec, load_base_pipeline
+from ..optimize.rewrites import joinable_parts
 from ..pinned import PinnedArena, pin_module
 from ..tensors import storage_bytes, storage_pointers
 from . import placement as placements
@@ -106,7 +107,7 @@ def _move(module: torch.nn.Module, where: str) -> None:
     """Every parameter and buffer of `module` to a device, or to pinned host memory (fast copies to the GPU), one
     tensor at a time so that only one extra copy exists at any moment."""
     if where == "pinned":
-        pin_module(module)
+        pin_module(module, end_to_end=joinable_parts(module))
         return
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:

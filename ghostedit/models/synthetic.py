@@ -91,6 +91,7 @@ def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: b
     than one block."""
     from diffsynth.models.qwen_image_dit import QwenImageDiT, QwenImageTransformerBlock
 
+    from ..optimize.rewrites import joinable_parts
     from .exact import install_module_patches
     install_module_patches()  # the MLP's activation as the released model's
     arena = PinnedArena() if in_host_memory else None
@@ -103,7 +104,7 @@ def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: b
                 block = QwenImageTransformerBlock(dim=DIT_WIDTH, num_attention_heads=DIT_HEADS,
                                                   attention_head_dim=DIT_WIDTH // DIT_HEADS).eval()
             _init_like_trained(block)
-            dit.transformer_blocks.append(pin_module(block, arena) if in_host_memory else block)
+            dit.transformer_blocks.append(pin_module(block, arena, joinable_parts(block)) if in_host_memory else block)
     return pin_module(dit, arena) if in_host_memory else dit
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-_DIT = ("fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+inductor-persistent-rows+fused-gelu-quant"
-        "+carried-residual+cuda-graph")
+_DIT = ("fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+fused-qkv+inductor-persistent-rows"
+        "+fused-gelu-quant+carried-residual+cuda-graph")
 _FP8_ATTENTION = "+fused-qk-norm-rope+fp8-attention-out,attention=cudnn-fp8"  # the FP8 attention and its two rewrites
 _ENCODERS = "vae=image-fused,text-encoder=graphed"  # lossless, measured faster (docs/benchmarks/run-toggles/)
 EXACT = f"{_DIT},{_ENCODERS}"

@@ -86,17 +86,44 @@ def use_real_rope(dit: torch.nn.Module) -> None:
 def _fused_linear(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
     first = linears[0]
     fused = torch.nn.Linear(first.in_features, sum(l.out_features for l in linears), bias=first.bias is not None,
-                            device=first.weight.device, dtype=first.weight.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(torch.cat([l.weight for l in linears]))
-        if first.bias is not None:
-            fused.bias.copy_(torch.cat([l.bias for l in linears]))
-    fused.requires_grad_(False)
+                            device="meta")
+    fused.weight = torch.nn.Parameter(_joined([l.weight for l in linears]), requires_grad=False)
+    if first.bias is not None:
+        fused.bias = torch.nn.Parameter(_joined([l.bias for l in linears]), requires_grad=False)
     return fused
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts joined along their first dimension: a view of them where they lie end to end in one storage (a base
+    in pinned host memory is laid out so: joinable_parts), else a copy. A view's values are the base's: whoever
+    writes into a joined weight in place must give it a tensor of its own first (engine/loras.py does)."""
+    first = parts[0].detach()
+    shape = (sum(part.shape[0] for part in parts), *first.shape[1:])
+    end_to_end = all(part.is_contiguous() and part.dtype == first.dtype and part.device == first.device and
+                     part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for part in parts) and \
+        all(after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
+            for before, after in zip(parts, parts[1:]))
+    if end_to_end:
+        return first.as_strided(shape, torch.empty(shape, device="meta").stride())
+    return torch.cat([part.detach() for part in parts])
 
 
 # fused-qkv's projections, each with the released projections it joins, in the order of its output rows
 FUSED_PROJECTIONS = {"to_qkv": ("to_q", "to_k", "to_v"), "add_qkv": ("add_q_proj", "add_k_proj", "add_v_proj")}
+
+
+def joinable_parts(module: torch.nn.Module) -> list[list[torch.Tensor]]:
+    """The weights and the biases that fuse_qkv would join, each group in the order of the joined rows: the base
+    DiT's pinned copy lays each group end to end (pinned.pin_module), so that joining them copies nothing."""
+    groups = []
+    for attention_layer in module.modules():
+        for parts in FUSED_PROJECTIONS.values():
+            linears = [getattr(attention_layer, part, None) for part in parts]
+            if all(isinstance(linear, torch.nn.Linear) for linear in linears):
+                groups.append([linear.weight for linear in linears])
+                if all(linear.bias is not None for linear in linears):
+                    groups.append([linear.bias for linear in linears])
+    return groups
 
 
 def fuse_qkv(layers: list[torch.nn.Module]) -> int:
