@@ -150,7 +150,8 @@ def test_the_best_configuration_for_runtime_loras_drops_only_the_rewrites_that_r
     with pytest.raises(ValueError, match="needs fused LoRAs"):
         best.replace(loras=(runtime_lora,))
     for_runtime = best.for_runtime_loras()
-    assert set(best.flags("rewrites")) - set(for_runtime.flags("rewrites")) == {"fused-gelu-quant", "fp8-attention-out"}
+    assert set(best.flags("rewrites")) - set(for_runtime.flags("rewrites")) == {"fused-qkv", "fused-gelu-quant",
+                                                                                "fp8-attention-out"}
     assert {**best.settings(), "rewrites": ()} == {**for_runtime.settings(), "rewrites": ()}  # nothing else moved
     assert for_runtime.replace(loras=(runtime_lora,)).runtime_loras == (runtime_lora,)
 

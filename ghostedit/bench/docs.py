@@ -91,14 +91,14 @@ def _added_to(text: str, preset: str) -> list[str]:
 
 def _rewrites_changed(text: str, preset: str) -> str:
     """How a configuration without LoRAs that is otherwise the preset differs from it in its rewrites (a result
-    measured before the preset changed them, or an A/B of one), in words: at most three left out and one added;
+    measured before the preset changed them, or an A/B of one), in words: at most four left out and one added;
     "" otherwise."""
     if "lora=" in text:
         return ""
     config, named = OptimizationConfig.parse(text).settings(), OptimizationConfig.parse(preset).settings()
     rewrites, preset_rewrites = set(config.pop("rewrites")), set(named.pop("rewrites"))
     left_out, added = sorted(preset_rewrites - rewrites), sorted(rewrites - preset_rewrites)
-    if config != named or not left_out or len(left_out) > 3 or len(added) > 1:
+    if config != named or not left_out or len(left_out) > 4 or len(added) > 1:
         return ""
     words = "without " + (f"{', '.join(left_out[:-1])} and {left_out[-1]}" if len(left_out) > 1 else left_out[0])
     return f"{words}, with {added[0]}" if added else words
