@@ -217,11 +217,20 @@ def _first_calls(folder: str) -> dict[str, dict]:
             for path in (RESULTS / folder).glob("first-call-*.json")}
 
 
+def _label_named(label: str) -> str:
+    """A probe's configuration, which it records by its label: "best" or "exact" where it is one of them."""
+    return next((preset for preset in ("best", "exact") if OptimizationConfig.parse(preset).label == label), label)
+
+
 def persistent_rows() -> str:
     """Section 2: inductor-persistent-rows against inductor-multi-kernel (best before it), the first call cold and
     after a restart (profile_first_call.py) and the forward (alternate.sh); and the compile workers started before
-    preparing against when torch starts them."""
+    preparing against when torch starts them, cold and after a restart."""
     calls, pool = _first_calls("persistent-rows/first-call"), _first_calls("persistent-rows/warm-pool")
+    restarts = _first_calls("early-workers")
+
+    def restarted(when: str) -> str:
+        return " s and ".join(f"{restarts[f'restart-{when}-{turn}']['first_call_s']:.2f}" for turn in (1, 2)) + " s"
 
     def reductions(label: str) -> str:
         kinds = calls[label]["generated_reductions"]
@@ -236,7 +245,11 @@ def persistent_rows() -> str:
             f"compiled (`docs/benchmarks/persistent-rows/warm-pool/`): {pool['cold-rows']['first_call_s']:.1f} s "
             f"with the workers started by torch, {pool['cold-rows-warm-pool']['first_call_s']:.1f} s with them "
             f"started before preparing (the probe's `--warm-pool` flag in commit 37bd46b; the engine's start replaced "
-            f"it). {_alternating('persistent-rows/alternating')}.\n")
+            f"it). After a restart, in turns on one machine after one process that never compiled "
+            f"(`docs/benchmarks/early-workers/`, {_label_named(restarts['cold']['config'])}): the first forward took "
+            f"{restarted('early')} with the workers started as preparation begins, {restarted('late')} with them "
+            f"started by torch at the first compile (the probe's `--workers-at-first-compile`). "
+            f"{_alternating('persistent-rows/alternating')}.\n")
 
 
 def end_to_end() -> str:
