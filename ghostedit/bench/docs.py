@@ -400,7 +400,7 @@ def profile() -> str:
     table = markdown_table(rows, {"kernels": "kernels per forward", "ms": "ms",
                                   "ideal": "at the ceiling ms (the FP8 GEMM and bf16 attention rates of the brief)"})
     top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
-    return (f"torch.profiler over three forwards of {found['config']} at 1024x1024 "
+    return (f"torch.profiler over three forwards of {_label_named(found['config'])} at 1024x1024 "
             f"(`scripts/gpu/profile_dit.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/profile/`). "
             f"The CPU hands one forward to the GPU in "
             f"{variant['cpu_launch_ms']:.1f} ms, and the forward makes it wait for the GPU "

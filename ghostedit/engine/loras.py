@@ -111,45 +111,38 @@ def _merged_bias(base_bias: torch.Tensor, deltas, device: str) -> torch.Tensor:
 
 
 def _write_layer(dit, name: str, base_weights: list[torch.Tensor], deltas: list, device: str) -> None:
-    """The layer's weight: its base parts (one, or fused-qkv's three) each plus its scaled deltas."""
+    """The layer's weight: its base parts (one, or fused-qkv's three, in the order of its rows) each plus its scaled
+    deltas."""
     linear = _linear(dit, name)
-    if len(base_weights) > 1:  # fused-qkv's joined projection: written in place, once it is a tensor of its own
-        weight = torch.cat([_merged(base, part_deltas, device) for base, part_deltas in zip(base_weights, deltas)])
-        if _shares_storage(linear.weight, base_weights[0]):  # joined as a view of the base's parts (rewrites._joined)
-            linear.weight = torch.nn.Parameter(weight.to(base_weights[0].dtype), requires_grad=False)
-        else:
-            lora_layers.write_weight_in_place(linear, weight)
+    base = base_weights[0]
+    plain = type(linear.weight) is torch.nn.Parameter and linear.weight.dtype == base.dtype
+    if len(base_weights) == 1 and not deltas[0] and plain and base.device == torch.device(device):
+        linear.weight = torch.nn.Parameter(base, requires_grad=False)  # the base's own tensor again
         return
-    (base_weight,), (deltas,) = base_weights, deltas
-    plain = type(linear.weight) is torch.nn.Parameter and linear.weight.dtype == base_weight.dtype
-    if not deltas and plain and base_weight.device == torch.device(device):
-        linear.weight = torch.nn.Parameter(base_weight, requires_grad=False)  # the base's own tensor again
-        return
-    weight = _merged(base_weight, deltas, device)
-    if _shares_storage(linear.weight, base_weight):
-        linear.weight = torch.nn.Parameter(weight.to(base_weight.dtype), requires_grad=False)
+    weight = _rows([_merged(part, part_deltas, device) for part, part_deltas in zip(base_weights, deltas)])
+    if _shares_storage(linear.weight, base):  # the base's tensor, or a view of its parts (rewrites._joined)
+        linear.weight = torch.nn.Parameter(weight.to(base.dtype), requires_grad=False)
     else:
         lora_layers.write_weight_in_place(linear, weight)
 
 
 def _write_bias(linear, base_biases: list[torch.Tensor], deltas: list, device: str) -> None:
     """The bias as the weight: the base's own tensor when no LoRA changes it, else base + the scaled deltas."""
-    if len(base_biases) > 1:  # fused-qkv's joined projection, as its weight
-        bias = torch.cat([_merged_bias(base, part_deltas, device) for base, part_deltas in zip(base_biases, deltas)])
-        if _shares_storage(linear.bias, base_biases[0]):
-            linear.bias = torch.nn.Parameter(bias.to(base_biases[0].dtype), requires_grad=False)
-        else:
-            linear.bias.data.copy_(bias.to(linear.bias.dtype))
+    base = base_biases[0]
+    if len(base_biases) == 1 and not deltas[0] and type(linear.bias) is torch.nn.Parameter and \
+            base.device == torch.device(device):
+        linear.bias = torch.nn.Parameter(base, requires_grad=False)
         return
-    (base_bias,), (deltas,) = base_biases, deltas
-    if not deltas and type(linear.bias) is torch.nn.Parameter and base_bias.device == torch.device(device):
-        linear.bias = torch.nn.Parameter(base_bias, requires_grad=False)
-        return
-    bias = _merged_bias(base_bias, deltas, device)
-    if _shares_storage(linear.bias, base_bias):
-        linear.bias = torch.nn.Parameter(bias.to(base_bias.dtype), requires_grad=False)
+    bias = _rows([_merged_bias(part, part_deltas, device) for part, part_deltas in zip(base_biases, deltas)])
+    if _shares_storage(linear.bias, base):
+        linear.bias = torch.nn.Parameter(bias.to(base.dtype), requires_grad=False)
     else:
         linear.bias.data.copy_(bias.to(linear.bias.dtype))
+
+
+def _rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """A layer's parts one under another: a layer's own tensor, or fused-qkv's three joined."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _linear(dit, name: str) -> torch.nn.Module:

@@ -115,8 +115,8 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
         if not base_dit_on_gpu and device.startswith("cuda"):
             from ..optimize.rewrites import joinable_parts
             from ..pinned import pin_module
-            pin_module(pipe.dit, end_to_end=joinable_parts(pipe.dit))  # DiffSynth's loader puts every weight on the
-            # device first
+            # DiffSynth's loader puts every weight on the device first
+            pin_module(pipe.dit, end_to_end=joinable_parts(pipe.dit))
     apply_component_dtypes(pipe, dtypes)
     from .exact import float32_rotary
     float32_rotary(pipe.text_encoder)

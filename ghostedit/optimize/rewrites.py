@@ -98,14 +98,19 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     in pinned host memory is laid out so: joinable_parts), else a copy. A view's values are the base's: whoever
     writes into a joined weight in place must give it a tensor of its own first (engine/loras.py does)."""
     first = parts[0].detach()
+    if not _end_to_end(parts):
+        return torch.cat([part.detach() for part in parts])
     shape = (sum(part.shape[0] for part in parts), *first.shape[1:])
-    end_to_end = all(part.is_contiguous() and part.dtype == first.dtype and part.device == first.device and
-                     part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for part in parts) and \
+    return first.as_strided(shape, torch.empty(shape, device="meta").stride())
+
+
+def _end_to_end(parts: list[torch.Tensor]) -> bool:
+    """Contiguous tensors of one dtype in one storage, each starting where the one before ends."""
+    first = parts[0]
+    return all(part.is_contiguous() and part.dtype == first.dtype and
+               part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for part in parts) and \
         all(after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
             for before, after in zip(parts, parts[1:]))
-    if end_to_end:
-        return first.as_strided(shape, torch.empty(shape, device="meta").stride())
-    return torch.cat([part.detach() for part in parts])
 
 
 # fused-qkv's projections, each with the released projections it joins, in the order of its output rows
