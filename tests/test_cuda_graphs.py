@@ -1,7 +1,8 @@
 """The CUDA-graph flag (`cuda-graph`, ghostedit/optimize/cuda_graphs.py) without a GPU: its declaration (a run-time
-rewrite, unavailable on a CPU with the reason, and the reasons a run gives for not capturing), and the graph store's
-bookkeeping on the tiny DiT through DiffSynth's own model_fn, with a stand-in capture that replays by running the
-captured loop again on the tensors the graph would read. That checks what a real graph depends on: each replay must
+rewrite, unavailable on a CPU with the reason, and the reasons a run gives for not capturing), the inputs a graphed
+forward takes and what its signature holds, and the graph store's bookkeeping on the tiny DiT through DiffSynth's own
+model_fn, with a stand-in capture that replays by running the captured forward again on the tensors the graph would
+read. That checks what a real graph depends on: each replay must
 see the new inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or
 another configuration drop the graphs. The captured kernels themselves are the GPU's: on the GPU the graphed
 forward's output equals the loop's bit for bit (docs/benchmarks.md, section 1)."""
@@ -9,6 +10,7 @@ import contextlib
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 from dit_helpers import dit_engine, inputs_for
 from ghostedit import EditRequest, OptimizationConfig
@@ -22,17 +24,18 @@ GRAPHED = OptimizationConfig(rewrites=("cuda-graph",))
 
 class ReplayingCapture:
     """A CPU stand-in for CudaCapture: the outputs live in fixed tensors, and a replay recomputes them from the
-    held inputs the loop closes over (a wrapper that forgot to copy new inputs in would replay stale ones)."""
+    held inputs the function closes over (a wrapper that forgot to copy new inputs in would replay stale ones)."""
 
     warming = contextlib.nullcontext
+    device_type = "cpu"
 
-    def capture(self, loop, pool):
-        outputs = loop()
+    def capture(self, function, pool, host_module=None):
+        outputs = function()
 
         def replay():
-            for held, new in zip(outputs, loop()):
+            for held, new in zip(pytree.tree_leaves(outputs), pytree.tree_leaves(function())):
                 held.copy_(new)
-        return replay, outputs, pool
+        return replay, outputs, pool, []
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +79,7 @@ def test_replays_give_the_loops_result_for_each_forwards_own_inputs(prepared):
     assert (graphs.forwards, graphs.captured, graphs.replayed) == (4, 1, 3)  # warmed, captured, then replayed
     for output, reference in zip(outputs, expected):
         torch.testing.assert_close(output, reference, rtol=0, atol=0)
-    assert len(prepared.dit.transformer_blocks) > 1  # the DiT's own blocks are back after the forwards
-    assert not any(isinstance(block, cuda_graphs._GraphedLoop) for block in prepared.dit.transformer_blocks)
+    assert prepared.pipe.model_fn.__name__ == "model_fn_qwen_image"  # DiffSynth's own, back after the forwards
 
 
 def test_each_shape_is_warmed_then_captured_and_kept_across_runs(prepared):
@@ -129,3 +131,73 @@ def test_the_dit_graphs_outlive_a_change_of_the_encoders_settings_not_of_the_dit
     owner = cuda_graphs.owner(GRAPHED, prepared)
     assert cuda_graphs.owner(GRAPHED.replace(vae="image", **{"text-encoder": "joined-windows"}), prepared) == owner
     assert cuda_graphs.owner(GRAPHED.replace(attention="sdpa-math"), prepared) != owner
+
+
+def test_a_graphed_forward_takes_what_model_fn_names_and_refuses_what_it_cannot_replay(prepared):
+    """DiffSynth hands model_fn the pipeline's whole state: a graph's signature holds only what model_fn names (the
+    step's index, read by the blockwise ControlNet alone, would give each step a graph of its own)."""
+    model_fn = prepared.pipe.model_fn
+    inputs = {"dit": prepared.dit, "latents": torch.zeros(1), "height": 64, "progress_id": 3,
+              "num_inference_steps": 40, "edit_image": ["a PIL image"], "cfg_scale": 4.0}
+    models, taken = cuda_graphs.graph_inputs(model_fn, inputs)
+    assert models == {"dit": prepared.dit} and taken == {"latents": inputs["latents"], "height": 64}
+    for name in cuda_graphs.NOT_CAPTURED:
+        with pytest.raises(UnavailableOptionError, match="cuda-graph replays the plain DiT forward"):
+            cuda_graphs.graph_inputs(model_fn, {**inputs, name: torch.zeros(1)})
+
+
+def test_the_graphs_of_a_dit_do_not_keep_it_alive(prepared):
+    """The store keeps a DiT's graphs as long as the DiT lives (graphs_of: a weak key): nothing in them may refer
+    to the DiT, or neither would ever be freed (preparing another configuration would run out of GPU memory)."""
+    graphs = cuda_graphs.ShapeGraphs(ReplayingCapture())
+    inputs = inputs_for(dit_engine())
+    forwards(prepared, graphs, [inputs, inputs, inputs])
+    assert graphs.captured == 1 and not _reaches(graphs, prepared.dit)
+
+
+def _reaches(start, target, depth: int = 6) -> bool:
+    """Whether `target` is reachable from `start` through containers and plain objects' attributes."""
+    import gc
+    seen, frontier = set(), [start]
+    for _ in range(depth):
+        found = []
+        for node in frontier:
+            for referent in gc.get_referents(node):
+                if referent is target:
+                    return True
+                if id(referent) not in seen and isinstance(referent, (tuple, list, dict, object)) and \
+                        not isinstance(referent, (type, torch.Tensor, str, int, float)):
+                    seen.add(id(referent))
+                    found.append(referent)
+        frontier = found
+    return False
+
+
+def test_a_gpu_graphs_signature_holds_the_values_python_reads_off_host_tensors():
+    """A graph holds what the forward read in Python at capture (DiffSynth reads the prompt's length off its mask,
+    kept in host memory): two masks of one shape and other lengths are two graphs; device tensors go by their make."""
+    def key(leaf, graph_device="cuda"):
+        return cuda_graphs._leaf_key(leaf, graph_device)
+    mask, shorter = torch.ones(1, 8, dtype=torch.bool), torch.ones(1, 8, dtype=torch.bool)
+    shorter[0, 6:] = False
+    assert key(mask) == key(mask.clone()) and key(mask) != key(shorter)
+    assert key(mask, "cpu") == key(shorter, "cpu")  # on a CPU the host is the device
+
+
+def test_a_capture_makes_the_tensors_the_forward_builds_from_host_values_from_constants(monkeypatch):
+    """DiffSynth builds zero_cond_t's modulation index with torch.tensor(..., device=...): a copy from pageable host
+    memory, which makes the CPU wait and which a capture refuses. For the length of a capture its module calls
+    HostConstants for torch, which makes the tensor in pinned memory kept with the graph (pinning and the copy need a
+    GPU: the meta device and a no-op pinning stand in here), and leaves everything else to torch."""
+    from diffsynth.pipelines import qwen_image
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: pinned.append(tensor) or tensor)
+    monkeypatch.setattr(cuda_graphs, "_on_gpu", lambda device: device == "meta")
+    with cuda_graphs.HostConstants(qwen_image) as constants:
+        assert qwen_image.torch is constants and qwen_image.torch.cat is torch.cat
+        index = qwen_image.torch.tensor([[0, 0, 1]], device="meta", dtype=torch.int)
+        on_host = qwen_image.torch.tensor([2.0])
+    assert qwen_image.torch is torch
+    assert index.device.type == "meta" and index.dtype == torch.int and index.shape == (1, 3)
+    assert [kept.tolist() for kept in constants.kept] == [[[0, 0, 1]]] and constants.kept == pinned
+    assert on_host.tolist() == [2.0] and len(pinned) == 1

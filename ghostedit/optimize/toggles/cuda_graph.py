@@ -1,7 +1,7 @@
-"""Flag `cuda-graph` (lossless): the DiT's block loop captured as a CUDA graph per shape and replayed
+"""Flag `cuda-graph` (lossless): the DiT's whole forward captured as a CUDA graph per shape and replayed
 (ghostedit/optimize/cuda_graphs.py). It changes only how a run goes: the graphs belong to the prepared DiT and are
-kept from run to run; what they did goes into the run's words. Where the blocks cannot be captured (the step cache
-on, weights streamed from host memory, sequence parallel) the run says so in its words and notes and runs them from
+kept from run to run; what they did goes into the run's words. Where the forward cannot be captured (the step cache
+on, weights streamed from host memory, sequence parallel) the run says so in its words and notes and runs it from
 Python."""
 import contextlib
 
@@ -17,7 +17,7 @@ def _graphed(context: RunContext, value: str):
     from .. import cuda_graphs
     dit = context.prepared.dit
     reason = cuda_graphs.why_not_capturable(dit, context.device, context.config)
-    if reason is not None:  # said in the run's words and notes: the blocks run from Python
+    if reason is not None:  # said in the run's words and notes: the forward runs from Python
         context.not_applied("cuda-graph", f"not applied on this run: {reason}")
         yield
         return
@@ -35,10 +35,10 @@ def _availability(value: str, device: str) -> Availability:
 
 
 register(Toggle(
-    name="cuda-graph", label="DiT blocks replayed as a CUDA graph", group="rewrites",
-    help="each shape's block loop is captured at its second forward and replayed after: the GPU runs the kernels "
-         "back to back, without waiting for Python to launch each one (memory for one forward's activations stays "
-         "held between forwards)",
+    name="cuda-graph", label="DiT forward replayed as a CUDA graph", group="rewrites",
+    help="each shape's whole DiT forward is captured at its second call and replayed after: the GPU runs the "
+         "kernels back to back, without waiting for Python to launch each one (memory for one forward's activations "
+         "stays held between forwards)",
     choices=(Choice(OFF, "off"), Choice(ON, "on")),
     changes=RUN, order=97, run_context=_graphed, availability=_availability,
 ))
