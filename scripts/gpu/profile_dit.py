@@ -62,7 +62,22 @@ def time_variant(call) -> dict:
     torch.cuda.synchronize()
     first_call_s = time.perf_counter() - start
     ms = median_ms(call, "cuda", repeats=10, warmup=2)
-    return {"first_call_s": first_call_s, "ms_per_forward": ms, **cpu_side(call)}
+    return {"first_call_s": first_call_s, "ms_per_forward": ms, "back_to_back_ms": back_to_back_ms(call),
+            **cpu_side(call)}
+
+
+def back_to_back_ms(call, forwards: int = 10) -> float:
+    """Milliseconds per forward over forwards launched back to back, the CPU free to run ahead: against the
+    per-forward median (each forward timed alone, from an idle GPU), what the CPU's part before the first kernel
+    costs a forward timed alone."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(forwards):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / forwards
 
 
 def cpu_side(call, repeats: int = 10) -> dict:
@@ -90,6 +105,23 @@ def cpu_side(call, repeats: int = 10) -> dict:
             "synchronizing_examples": sorted(set(syncs))[:5]}
 
 
+def python_profile(call, top: int = 30) -> list[str]:
+    """cProfile of one forward timed alone (the CPU's part; the GPU's kernels run meanwhile): the functions with the
+    most cumulative time, as pstats prints them."""
+    import cProfile
+    import io
+    import pstats
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(top)
+    return [line[:200] for line in text.getvalue().splitlines() if line.strip()]
+
+
 def kernel_breakdown(call, forwards: int = 3) -> dict:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -97,16 +129,44 @@ def kernel_breakdown(call, forwards: int = 3) -> dict:
             call()
         torch.cuda.synchronize()
     kernels = defaultdict(lambda: [0.0, 0])
+    spans = []
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             kernels[event.name][0] += event.device_time / 1000 / forwards
             kernels[event.name][1] += 1 / forwards
+            spans.append((event.time_range.start, event.time_range.end, event.name))
     families = defaultdict(float)
     for name, (ms, _) in kernels.items():
         families[next(family for family, pattern in FAMILIES if re.search(pattern, name, re.IGNORECASE))] += ms
     top = sorted(kernels.items(), key=lambda item: -item[1][0])[:40]
     return {"families_ms": dict(families), "total_kernel_ms": sum(families.values()),
+            "idle_between_kernels": idle_between(spans, forwards),
             "top_kernels": [{"name": name[:160], "ms": ms, "calls": round(calls)} for name, (ms, calls) in top]}
+
+
+GAP_BOUNDS_US = (2, 5, 20, 100)  # the buckets of idle_between, microseconds
+
+
+def idle_between(spans: list[tuple[float, float, str]], forwards: int) -> dict:
+    """The GPU's idle time between consecutive kernels (start and end in microseconds), per forward, in buckets by
+    the length of each gap (many short gaps are the launches inside a CUDA graph, long ones the GPU waiting for the
+    CPU), and the longest gaps with the kernels around them."""
+    spans.sort()
+    buckets = defaultdict(lambda: [0.0, 0])
+    longest = []
+    busy_until, before = spans[0][1], spans[0][2]
+    for start, end, name in spans[1:]:
+        gap = start - busy_until
+        if gap > 0:
+            bound = next((f"under {b} us" for b in GAP_BOUNDS_US if gap < b), f"{GAP_BOUNDS_US[-1]} us or more")
+            buckets[bound][0] += gap / 1000 / forwards
+            buckets[bound][1] += 1 / forwards
+            longest.append((gap, before[:70], name[:70]))
+        if end > busy_until:
+            busy_until, before = end, name
+    return {"buckets": {bound: {"ms": ms, "gaps": round(count)} for bound, (ms, count) in buckets.items()},
+            "longest": [{"us": gap, "after": after, "before": next_name}
+                        for gap, after, next_name in sorted(longest, reverse=True)[:24]]}
 
 
 def ideal_ms(dit, image_tokens: int, text_tokens: int) -> dict:
@@ -127,6 +187,9 @@ def ideal_ms(dit, image_tokens: int, text_tokens: int) -> dict:
 
 def print_breakdown(result: dict, ideal: dict) -> None:
     families = {family: round(ms, 1) for family, ms in result["families_ms"].items()}
+    print("  idle between kernels per forward:", json.dumps(result["idle_between_kernels"]["buckets"]))
+    for gap in result["idle_between_kernels"]["longest"][:12]:
+        print(f"  idle {gap['us']:8.1f} us after {gap['after']} before {gap['before']}")
     print("  kernels per forward, ms:", families, f"sum {result['total_kernel_ms']:.1f}; "
           f"ideal GEMMs {ideal['gemm_ms']:.1f}, attention {ideal['attention_ms']:.1f}")
     for kernel in result["top_kernels"][:20]:
@@ -139,6 +202,7 @@ def main() -> None:
     parser.add_argument("--config", default="best")
     parser.add_argument("--engine-only", action="store_true", help="skip the static-shapes variant")
     parser.add_argument("--name", default="profile", help="the output folder under --out")
+    parser.add_argument("--python-profile", action="store_true", help="also cProfile one forward timed alone")
     args = parser.parse_args()
     out = Path(args.out) / args.name
     out.mkdir(parents=True, exist_ok=True)
@@ -157,6 +221,9 @@ def main() -> None:
             result = report["variants"][name] = time_variant(call)
             print(name, json.dumps(result), flush=True)
             result.update(kernel_breakdown(call))
+            if args.python_profile:
+                result["python_profile"] = python_profile(call)
+                print("\n".join(result["python_profile"]))
         (out / "profile.json").write_text(json.dumps(report, indent=2))
         print_breakdown(result, report["ideal"])
         del prepared
