@@ -396,7 +396,9 @@ def profile() -> str:
              "ms": families["ghostedit"], "ideal": ""},
             {"kernels": "other", "ms": families["other"], "ideal": ""},
             {"kernels": "sum of kernels", "ms": variant["total_kernel_ms"], "ideal": ""},
-            {"kernels": "measured forward", "ms": variant["ms_per_forward"], "ideal": ""}]
+            *_idle_rows(variant),
+            {"kernels": "measured forward (timed alone)", "ms": variant["ms_per_forward"], "ideal": ""},
+            {"kernels": "measured forward (10 back to back)", "ms": variant["back_to_back_ms"], "ideal": ""}]
     table = markdown_table(rows, {"kernels": "kernels per forward", "ms": "ms",
                                   "ideal": "at the ceiling ms (the FP8 GEMM and bf16 attention rates of the brief)"})
     top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
@@ -405,6 +407,16 @@ def profile() -> str:
             f"The CPU hands one forward to the GPU in "
             f"{variant['cpu_launch_ms']:.1f} ms, and the forward makes it wait for the GPU "
             f"{variant['synchronizing_calls']} time(s).\n\n{table}\n\nLargest kernels:\n{top}\n")
+
+
+def _idle_rows(variant: dict) -> list[dict]:
+    """The GPU's idle time between the profiled forwards' kernels, per forward: in gaps under 5 us (a graph's
+    launches, one after another) and longer."""
+    buckets = variant["idle_between_kernels"]["buckets"]
+    short = sum(bucket["ms"] for bound, bucket in buckets.items() if bound in ("under 2 us", "under 5 us"))
+    total = sum(bucket["ms"] for bucket in buckets.values())
+    return [{"kernels": "GPU idle between kernels, gaps under 5 us", "ms": short, "ideal": ""},
+            {"kernels": "GPU idle between kernels, longer gaps", "ms": total - short, "ideal": ""}]
 
 
 def _fastest(kernels: dict, prefix: str, timing: str = "ms") -> tuple[str, dict]:
@@ -550,6 +562,67 @@ def cuda_graph() -> str:
     return (f"{_alternating('cuda-graph/alternating')}. In one process each "
             f"(`docs/benchmarks/cuda-graph/same-process-*/`), the configuration without it first and so the reference: "
             f"{'; '.join(checks)}.\n")
+
+
+WHOLE_FORWARD = "cuda-graph/whole-forward"
+GRAPHS = {"block-loop-graph": "the block loop's graph (before)", "whole-forward-graph": "the whole forward's graph"}
+
+
+def _idle_from_cpu_ms(variant: dict) -> float:
+    """The GPU's idle time per forward in gaps of 20 us or more between kernels (profile_dit.py's buckets): the GPU
+    waiting for the CPU, not a graph's launches."""
+    buckets = variant["idle_between_kernels"]["buckets"]
+    return sum(bucket["ms"] for bound, bucket in buckets.items()
+               if bound in ("under 100 us", "100 us or more"))
+
+
+def whole_forward_graph() -> str:
+    """Section 1: the block loop's CUDA graph against the whole forward's, in processes of their own, alternating
+    (profile_dit.py --engine-only on the code before and after), and graph_check.py's bit-for-bit comparison."""
+    folder = RESULTS / WHOLE_FORWARD
+    rows = []
+    for run in sorted(path for path in folder.iterdir() if path.name[0].isdigit()):
+        variant = _profiled(f"{WHOLE_FORWARD}/{run.name}")
+        rows.append({"process": run.name.split("-")[0], "graph": GRAPHS[run.name.split("-", 1)[1]],
+                     "alone": variant["ms_per_forward"], "back": variant["back_to_back_ms"],
+                     "cpu": variant["cpu_launch_ms"], "idle": _idle_from_cpu_ms(variant),
+                     "kernels": variant["total_kernel_ms"]})
+    table = markdown_table(rows, {"process": "process", "graph": "graph", "alone": "ms / forward (timed alone)",
+                                  "back": "ms / forward (10 back to back)",
+                                  "cpu": "CPU hands a forward over, ms",
+                                  "idle": "GPU idle in gaps of 20 us or more, ms / forward",
+                                  "kernels": "kernels, ms / forward"})
+    check = json.loads((folder / "graph-check" / "graph-check.json").read_text())
+    runs = "; ".join(f"{what}: {sum(run['bitwise_equal'])} of {len(run['bitwise_equal'])} outputs equal, "
+                     f"{run['from_python_ms']:.1f} ms from Python against {run['graphed_ms']:.1f} ms replayed"
+                     for what, run in check["runs"].items())
+    first = folder / "1-block-loop-graph" / "profile.json"
+    found = json.loads(first.read_text())
+    return (f"One DiT forward of {_label_named(found['config'])} at 1024x1024 in four processes on one machine, "
+            f"alternating the code before and after (`scripts/gpu/profile_dit.py --engine-only`, "
+            f"{_ran_on(found, committed=first)}, "
+            f"`docs/benchmarks/{WHOLE_FORWARD}/`):\n\n{table}\n\n"
+            f"Replayed against run from Python, four forwards of varied inputs each (`scripts/gpu/graph_check.py`, "
+            f"same machine): {runs}.\n")
+
+
+def stream_gemm() -> str:
+    """Section 6: the text stream's GEMMs and the modulation GEMVs laid out other ways (stream_gemm_probe.py)."""
+    path = RESULTS / "stream-gemm" / "stream-gemm.json"
+    found = json.loads(path.read_text())
+    rows = [{"layer": layer, "image": row["image alone"], "text": row["text alone"],
+             "both": row["one after the other"], "side": row["text on a second stream"],
+             "grouped": row["grouped, no bias"]} for layer, row in found["layers"].items()]
+    table = markdown_table(rows, {"layer": "layer", "image": "image stream alone", "text": "text stream alone",
+                                  "both": "both, one after the other (as the engine runs them)",
+                                  "side": "text on a second stream", "grouped": "one grouped GEMM, no bias"})
+    modulation = found["modulation"]
+    return (f"A block's GEMMs at 1024x1024 (8192 image rows, 256 text rows), each 60 times over in one CUDA graph, "
+            f"ms (`scripts/gpu/stream_gemm_probe.py`, {_ran_on(found, committed=path)}, "
+            f"`docs/benchmarks/stream-gemm/`):\n\n{table}\n\nThe 120 modulation GEMVs of a forward: "
+            f"{modulation['layer by layer ms']:.2f} ms one by one ({modulation['GB/s layer by layer']:.0f} GB/s), "
+            f"{modulation['joined ms']:.2f} ms as one GEMV over their weights joined "
+            f"({modulation['GB/s joined']:.0f} GB/s).\n")
 
 
 def profile_edit() -> str:
@@ -751,7 +824,8 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
-            "attention-io": attention_io, "cuda-graph": cuda_graph, "carried-residual": carried_residual,
+            "attention-io": attention_io, "cuda-graph": cuda_graph, "whole-forward-graph": whole_forward_graph,
+            "stream-gemm": stream_gemm, "carried-residual": carried_residual,
             "fused-qkv": fused_qkv,
             "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
