@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ghostedit.optimize import fp8_attention
-from ghostedit.telemetry import median_ms
+from ghostedit.telemetry import back_to_back_ms, median_ms
 
 HEADS, HEAD_DIM, IMAGE_TOKENS = 24, 128, 8192
 QUERY_MULTIPLE = 128  # cuDNN masks every tile of an FP8 attention whose query length is not a multiple of this
@@ -32,15 +32,7 @@ QUERY_MULTIPLE = 128  # cuDNN masks every tile of an FP8 attention whose query l
 def sustained_ms(fn, calls: int = 240) -> float:
     """Milliseconds per call over `calls` calls back to back (the GPU busy throughout, as in a DiT forward, where the
     power limit holds the clocks back), after as many untimed."""
-    for _ in range(calls):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+    return back_to_back_ms(fn, calls, warmup=calls)
 
 
 def flops(tokens: int) -> int:

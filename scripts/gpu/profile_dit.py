@@ -28,7 +28,7 @@ from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.optimize import kernels, registry
 from ghostedit.optimize.compile import compile_regions
-from ghostedit.telemetry import RunRecorder, median_ms
+from ghostedit.telemetry import RunRecorder, back_to_back_ms, median_ms
 # Kernel families by name, first match wins: GhostEdit's own Triton kernels (ghostedit/optimize/kernels.py) by their
 # function names; Inductor names its kernels after the ops they fuse ("scaled_mm" when one quantizes a GEMM's
 # input), and FlashAttention-4's kernels are CUTLASS kernels
@@ -62,22 +62,8 @@ def time_variant(call) -> dict:
     torch.cuda.synchronize()
     first_call_s = time.perf_counter() - start
     ms = median_ms(call, "cuda", repeats=10, warmup=2)
-    return {"first_call_s": first_call_s, "ms_per_forward": ms, "back_to_back_ms": back_to_back_ms(call),
+    return {"first_call_s": first_call_s, "ms_per_forward": ms, "back_to_back_ms": back_to_back_ms(call, 10),
             **cpu_side(call)}
-
-
-def back_to_back_ms(call, forwards: int = 10) -> float:
-    """Milliseconds per forward over forwards launched back to back, the CPU free to run ahead: against the
-    per-forward median (each forward timed alone, from an idle GPU), what the CPU's part before the first kernel
-    costs a forward timed alone."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(forwards):
-        call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / forwards
 
 
 def cpu_side(call, repeats: int = 10) -> dict:
