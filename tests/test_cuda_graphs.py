@@ -13,6 +13,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from dit_helpers import dit_engine, inputs_for
+from ghostedit.bench.dit import dit_inputs
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit import tensors
 from ghostedit.device import UnavailableOptionError
@@ -51,7 +52,10 @@ def forwards(prepared, graphs, inputs_list, owner=("stock", None)):
 
 def varied(inputs: dict, seed: int) -> dict:
     generator = torch.Generator().manual_seed(seed)
+    edits = inputs["edit_latents"]
     return {**inputs, "latents": torch.randn(inputs["latents"].shape, generator=generator),
+            "edit_latents": ([torch.randn(edit.shape, generator=generator) for edit in edits] if isinstance(edits, list)
+                             else torch.randn(edits.shape, generator=generator)),
             "timestep": torch.tensor([100.0 * seed])}
 
 
@@ -69,8 +73,14 @@ def test_a_cpu_engine_refuses_it_with_the_reason(engine, house):
         engine.run(request, GRAPHED)
 
 
-def test_replays_give_the_loops_result_for_each_forwards_own_inputs(prepared):
-    inputs = inputs_for(dit_engine())
+@pytest.mark.parametrize("edit_images, zero_cond_t", [(1, False), (3, True)],
+                         ids=["one image", "three images, zero_cond_t"])
+def test_replays_give_the_forwards_result_for_each_forwards_own_inputs(prepared, edit_images, zero_cond_t):
+    """The whole forward's inputs, a list of edit images among them, copied in before each replay; with zero_cond_t
+    (2511) the forward builds its modulation index from host values, a constant of the graph."""
+    engine = dit_engine()
+    inputs = {**dit_inputs(engine.load().dit, 64, 64, 8, "cpu", engine.torch_dtype, edit_images=edit_images),
+              "zero_cond_t": zero_cond_t}
     series = [varied(inputs, seed) for seed in range(1, 5)]
     with torch.no_grad():
         expected = [prepared.pipe.model_fn(dit=prepared.dit, **each) for each in series]
