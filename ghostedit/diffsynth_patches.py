@@ -69,6 +69,11 @@ PATCHES = {
         "DiffSynth's loader prints each model it loads or finds, and each it does not ('No ... models available. "
         "This is not an error.'): a module-level `print` sends those lines to the 'ghostedit.diffsynth' logger at "
         "debug level instead of the app's log"),
+    "capture-time torch": Patch(
+        "diffsynth.pipelines.qwen_image", "torch (the module's global, for the length of a CUDA graph capture)",
+        "model_fn builds zero_cond_t's modulation index with torch.tensor(..., device=...), a copy a capture refuses: "
+        "while cuda-graph captures a forward, the module's `torch` is optimize/cuda_graphs.py's HostConstants, "
+        "which makes such tensors from pinned memory kept with the graph"),
     "pipeline instrumentation": Patch(
         "diffsynth.pipelines.qwen_image", "QwenImagePipeline.unit_runner, QwenImagePipeline.model_fn",
         "swapped on a pipeline object for the length of a run, to time its units and route DiT calls through "

@@ -7,6 +7,7 @@ see the new inputs copied into the held tensors, a shape is warmed before it is 
 another configuration drop the graphs. The captured kernels themselves are the GPU's: on the GPU the graphed
 forward's output equals the loop's bit for bit (docs/benchmarks.md, section 1)."""
 import contextlib
+import inspect
 
 import pytest
 import torch
@@ -149,11 +150,11 @@ def test_a_graphed_forward_takes_what_model_fn_names_and_refuses_what_it_cannot_
     model_fn = prepared.pipe.model_fn
     inputs = {"dit": prepared.dit, "latents": torch.zeros(1), "height": 64, "progress_id": 3,
               "num_inference_steps": 40, "edit_image": ["a PIL image"], "cfg_scale": 4.0}
-    models, taken = cuda_graphs.graph_inputs(model_fn, inputs)
+    models, taken = cuda_graphs.graph_inputs(inspect.signature(model_fn).parameters, inputs)
     assert models == {"dit": prepared.dit} and taken == {"latents": inputs["latents"], "height": 64}
     for name in cuda_graphs.NOT_CAPTURED:
         with pytest.raises(UnavailableOptionError, match="cuda-graph replays the plain DiT forward"):
-            cuda_graphs.graph_inputs(model_fn, {**inputs, name: torch.zeros(1)})
+            cuda_graphs.graph_inputs(inspect.signature(model_fn).parameters, {**inputs, name: torch.zeros(1)})
 
 
 def test_the_graphs_of_a_dit_do_not_keep_it_alive(prepared):

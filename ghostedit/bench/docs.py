@@ -409,12 +409,20 @@ def profile() -> str:
             f"{variant['synchronizing_calls']} time(s).\n\n{table}\n\nLargest kernels:\n{top}\n")
 
 
+SHORT_GAPS = ("under 2 us", "under 5 us")              # profile_dit.py's buckets of a graph's launches
+FROM_CPU_GAPS = ("under 100 us", "100 us or more")    # and of the GPU waiting for the CPU (20 us or more)
+
+
+def _idle_ms(variant: dict, bounds=None) -> float:
+    """The GPU's idle time per forward between kernels, in profile_dit.py's buckets named `bounds` (None: all)."""
+    return sum(bucket["ms"] for bound, bucket in variant["idle_between_kernels"]["buckets"].items()
+               if bounds is None or bound in bounds)
+
+
 def _idle_rows(variant: dict) -> list[dict]:
     """The GPU's idle time between the profiled forwards' kernels, per forward: in gaps under 5 us (a graph's
     launches, one after another) and longer."""
-    buckets = variant["idle_between_kernels"]["buckets"]
-    short = sum(bucket["ms"] for bound, bucket in buckets.items() if bound in ("under 2 us", "under 5 us"))
-    total = sum(bucket["ms"] for bucket in buckets.values())
+    short, total = _idle_ms(variant, SHORT_GAPS), _idle_ms(variant)
     return [{"kernels": "GPU idle between kernels, gaps under 5 us", "ms": short, "ideal": ""},
             {"kernels": "GPU idle between kernels, longer gaps", "ms": total - short, "ideal": ""}]
 
@@ -568,14 +576,6 @@ WHOLE_FORWARD = "cuda-graph/whole-forward"
 GRAPHS = {"block-loop-graph": "the block loop's graph (before)", "whole-forward-graph": "the whole forward's graph"}
 
 
-def _idle_from_cpu_ms(variant: dict) -> float:
-    """The GPU's idle time per forward in gaps of 20 us or more between kernels (profile_dit.py's buckets): the GPU
-    waiting for the CPU, not a graph's launches."""
-    buckets = variant["idle_between_kernels"]["buckets"]
-    return sum(bucket["ms"] for bound, bucket in buckets.items()
-               if bound in ("under 100 us", "100 us or more"))
-
-
 def whole_forward_graph() -> str:
     """Section 1: the block loop's CUDA graph against the whole forward's, in processes of their own, alternating
     (profile_dit.py --engine-only on the code before and after), and graph_check.py's bit-for-bit comparison."""
@@ -585,7 +585,7 @@ def whole_forward_graph() -> str:
         variant = _profiled(f"{WHOLE_FORWARD}/{run.name}")
         rows.append({"process": run.name.split("-")[0], "graph": GRAPHS[run.name.split("-", 1)[1]],
                      "alone": variant["ms_per_forward"], "back": variant["back_to_back_ms"],
-                     "cpu": variant["cpu_launch_ms"], "idle": _idle_from_cpu_ms(variant),
+                     "cpu": variant["cpu_launch_ms"], "idle": _idle_ms(variant, FROM_CPU_GAPS),
                      "kernels": variant["total_kernel_ms"]})
     table = markdown_table(rows, {"process": "process", "graph": "graph", "alone": "ms / forward (timed alone)",
                                   "back": "ms / forward (10 back to back)",

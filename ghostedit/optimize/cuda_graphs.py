@@ -16,13 +16,12 @@ switch can give a layer new tensors) or another configuration, and that run capt
 prepared DiT share one memory pool: they never run at once, and each one's outputs are copied out before the next
 replay.
 
-It sits between the engine and DiffSynth's model_fn, as the step cache does (step_cache.py), and hands model_fn the
-inputs it names. The store of graphs by input signature (ShapeGraphs) also serves the text encoder's layers
+It sits between the engine and DiffSynth's model_fn, as the step cache does (step_cache.py, both through
+block_loop.wrapped_model_fn), and hands model_fn the inputs it names. The store of graphs by input signature (ShapeGraphs) also serves the text encoder's layers
 (text_encoder_graphs.py)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import sys
 import weakref
@@ -35,7 +34,10 @@ from torch.utils import _pytree as pytree
 
 from .. import tensors
 from ..device import UnavailableOptionError
-from . import registry
+from ..diffsynth_patches import check_version
+from . import block_loop, registry
+
+check_version()  # HostConstants stands in for DiffSynth's pipeline module's torch ("capture-time torch")
 
 MAX_GRAPHS = 8   # shapes kept per prepared DiT (output sizes, prompt lengths), the least recently used dropped
 
@@ -228,16 +230,15 @@ NOT_CAPTURED = {"blockwise_controlnet_conditioning": "a blockwise ControlNet (it
 STEP_INDEX_ONLY = ("progress_id", "num_inference_steps")
 
 
-def graph_inputs(model_fn, inputs: dict) -> tuple[dict, dict]:
-    """The inputs DiffSynth's model_fn names (it takes the pipeline's whole state and reads these; the rest, images
-    and settings of other units, it ignores), less STEP_INDEX_ONLY, as (models, the graph's inputs); NOT_CAPTURED
-    ones are refused. The models (the DiT) are handed over as they are, not as part of a graph's signature: a graph
-    reads their weights where they lay at capture (its owner says when they change), and a signature holding the DiT
-    would keep it, and all its weights, alive as long as its graphs."""
+def graph_inputs(named, inputs: dict) -> tuple[dict, dict]:
+    """The inputs DiffSynth's model_fn names (`named`: its parameters; it takes the pipeline's whole state and reads
+    these, the rest, images and settings of other units, it ignores), less STEP_INDEX_ONLY, as (models, the graph's
+    inputs); NOT_CAPTURED ones are refused. The models (the DiT) are handed over as they are, not as part of a graph's
+    signature: a graph reads their weights where they lay at capture (its owner says when they change), and a
+    signature holding the DiT would keep it, and all its weights, alive as long as its graphs."""
     for name, what in NOT_CAPTURED.items():
         if inputs.get(name) is not None:
             raise UnavailableOptionError(f"cuda-graph replays the plain DiT forward, without {what}")
-    named = inspect.signature(model_fn).parameters   # through functools.wraps: DiffSynth's own function's
     taken = {name: value for name, value in inputs.items() if name in named and name not in STEP_INDEX_ONLY}
     models = {name: value for name, value in taken.items() if isinstance(value, torch.nn.Module)}
     return models, {name: value for name, value in taken.items() if name not in models}
@@ -249,7 +250,7 @@ _stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # prepared Di
 def graphs_of(dit: torch.nn.Module) -> ShapeGraphs:
     """The graphs of a prepared DiT, kept as long as the DiT is (they hold no reference to it)."""
     if dit not in _stores:
-        _stores[dit] = ShapeGraphs(capture_stage="capturing the DiT's blocks as a CUDA graph at this shape")
+        _stores[dit] = ShapeGraphs(capture_stage="capturing the DiT's forward as a CUDA graph at this shape")
     return _stores[dit]
 
 
@@ -278,20 +279,14 @@ def why_not_capturable(dit: torch.nn.Module, device: str, config) -> str | None:
     return None
 
 
-@contextlib.contextmanager
 def graphed(pipe, graphs: ShapeGraphs):
-    """Every DiT forward of `pipe` (DiffSynth calls `pipe.model_fn`) runs from `graphs`."""
-    model_fn = pipe.model_fn
+    """Every DiT forward of `pipe` runs from `graphs` (a context)."""
+    def from_graphs(model_fn):
+        named = inspect.signature(model_fn).parameters   # through functools.wraps: DiffSynth's own function's
+        module = sys.modules[inspect.unwrap(model_fn).__module__]   # DiffSynth's pipeline module
 
-    module = sys.modules[inspect.unwrap(model_fn).__module__]   # DiffSynth's pipeline module
-
-    @functools.wraps(model_fn)
-    def graphed_model_fn(**inputs):
-        models, taken = graph_inputs(model_fn, inputs)
-        return graphs.run(lambda held: model_fn(**models, **held), taken, host_module=module)
-
-    pipe.model_fn = graphed_model_fn
-    try:
-        yield
-    finally:
-        pipe.model_fn = model_fn
+        def graphed_model_fn(**inputs):
+            models, taken = graph_inputs(named, inputs)
+            return graphs.run(lambda held: model_fn(**models, **held), taken, host_module=module)
+        return graphed_model_fn
+    return block_loop.wrapped_model_fn(pipe, from_graphs)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import parallel
+from . import block_loop
 
 PASS_NAMES = ("positive", "negative")  # DiffSynth's order of the CFG passes within a step
 
@@ -146,12 +147,8 @@ class FirstBlockCache:
 def first_block_cache(pipe, threshold: float):
     """A fresh cache around every DiT forward of `pipe` for one edit (DiffSynth calls `pipe.model_fn`)."""
     cache = FirstBlockCache(threshold)
-    model_fn = pipe.model_fn
-    pipe.model_fn = cache.wrap(model_fn)
-    try:
+    with block_loop.wrapped_model_fn(pipe, cache.wrap):
         yield cache
-    finally:
-        pipe.model_fn = model_fn
 
 
 class _FirstBlock(torch.nn.Module):

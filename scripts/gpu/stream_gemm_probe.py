@@ -30,12 +30,19 @@ def fp8_rows(rows: int, columns: int):
     return (values / scale).to(FP8), scale
 
 
-def graphed_ms(body) -> float:
+def scaled_mm(a, scale_a, weight, scale_weight, bias=None):
+    """torchao's rowwise FP8 linear as the engine runs it: torch._scaled_mm on [rows, in] and [out, in]."""
+    return torch._scaled_mm(a, weight.t(), scale_a=scale_a, scale_b=scale_weight.t(), bias=bias,
+                            out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+def graphed_ms(body, times: int = BLOCKS) -> float:
+    """`body` run `times` times over in one CUDA graph, the replay timed."""
     body()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(BLOCKS):
+        for _ in range(times):
             body()
     return median_ms(graph.replay, "cuda", repeats=10, warmup=3)
 
@@ -46,14 +53,16 @@ def layer_variants(k: int, n: int) -> dict:
     image_w, image_sw = fp8_rows(n, k)
     text_w, text_sw = fp8_rows(n, k)
     image_bias, text_bias = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-
-    def mm(a, sa, w, sw, bias):
-        return torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sw.t(), bias=bias, out_dtype=torch.bfloat16,
-                                use_fast_accum=True)
     joined_a, joined_sa = torch.cat([text_a, image_a]), torch.cat([text_sa, image_sa]).flatten()
     weights = torch.stack([text_w, image_w]).transpose(-2, -1)     # [2, k, n], each column-major
     weight_scales = torch.stack([text_sw, image_sw]).flatten(1)     # [2, n]
     offsets = torch.tensor([TEXT, TEXT + IMAGE], device="cuda", dtype=torch.int32)
+
+    def image(bias=image_bias):
+        return scaled_mm(image_a, image_sa, image_w, image_sw, bias)
+
+    def text(bias=text_bias):
+        return scaled_mm(text_a, text_sa, text_w, text_sw, bias)
 
     def grouped():
         return F.scaled_grouped_mm(joined_a, weights, joined_sa, F.ScalingType.RowWise, weight_scales,
@@ -64,20 +73,17 @@ def layer_variants(k: int, n: int) -> dict:
     def two_streams():
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            text_out = mm(text_a, text_sa, text_w, text_sw, text_bias)
-        image_out = mm(image_a, image_sa, image_w, image_sw, image_bias)
+            text_out = text()
+        image_out = image()
         torch.cuda.current_stream().wait_stream(side)
         return text_out, image_out
 
-    row = {"image alone": graphed_ms(lambda: mm(image_a, image_sa, image_w, image_sw, image_bias)),
-           "text alone": graphed_ms(lambda: mm(text_a, text_sa, text_w, text_sw, text_bias)),
-           "one after the other": graphed_ms(lambda: (mm(image_a, image_sa, image_w, image_sw, image_bias),
-                                                      mm(text_a, text_sa, text_w, text_sw, text_bias))),
-           "one after the other, no bias": graphed_ms(lambda: (mm(image_a, image_sa, image_w, image_sw, None),
-                                                               mm(text_a, text_sa, text_w, text_sw, None))),
+    row = {"image alone": graphed_ms(image), "text alone": graphed_ms(text),
+           "one after the other": graphed_ms(lambda: (image(), text())),
+           "one after the other, no bias": graphed_ms(lambda: (image(None), text(None))),
            "text on a second stream": graphed_ms(two_streams)}
     try:
-        reference = torch.cat([mm(text_a, text_sa, text_w, text_sw, None), mm(image_a, image_sa, image_w, image_sw, None)])
+        reference = torch.cat([text(None), image(None)])
         output = grouped()
         row["grouped, no bias"] = graphed_ms(grouped)
         row["grouped rel. error"] = float((output.float() - reference.float()).norm() / reference.float().norm())
@@ -96,17 +102,9 @@ def modulation_variants() -> dict:
     parts = [(joined_w[i * n:(i + 1) * n], joined_sw[i * n:(i + 1) * n]) for i in range(layers)]
 
     def mm(w, sw):
-        return torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sw.t(), out_dtype=torch.bfloat16, use_fast_accum=True)
-
-    def one_graph(body):
-        body()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        return median_ms(graph.replay, "cuda", repeats=10, warmup=3)
-    by_layer = one_graph(lambda: [mm(w, sw) for w, sw in parts])
-    joined = one_graph(lambda: mm(joined_w, joined_sw))
+        return scaled_mm(a, sa, w, sw)
+    by_layer = graphed_ms(lambda: [mm(w, sw) for w, sw in parts], times=1)
+    joined = graphed_ms(lambda: mm(joined_w, joined_sw), times=1)
     reference = torch.cat([mm(w, sw) for w, sw in parts], dim=1)
     error = float((mm(joined_w, joined_sw).float() - reference.float()).norm() / reference.float().norm())
     gbytes = joined_w.numel() / 1e9
