@@ -20,18 +20,40 @@ from ghostedit.optimize.toggles import text_encoder as text_encoder_toggle
 def test_compiled_blocks_are_traced_and_compiled_once():
     """Before the fixes in optimize/compile.py, Dynamo restarted its trace over DiffSynth's float attributes
     ("compile_attempt_1") and compiled the block a second time because only the first block's inputs are views
-    (2 frames); on the full-size model they cost 8 of a 28 s first call."""
+    (2 frames); on the full-size model they cost 8 of a 28 s first call. Only the token dimensions are dynamic,
+    so another output size and prompt length, and the carried residual's parts, run the same compiled code."""
     torch._dynamo.reset()
     counters.clear()
-    config = OptimizationConfig(compile="regional", rewrites=("real-rope",))
+    config = OptimizationConfig(compile="regional", rewrites=("real-rope", "carried-residual"))
     engine = dit_engine()
     inputs = inputs_for(engine)
     first = dit_output(engine, config, inputs)
     again = dit_output(engine, config, inputs)
     assert torch.equal(first, again)
+    dit_output(engine, config, inputs_for(engine, side=96, text_tokens=13))
     assert len(engine.load().dit.transformer_blocks) > 1
     assert counters["frames"]["total"] == 1, dict(counters["frames"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert "compile_attempt_1" not in compile_times(repr="str", aggregate=True)
+
+
+def test_a_blocks_token_dimensions_are_found_in_every_input():
+    """What compile_over_tokens marks dynamic (and the Space's export too): the image's and the text's token
+    dimension wherever it runs, and nothing else; a gate of one row, the widths and the batch stay static."""
+    batch, image, text, width = 1, 48, 12, 64
+    inputs = {"image": torch.zeros(batch, image, width), "text": torch.zeros(batch, text, width),
+              "temb": torch.zeros(2 * batch, width),
+              "image_rotary_emb": ((torch.zeros(image, 32), torch.zeros(image, 32)),
+                                   (torch.zeros(text, 32), torch.zeros(text, 32))),
+              "modulate_index": torch.zeros(batch, image, dtype=torch.long),
+              "pending": (torch.zeros(batch, 1, width), torch.zeros(batch, image, width),
+                          torch.zeros(batch, 1, width), torch.zeros(batch, text, width)),
+              "attention_mask": None, "enable_fp8_attention": False}
+    found = [(tuple(tensor.shape), dims) for tensor, dims in compile_blocks.token_dims(inputs)]
+    assert found == [((1, 48, 64), {1: "image"}), ((1, 12, 64), {1: "text"}), ((2, 64), {}),
+                     ((48, 32), {0: "image"}), ((48, 32), {0: "image"}), ((12, 32), {0: "text"}),
+                     ((12, 32), {0: "text"}), ((1, 48), {1: "image"}), ((1, 1, 64), {}), ((1, 48, 64), {1: "image"}),
+                     ((1, 1, 64), {}), ((1, 12, 64), {1: "text"})]
 
 
 def test_a_compiled_text_encoder_gives_the_eager_image_and_compiles_once(house):

@@ -163,8 +163,56 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
     for block in blocks:
-        block.compile(dynamic=True, options=options or None)
+        compile_over_tokens(block, options or None)
     return len(blocks)
+
+
+def compile_over_tokens(block: torch.nn.Module, options: dict | None) -> None:
+    """`block.compile()` with its token dimensions dynamic and every other dimension static: one compiled graph
+    serves every output size, number of edit images and prompt length, and Dynamo traces the widths, heads and
+    batch as the numbers they are. `dynamic=True` made every dimension symbolic, and a restart's first forward,
+    which traces the block again, spent a second more on the symbolic shapes (docs/benchmarks.md, section 2).
+    Marks count when Dynamo traces, and Dynamo keeps a marked dimension dynamic in every later trace of the
+    block's code (the blocks share it), so they are set until a call has gone through. A dimension that is not
+    marked and changes makes Dynamo compile again with it dynamic (torch's automatic dynamic shapes)."""
+    compiled = torch.compile(block._call_impl, dynamic=None, options=options)
+    traced = False
+
+    def call(*args, **kwargs):
+        nonlocal traced
+        if not traced:
+            for tensor, dims in token_dims(kwargs):
+                for dim in dims:
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        output = compiled(*args, **kwargs)
+        traced = True
+        return output
+
+    block._compiled_call_impl = call
+
+
+def token_dims(inputs: dict) -> list[tuple[torch.Tensor, dict[int, str]]]:
+    """Each tensor among a transformer block's keyword inputs (nested in tuples and lists too) with the dimension
+    that runs along the image's or the text's tokens, {dimension: "image" or "text"}, or {} if none. The image's
+    and the text's own are dimension 1; any other tensor's is its first dimension of one of those lengths (rotary
+    tables [tokens, ...], zero_cond_t's modulation index [batch, tokens], carried-residual's parts [batch, tokens,
+    width]); a length of 1 is never one (the gates [batch, 1, width]). Where the image and the text have the same
+    length, the other tensors' dimension of that length is named "text"."""
+    lengths = {inputs["image"].shape[1]: "image", inputs["text"].shape[1]: "text"}
+    found = [(inputs["image"], {1: "image"}), (inputs["text"], {1: "text"})]
+
+    def visit(value):
+        if isinstance(value, torch.Tensor):
+            dim = next((d for d, size in enumerate(value.shape) if size > 1 and size in lengths), None)
+            found.append((value, {} if dim is None else {dim: lengths[value.shape[dim]]}))
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                visit(item)
+
+    for name, value in inputs.items():
+        if name not in ("image", "text"):
+            visit(value)
+    return found
 
 
 def is_compiled(model: torch.nn.Module) -> bool:

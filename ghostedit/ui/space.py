@@ -22,6 +22,7 @@ from PIL import Image
 from torch.utils._pytree import tree_map
 
 from ..config import EditRequest, OptimizationConfig
+from ..optimize.compile import token_dims
 
 AOT_COMPILE_SECONDS = 1500   # one GPU window for the capture, the export and AoTInductor's compile of one block
 AOT_CONFIG = OptimizationConfig()  # the stock configuration: the one whose prepared DiT the blocks belong to
@@ -83,10 +84,9 @@ def compile_ahead_of_time(engine) -> int:
 
 def block_dynamic_shapes(kwargs: dict) -> dict:
     """The dynamic dimensions of a DiffSynth QwenImageTransformerBlock call: the image and text sequence lengths
-    (the output size, the input images and the prompt change them); everything else as captured."""
-    shapes = tree_map(lambda value: None, kwargs)
-    shapes["image"] = {1: IMAGE_TOKENS}
-    shapes["text"] = {1: TEXT_TOKENS}
-    if kwargs.get("image_rotary_emb") is not None:
-        shapes["image_rotary_emb"] = ({0: IMAGE_TOKENS}, {0: TEXT_TOKENS})
-    return shapes
+    (the output size, the input images and the prompt change them; compile.token_dims finds them, as for the
+    just-in-time compile); everything else as captured."""
+    tokens = {"image": IMAGE_TOKENS, "text": TEXT_TOKENS}
+    found = {id(tensor): {dim: tokens[which] for dim, which in dims.items()} or None
+             for tensor, dims in token_dims(kwargs)}
+    return tree_map(lambda value: found.get(id(value)) if isinstance(value, torch.Tensor) else None, kwargs)

@@ -54,15 +54,26 @@ def main() -> None:
     parser.add_argument("--workers-at-first-compile", action="store_true",
                         help="leave the compile workers to torch, which starts them at the first compile, instead of "
                              "the engine's start as preparation begins (the A/B of that start)")
+    parser.add_argument("--dynamic", choices=("tokens", "true", "none"), default="tokens",
+                        help="the blocks' dynamic dimensions: tokens as the engine compiles them "
+                             "(compile.compile_over_tokens), true for all (torch.compile(dynamic=True)), none for "
+                             "torch's default (static first, a dimension that changes made dynamic at a recompile)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results") + "/first-call")
     args = parser.parse_args()
     if args.workers_at_first_compile:
         from ghostedit.optimize import compile as compile_blocks
         compile_blocks.start_compile_workers = lambda: None
+    if args.dynamic != "tokens":
+        from ghostedit.optimize import compile as compile_blocks
+        dynamic = args.dynamic == "true"
+        compile_blocks.compile_over_tokens = lambda block, options: block.compile(dynamic=dynamic, options=options)
     began = time.perf_counter()
     engine = Engine("synthetic", device="cuda", dit_only=True)
     inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
+    built = time.perf_counter()
+    engine.check(config)  # the availability checks prepare begins with (each cached once made), timed apart
+    check_s = time.perf_counter() - built
     built = time.perf_counter()
     preparing, profile = (cProfile.Profile() if args.cprofile else None for _ in range(2))
     with preparing or contextlib.nullcontext():
@@ -82,7 +93,8 @@ def main() -> None:
     result = {
         "config": config.label, "label": args.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
-        "build_s": built - began, "prepare_s": prepared - built, "prepare_stages_s": pipeline.prepare_seconds,
+        "build_s": built - began - check_s, "check_s": check_s, "dynamic": args.dynamic,
+        "prepare_s": prepared - built, "prepare_stages_s": pipeline.prepare_seconds,
         "first_call_s": first_call, "workers_started": "at the first compile" if args.workers_at_first_compile
         else "as preparation begins",
         "generated_reductions": generated_reductions(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
@@ -94,7 +106,7 @@ def main() -> None:
         "top_own_time": top_functions(profile, "tottime") if profile else [],
         "prepare_top_cumulative": top_functions(preparing, "cumulative") if preparing else [],
     }
-    print(json.dumps({key: result[key] for key in ("label", "prepare_s", "prepare_stages_s", "first_call_s",
+    print(json.dumps({key: result[key] for key in ("label", "check_s", "prepare_s", "prepare_stages_s", "first_call_s",
                                                        "second_call_s")}),
           flush=True)
     print(result["dynamo_compile_times"])
