@@ -1,6 +1,7 @@
 """Regional compile traces the DiT's block once: no restarted trace, no second compile for the second block. The
 text encoder's layers compiled for a run give the eager run's image, compile once, and are plain again after it. A
 multi-kernel's pick is kept for a restarted process."""
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -54,6 +55,21 @@ def test_a_blocks_token_dimensions_are_found_in_every_input():
                      ((48, 32), {0: "image"}), ((48, 32), {0: "image"}), ((12, 32), {0: "text"}),
                      ((12, 32), {0: "text"}), ((1, 48), {1: "image"}), ((1, 1, 64), {}), ((1, 48, 64), {1: "image"}),
                      ((1, 1, 64), {}), ((1, 12, 64), {1: "text"})]
+
+
+def test_the_compile_cache_keys_are_hashed_on_a_thread_of_their_own_as_preparation_begins(monkeypatch):
+    """The hashes of torch's and Triton's files that every compile cache key includes are made while the DiT is
+    prepared, not in the first forward."""
+    hashed_in = []
+    hash_keys = compile_blocks._compile_keys
+    monkeypatch.setattr(compile_blocks, "_compile_keys",
+                        lambda: (hash_keys(), hashed_in.append(threading.current_thread().name)))
+    dit_engine().prepare(OptimizationConfig(compile="regional"))
+    thread = next(thread for thread in threading.enumerate() if thread.name == "ghostedit-compile-keys")
+    thread.join(timeout=60)
+    assert hashed_in == ["ghostedit-compile-keys"]
+    from torch._inductor.codecache import CacheBase
+    assert CacheBase.get_system.cache_info().currsize == 1
 
 
 def test_a_compiled_text_encoder_gives_the_eager_image_and_compiles_once(house):

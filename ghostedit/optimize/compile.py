@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -142,6 +143,22 @@ def start_compile_workers() -> None:
     preparation begins, they start while the DiT's weights are quantized and copied, which is GPU work."""
     from torch._inductor.async_compile import maybe_warm_pool
     maybe_warm_pool()
+
+
+def start_hashing_compile_keys() -> None:
+    """Computes, on a thread of its own, the hashes of torch's and Triton's own files that every compile cache key
+    of this process includes (Inductor's `torch_key` and `CacheBase.get_system`, which reads and hashes Triton's
+    compiler and library files; both kept for the process once made). Otherwise the first compile computes them
+    in the first forward, a restart's too: a third of a second of its hashing on the H100 machine
+    (docs/benchmarks.md, section 2). Started when preparation begins: reading and hashing files leave the GIL to
+    the preparation, whose quantization waits on copies to the GPU."""
+    threading.Thread(target=_compile_keys, name="ghostedit-compile-keys", daemon=True).start()
+
+
+def _compile_keys() -> None:
+    from torch._inductor.codecache import CacheBase, torch_key
+    torch_key()
+    CacheBase.get_system()
 
 
 def hand_blocks_plain_tensors(model: torch.nn.Module) -> None:

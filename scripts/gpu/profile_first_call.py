@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument("--workers-at-first-compile", action="store_true",
                         help="leave the compile workers to torch, which starts them at the first compile, instead of "
                              "the engine's start as preparation begins (the A/B of that start)")
+    parser.add_argument("--keys-at-first-compile", action="store_true",
+                        help="leave the compile cache's keys (hashes of torch's and Triton's files) to the first "
+                             "compile, instead of the engine's thread started as preparation begins (the A/B)")
     parser.add_argument("--dynamic", choices=("tokens", "true", "none"), default="tokens",
                         help="the blocks' dynamic dimensions: tokens as the engine compiles them "
                              "(compile.compile_over_tokens), true for all (torch.compile(dynamic=True)), none for "
@@ -63,6 +66,9 @@ def main() -> None:
     if args.workers_at_first_compile:
         from ghostedit.optimize import compile as compile_blocks
         compile_blocks.start_compile_workers = lambda: None
+    if args.keys_at_first_compile:
+        from ghostedit.optimize import compile as compile_blocks
+        compile_blocks.start_hashing_compile_keys = lambda: None
     if args.dynamic != "tokens":
         from ghostedit.optimize import compile as compile_blocks
         dynamic = args.dynamic == "true"
@@ -97,6 +103,7 @@ def main() -> None:
         "prepare_s": prepared - built, "prepare_stages_s": pipeline.prepare_seconds,
         "first_call_s": first_call, "workers_started": "at the first compile" if args.workers_at_first_compile
         else "as preparation begins",
+        "compile_keys": "at the first compile" if args.keys_at_first_compile else "as preparation begins",
         "generated_reductions": generated_reductions(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
         "second_call_s": second_call,
         "dynamo_compile_times": compile_times(repr="str", aggregate=True),

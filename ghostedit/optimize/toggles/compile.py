@@ -17,9 +17,14 @@ def _prepare(context: PrepareContext, mode: str) -> None:
     context.report["compile"] = ", ".join([f"{mode}: {blocks} transformer blocks ({first_call})", *words])
 
 
-def _start_compile_workers(context: PrepareContext, mode: str) -> None:
-    if mode != "off" and context.device.startswith("cuda"):
+def _begin(context: PrepareContext, mode: str) -> None:
+    """What a compile needs that can start while the DiT is prepared: the workers (a GPU's Triton kernels), the
+    compile cache's keys."""
+    if mode == "off":
+        return
+    if context.device.startswith("cuda"):
         compile_blocks.start_compile_workers()
+    compile_blocks.start_hashing_compile_keys()
 
 
 @contextlib.contextmanager
@@ -37,6 +42,6 @@ register(Toggle(
         Choice("regional", "regional (each transformer block)"),
         Choice("max-autotune", "max-autotune (each block, tuned kernels)"),
     ),
-    order=90, prepare=_prepare, begin=_start_compile_workers, run_context=_dynamo_settings,
+    order=90, prepare=_prepare, begin=_begin, run_context=_dynamo_settings,
     availability=compile_blocks.availability,
 ))
