@@ -172,22 +172,71 @@ def ready() -> str:
     return f"One DiT forward at 1024x1024. Measured on {source('ready-restart')}.{clocks(timed)}\n\n{table}\n"
 
 
-def ready_again() -> str:
-    """Section 2: the ready phase again, on another machine of the same kind started for it, on the table's code."""
-    timed = _ready_rows("ready-again/")
-    runs = ", ".join(f"{what.split(' (')[0]} {row['prepare_s'] + row['first_call_s']:.2f} s (prepare "
+def _ready_runs(folder: str) -> str:
+    """The ready phase's three rows in `docs/benchmarks/<folder>/`, in words."""
+    return ", ".join(f"{what.split(' (')[0]} {row['prepare_s'] + row['first_call_s']:.2f} s (prepare "
                      f"{row['prepare_s']:.2f} s, first forward {row['first_call_s']:.2f} s)"
-                     for what, row in zip(READY.values(), timed))
+                     for what, row in zip(READY.values(), _ready_rows(f"{folder}/")))
+
+
+def ready_again() -> str:
+    """Section 2: the ready phase again, on another machine of the same kind started for it, on the table's code;
+    and the ready processes of the last whole-table run, on the code before the last change to a first call."""
     environment = results("ready-again/ready-restart")["environment"]
+    speed = results("speed-ready/ready-restart")["environment"]
     return (f"The same phase again on another machine started for it ({_ran_on(environment)}, "
-            f"`scripts/gpu/bench.sh ready`, `docs/benchmarks/ready-again/`): {runs}.\n")
+            f"`scripts/gpu/bench.sh ready`, `docs/benchmarks/ready-again/`): {_ready_runs('ready-again')}. The "
+            f"ready processes of the whole-table run (`bench.sh speed`, {_ran_on(speed)}, on the code before the "
+            f"compile cache's keys were hashed while preparing, `docs/benchmarks/speed-ready/`): "
+            f"{_ready_runs('speed-ready')}.\n")
+
+
+def _compile_time_s(first_call: dict, step: str) -> float:
+    """One step's seconds in Dynamo's compile-time table of a first call (profile_first_call.py), 0 if absent."""
+    line = next((line for line in first_call["dynamo_compile_times"].splitlines() if line.startswith(f"{step} ")),
+                None)
+    return float(line.split()[-1]) if line else 0.0
 
 
 def _inductor_codegen_s(first_call: dict) -> float:
-    """Inductor's code generation in a first call, from Dynamo's compile-time table (profile_first_call.py)."""
-    line = next(line for line in first_call["dynamo_compile_times"].splitlines()
-                if line.startswith("GraphLowering.codegen "))
-    return float(line.split()[-1])
+    """Inductor's code generation in a first call."""
+    return _compile_time_s(first_call, "GraphLowering.codegen")
+
+
+RESTART_AB = "restart-ab"
+# Each A/B's folder under docs/benchmarks/restart-ab/: what it compared, and its variants' folders in words
+RESTART_VARIANTS = {
+    "whole-forward-graph": ("before and after the whole forward's graph", {
+        "old": "block loop's graph (5841561)", "new": "whole forward's graph (0fc9dcd)"}),
+    "static-or-dynamic": ("all dynamic or static (0fc9dcd)", {
+        "true": "every dimension dynamic", "none": "static, made dynamic when one changes"}),
+    "token-dims": ("token dimensions (c2c77cb)", {
+        "tokens": "token dimensions dynamic", "true": "every dimension dynamic",
+        "none": "static, made dynamic when one changes"}),
+    "compile-keys": ("compile keys (42d898b)", {
+        "early": "keys hashed as preparation begins", "late": "keys hashed at the first compile"}),
+}
+
+
+def restart_ab() -> str:
+    """Section 2: the restart's first forward A/B'd (profile_first_call.py restart, the variants in processes of
+    their own, alternating, each A/B on one machine after one cold process per variant)."""
+    rows = []
+    for ab, (compared, variants) in RESTART_VARIANTS.items():
+        for variant, words in variants.items():
+            calls = _first_calls(f"{RESTART_AB}/{ab}/{variant}")
+            for label in sorted(label for label in calls if label.startswith("restart")):
+                call = calls[label]
+                rows.append({"ab": compared, "variant": words, "process": label, "first": call["first_call_s"],
+                             "trace": _compile_time_s(call, "bytecode_tracing"),
+                             "compiler": _compile_time_s(call, "OutputGraph.call_user_compiler")})
+    table = markdown_table(rows, {"ab": "A/B", "variant": "variant", "process": "process",
+                                  "first": "first forward s", "trace": "of it Dynamo's trace s",
+                                  "compiler": "of it the compile cache's lookups and loads s"})
+    first = next((RESULTS / RESTART_AB / "compile-keys").rglob("first-call-*.json"))
+    return (f"A restarted process's first forward of best at 1024x1024 (`scripts/gpu/profile_first_call.py restart`, "
+            f"variants in processes of their own, alternating, each A/B on one machine, "
+            f"{_ran_on(json.loads(first.read_text()), committed=first)}, `docs/benchmarks/{RESTART_AB}/`):\n\n{table}\n")
 
 
 def multi_kernel() -> str:
@@ -277,15 +326,17 @@ def end_to_end() -> str:
 
 
 # The parts `bench.sh speed` writes, whose processes' walls together must fit one device call (issue 17's done-when)
-SPEED_PARTS = ("dit", "ready-never-compiled", "ready-package-only", "ready-restart", "e2e-4-stock", "e2e-40-stock",
-               "e2e-4", "e2e-40")
+# (the ready phase's processes of the last whole-table run are kept in speed-ready/ when a ready run on later code
+# replaced the table's ready rows)
+SPEED_PARTS = ("dit", "speed-ready/ready-never-compiled", "speed-ready/ready-package-only",
+               "speed-ready/ready-restart", "e2e-4-stock", "e2e-40-stock", "e2e-4", "e2e-40")
 DEVICE_CALL_S = 600
 PROCESS_WALL = re.compile(r"^== [\w-]+: process wall (\d+) s", re.M)
 
 
 def process_wall(part: str) -> int:
     """The wall seconds bench.sh logged around the process that wrote `part` first (its folder keeps the log)."""
-    return int(PROCESS_WALL.search((RESULTS / part / f"{part}.log").read_text())[1])
+    return int(PROCESS_WALL.search((RESULTS / part / f"{Path(part).name}.log").read_text())[1])
 
 
 def processes(parts) -> list[list[str]]:
@@ -302,7 +353,7 @@ def process_time() -> str:
     for parts in processes(SPEED_PARTS):
         marks = {mark["after"]: mark["s"] for mark in results(parts[0])["process_timeline"]}
         last, wall = results(parts[-1])["process_timeline"][-1]["s"], process_wall(parts[0])
-        rows.append({"process": " + ".join(parts), "imports": marks["engine imported"],
+        rows.append({"process": " + ".join(Path(part).name for part in parts), "imports": marks["engine imported"],
                      "checks": marks["configurations checked"] - marks["engine imported"],
                      "weights": marks["weights built"] - marks["configurations checked"],
                      "work": last - marks["weights built"], "exit": wall - last, "wall": wall})
@@ -820,7 +871,7 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "ready-again": ready_again,
+            "ready-again": ready_again, "restart-ab": restart_ab,
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
