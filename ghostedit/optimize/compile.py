@@ -1,6 +1,7 @@
 """torch.compile of the DiT's repeated transformer block ("regional" compilation): the 60 blocks of the real model
-share one compiled graph, so compiling costs one block's worth, not the whole model's. Also what GhostEdit adds to
-Inductor: multi-kernel picks kept for a restart, the persistent-rows heuristics, the compile workers' early start."""
+share one compiled graph, so compiling costs one block's worth, not the whole model's; only their token dimensions
+are dynamic. Also what GhostEdit adds to Inductor: multi-kernel picks kept for a restart, the persistent-rows
+heuristics, the compile workers' early start and the compile cache's keys hashed while preparing."""
 from __future__ import annotations
 
 import functools
