@@ -60,13 +60,12 @@ def test_a_blocks_token_dimensions_are_found_in_every_input():
 def test_the_compile_cache_keys_are_hashed_on_a_thread_of_their_own_as_preparation_begins(monkeypatch):
     """The hashes of torch's and Triton's files that every compile cache key includes are made while the DiT is
     prepared, not in the first forward."""
-    hashed_in = []
+    hashed_in, hashed = [], threading.Event()
     hash_keys = compile_blocks._compile_keys
     monkeypatch.setattr(compile_blocks, "_compile_keys",
-                        lambda: (hash_keys(), hashed_in.append(threading.current_thread().name)))
+                        lambda: (hash_keys(), hashed_in.append(threading.current_thread().name), hashed.set()))
     dit_engine().prepare(OptimizationConfig(compile="regional"))
-    thread = next(thread for thread in threading.enumerate() if thread.name == "ghostedit-compile-keys")
-    thread.join(timeout=60)
+    assert hashed.wait(timeout=60)
     assert hashed_in == ["ghostedit-compile-keys"]
     from torch._inductor.codecache import CacheBase
     assert CacheBase.get_system.cache_info().currsize == 1
