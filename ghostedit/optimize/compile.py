@@ -150,8 +150,8 @@ def start_hashing_compile_keys() -> None:
     """Computes, on a thread of its own, the hashes of torch's and Triton's own files that every compile cache key
     of this process includes (Inductor's `torch_key` and `CacheBase.get_system`, which reads and hashes Triton's
     compiler and library files; both kept for the process once made). Otherwise the first compile computes them
-    in the first forward, a restart's too: a third of a second of its hashing on the H100 machine
-    (docs/benchmarks.md, section 2). Started when preparation begins: reading and hashing files leave the GIL to
+    in the first forward, a restart's too: with them made here, a restart's compile cache lookups took about half
+    as long on the H100 machine (docs/benchmarks.md, section 2, the restart A/Bs). Started when preparation begins: reading and hashing files leave the GIL to
     the preparation, whose quantization waits on copies to the GPU."""
     threading.Thread(target=_compile_keys, name="ghostedit-compile-keys", daemon=True).start()
 
@@ -189,7 +189,7 @@ def compile_over_tokens(block: torch.nn.Module, options: dict | None) -> None:
     """`block.compile()` with its token dimensions dynamic and every other dimension static: one compiled graph
     serves every output size, number of edit images and prompt length, and Dynamo traces the widths, heads and
     batch as the numbers they are. `dynamic=True` made every dimension symbolic, and a restart's first forward,
-    which traces the block again, spent a second more on the symbolic shapes (docs/benchmarks.md, section 2).
+    which traces the block again, took about half a second longer (docs/benchmarks.md, section 2, the restart A/Bs).
     Marks count when Dynamo traces, and Dynamo keeps a marked dimension dynamic in every later trace of the
     block's code (the blocks share it), so they are set until a call has gone through. A dimension that is not
     marked and changes makes Dynamo compile again with it dynamic (torch's automatic dynamic shapes)."""
