@@ -192,10 +192,9 @@ def ready_again() -> str:
 
 
 def _compile_time_s(first_call: dict, step: str) -> float:
-    """One step's seconds in Dynamo's compile-time table of a first call (profile_first_call.py), 0 if absent."""
-    line = next((line for line in first_call["dynamo_compile_times"].splitlines() if line.startswith(f"{step} ")),
-                None)
-    return float(line.split()[-1]) if line else 0.0
+    """One step's seconds in Dynamo's compile-time table of a first call (profile_first_call.py)."""
+    line = next(line for line in first_call["dynamo_compile_times"].splitlines() if line.startswith(f"{step} "))
+    return float(line.split()[-1])
 
 
 def _inductor_codegen_s(first_call: dict) -> float:

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ..device import Availability
 from ..errors import error_summary
@@ -151,8 +152,8 @@ def start_hashing_compile_keys() -> None:
     of this process includes (Inductor's `torch_key` and `CacheBase.get_system`, which reads and hashes Triton's
     compiler and library files; both kept for the process once made). Otherwise the first compile computes them
     in the first forward, a restart's too: with them made here, a restart's compile cache lookups took about half
-    as long on the H100 machine (docs/benchmarks.md, section 2, the restart A/Bs). Started when preparation begins: reading and hashing files leave the GIL to
-    the preparation, whose quantization waits on copies to the GPU."""
+    as long on the H100 machine (docs/benchmarks.md, section 2, the restart A/Bs). Started when preparation begins:
+    reading and hashing files leave the GIL to the preparation, whose quantization waits on copies to the GPU."""
     threading.Thread(target=_compile_keys, name="ghostedit-compile-keys", daemon=True).start()
 
 
@@ -218,18 +219,11 @@ def token_dims(inputs: dict) -> list[tuple[torch.Tensor, dict[int, str]]]:
     length, the other tensors' dimension of that length is named "text"."""
     lengths = {inputs["image"].shape[1]: "image", inputs["text"].shape[1]: "text"}
     found = [(inputs["image"], {1: "image"}), (inputs["text"], {1: "text"})]
-
-    def visit(value):
-        if isinstance(value, torch.Tensor):
-            dim = next((d for d, size in enumerate(value.shape) if size > 1 and size in lengths), None)
-            found.append((value, {} if dim is None else {dim: lengths[value.shape[dim]]}))
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                visit(item)
-
-    for name, value in inputs.items():
-        if name not in ("image", "text"):
-            visit(value)
+    others = {name: value for name, value in inputs.items() if name not in ("image", "text")}
+    for leaf in pytree.tree_leaves(others):
+        if isinstance(leaf, torch.Tensor):
+            dim = next((d for d, size in enumerate(leaf.shape) if size > 1 and size in lengths), None)
+            found.append((leaf, {} if dim is None else {dim: lengths[leaf.shape[dim]]}))
     return found
 
 

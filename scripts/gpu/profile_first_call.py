@@ -27,6 +27,7 @@ import torch
 from ghostedit.bench.dit import dit_inputs, running
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
+from ghostedit.optimize import compile as compile_blocks
 from ghostedit.telemetry import RunRecorder
 
 
@@ -64,13 +65,10 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results") + "/first-call")
     args = parser.parse_args()
     if args.workers_at_first_compile:
-        from ghostedit.optimize import compile as compile_blocks
         compile_blocks.start_compile_workers = lambda: None
     if args.keys_at_first_compile:
-        from ghostedit.optimize import compile as compile_blocks
         compile_blocks.start_hashing_compile_keys = lambda: None
     if args.dynamic != "tokens":
-        from ghostedit.optimize import compile as compile_blocks
         dynamic = args.dynamic == "true"
         compile_blocks.compile_over_tokens = lambda block, options: block.compile(dynamic=dynamic, options=options)
     began = time.perf_counter()
