@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -26,10 +25,6 @@ from ..telemetry import RunRecorder
 from .prepare import PreparedPipeline, pipeline_with_dit, prepare_dit
 from .runner import TEXT_TOKENS_ESTIMATE, dit_inputs, fall_back_to_eager, running, without_cuda_graph
 
-# Python's switch interval while the stand-in compiles beside the preparation. Both are Python work, and each
-# releases the GIL at every torch call and copy; at Python's default (5 ms) each of the preparation's thousands of
-# returns waited for the trace to let go of it.
-SWITCH_INTERVAL_S = 0.005
 # The stand-in's output side: on a GPU the default edit's (a never-compiled kernel is tuned for its first shape);
 # on the CPU the tiny model's tests' size
 STANDIN_SIDE = {"cuda": 1024, "cpu": 64}
@@ -74,14 +69,11 @@ def compiling_beside(base, config, recorder: RunRecorder, device: str, dtype: to
         thread = threading.Thread(target=_first_forward, args=(standin, config, device, dtype, head),
                                   name="ghostedit-compile-head-start", daemon=True)
         thread.start()
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         yield head
     finally:
         with recorder.stage("compile head start wait", "waiting for the compile beside the DiT", into_prepare=True):
             thread.join()
-        sys.setswitchinterval(switch_interval)
 
 
 def _prepared_standin(base, config, device: str) -> PreparedPipeline:

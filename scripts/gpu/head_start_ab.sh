@@ -2,18 +2,14 @@
 # The compile head start's A/B (engine/head_start.py; docs/benchmarks.md, section 2): the best configuration's first
 # use with the head start on and off, each variant in processes of its own on one machine: first a process that
 # never compiled (compile caches emptied before each), then restarts alternating between the variants.
-#   [VARIANTS="off on ..."] scripts/gpu/head_start_ab.sh [RESTARTS]    (default 3) results in
-#   $OUT/head-start/<variant>/, logs beside them
+#   scripts/gpu/head_start_ab.sh [RESTARTS]    (default 3) results in $OUT/head-start/<variant>/, logs beside them
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QUIET_SETUP=1 source scripts/gpu/setup.sh
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
 RESTARTS=${1:-3}
 DEST=${OUT:-bench-results}/head-start
-# each variant's flags for profile_first_call.py; VARIANTS picks them (the first two also compiled cold)
-declare -A FLAGS=([on]="" [off]="--head-start-off" [switch-0.5ms]="--switch-interval 0.0005"
-                  [switch-0.1ms]="--switch-interval 0.0001")
-read -r -a VARIANTS <<< "${VARIANTS:-off on}"
+declare -A FLAGS=([on]="" [off]="--head-start-off")  # each variant's flags for profile_first_call.py
 
 probe() {  # probe VARIANT LABEL: one process; its summary line printed
   mkdir -p "$DEST/$1"
@@ -21,12 +17,12 @@ probe() {  # probe VARIANT LABEL: one process; its summary line printed
   grep -m1 '^{"label"' "$DEST/$1-$2.log" | sed "s/^/$1 /"
 }
 
-for variant in "${VARIANTS[@]:0:2}"; do
+for variant in off on; do
   rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${GHOSTEDIT_HOME:?}/compiled"
   probe "$variant" cold
 done
 for round in $(seq "$RESTARTS"); do
-  for variant in "${VARIANTS[@]}"; do
+  for variant in off on; do
     probe "$variant" "restart-$round"
   done
 done

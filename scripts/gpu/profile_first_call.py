@@ -61,8 +61,6 @@ def main() -> None:
     parser.add_argument("--head-start-off", action="store_true",
                         help="no compile head start: the first forward traces and compiles the blocks, instead of a "
                              "stand-in's forward on a thread while the DiT is prepared (engine/head_start.py; the A/B)")
-    parser.add_argument("--switch-interval", type=float, help="Python's switch interval (s) while the head start "
-                        "compiles beside the preparation (head_start.SWITCH_INTERVAL_S)")
     parser.add_argument("--dynamic", choices=("tokens", "true", "none"), default="tokens",
                         help="the blocks' dynamic dimensions: tokens as the engine compiles them "
                              "(compile.compile_over_tokens), true for all (torch.compile(dynamic=True)), none for "
@@ -75,8 +73,6 @@ def main() -> None:
         compile_blocks.start_hashing_compile_keys = lambda: None
     if args.head_start_off:
         head_start.applies = lambda config: False
-    if args.switch_interval:
-        head_start.SWITCH_INTERVAL_S = args.switch_interval
     if args.dynamic != "tokens":
         dynamic = args.dynamic == "true"
         compile_blocks.compile_over_tokens = lambda block, options: block.compile(dynamic=dynamic, options=options)
@@ -112,7 +108,6 @@ def main() -> None:
         else "as preparation begins",
         "compile_keys": "at the first compile" if args.keys_at_first_compile else "as preparation begins",
         "head_start": pipeline.report.get("compile head start", "off"),
-        "switch_interval_s": None if args.head_start_off else head_start.SWITCH_INTERVAL_S,
         "generated_reductions": generated_reductions(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
         "second_call_s": second_call,
         "dynamo_compile_times": compile_times(repr="str", aggregate=True),
