@@ -1,9 +1,6 @@
-"""Regional compile traces the DiT's block once: no restarted trace, no second compile for the second block, and
-with the compile head start while the DiT is prepared. The text encoder's layers compiled for a run give the eager
-run's image, compile once, and are plain again after it. A multi-kernel's pick is kept for a restarted process."""
-import subprocess
-import sys
-import textwrap
+"""Regional compile traces the DiT's block once: no restarted trace, no second compile for the second block. The
+text encoder's layers compiled for a run give the eager run's image, compile once, and are plain again after it. A
+multi-kernel's pick is kept for a restarted process."""
 import threading
 from types import SimpleNamespace
 
@@ -15,7 +12,7 @@ from dit_helpers import dit_engine, dit_output, inputs_for
 from ghostedit import EditRequest
 from ghostedit.config import OptimizationConfig
 from ghostedit.device import UnavailableOptionError
-from ghostedit.engine import Engine, head_start
+from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
 from ghostedit.optimize import compile as compile_blocks, text_encoder_graphs
 from ghostedit.optimize.toggles import text_encoder as text_encoder_toggle
@@ -220,63 +217,3 @@ def test_persistent_rows_are_decided_by_the_compile_at_hand_in_any_thread():
     thread.start()
     thread.join()
     assert decided == [True, False, False, False]
-
-
-def test_the_blocks_compile_on_a_stand_in_while_the_dit_is_prepared():
-    """The compile head start (engine/head_start.py): preparing a compiled configuration traces and compiles the
-    block on a one-block stand-in, on a thread of its own; the DiT's first forward, at a shape of its own, runs that
-    code without tracing again, and gives what the DiT compiled by its own first forward gives."""
-    config = OptimizationConfig(compile="regional", rewrites=("real-rope", "carried-residual"))
-    outputs = []
-    for head_start_on in (False, True):
-        torch._dynamo.reset()
-        counters.clear()
-        engine = dit_engine()
-        with pytest.MonkeyPatch.context() as patch:
-            if not head_start_on:
-                patch.setattr(head_start, "applies", lambda config: False)
-            prepared, _ = engine.prepare(config)
-        traced_while_preparing = counters["frames"]["total"]
-        outputs.append(dit_output(engine, config, inputs_for(engine, side=96, text_tokens=13)))
-        assert counters["frames"]["total"] == 1, dict(counters["frames"])
-        assert traced_while_preparing == int(head_start_on)
-        assert ("compile head start" in prepared.report) is head_start_on
-        assert "compile head start wait" in prepared.prepare_seconds or not head_start_on
-    assert torch.equal(*outputs)
-
-
-def test_a_head_start_that_fails_says_so_and_the_first_forward_compiles(monkeypatch):
-    def broken(*args, **kwargs):
-        raise RuntimeError("no inputs for the stand-in")
-
-    monkeypatch.setattr(head_start, "dit_inputs", broken)
-    torch._dynamo.reset()
-    counters.clear()
-    config = OptimizationConfig(compile="regional")
-    engine = dit_engine()
-    prepared, _ = engine.prepare(config)
-    assert prepared.warnings == ["the compile head start failed (RuntimeError: no inputs for the stand-in); the first "
-                                 "forward compiles the blocks itself"]
-    assert counters["frames"]["total"] == 0
-    output = dit_output(engine, config, inputs_for(engine))
-    assert counters["frames"]["total"] == 1 and torch.isfinite(output).all()
-
-
-def test_traces_in_threads_one_after_another_do_not_crash_a_process_without_a_gpu():
-    """torch 2.11 without a GPU: a trace in a thread that starts after another trace's thread ended read a freed
-    CUDA device guard and crashed the process (compile._keep_the_no_op_cuda_guard); in a process of its own."""
-    script = textwrap.dedent("""
-        import threading, torch
-        from ghostedit.optimize import compile as compile_blocks
-        compile_blocks.configure_dynamo()
-        def trace():
-            torch._dynamo.reset()
-            torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=True)(torch.randn(4))
-        for _ in range(3):
-            thread = threading.Thread(target=trace)
-            thread.start()
-            thread.join()
-        print("traced in 3 threads")
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "traced in 3 threads" in done.stdout, (done.returncode, done.stderr[-2000:])

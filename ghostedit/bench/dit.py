@@ -10,13 +10,14 @@ configuration: the conditional and unconditional branches batched into one forwa
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 
 from ..config import OptimizationConfig
 from ..device import synchronize
-from ..engine.runner import dit_inputs, package_compiled_code, running, sequence_length, without_cuda_graph
+from ..engine.runner import dit_contexts, forward, package_compiled_code
 from ..optimize import carried_residual
 from ..tensors import storage_bytes
 from ..telemetry import GIB, ClockSampler, RunRecorder, median_ms
@@ -37,12 +38,46 @@ COLUMNS = {
 }
 
 
+def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtype, seed: int = 0,
+               edit_images: int = 1) -> dict:
+    """The inputs DiffSynth's model_fn gets for an edit of `edit_images` images at the output's size: noisy
+    latents, each edit image's latents (as many tokens again each) and the encoded prompt."""
+    generator = torch.Generator(device).manual_seed(seed)
+    latent = (1, 16, height // 8, width // 8)
+    edit = [torch.randn(latent, generator=generator, device=device, dtype=dtype) for _ in range(edit_images)]
+    return {
+        "latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
+        "edit_latents": edit[0] if edit_images == 1 else edit,
+        "prompt_emb": torch.randn((1, text_tokens, dit.txt_in.in_features), generator=generator, device=device,
+                                  dtype=dtype),
+        "prompt_emb_mask": torch.ones((1, text_tokens), dtype=torch.long, device=device),
+        "timestep": torch.tensor([500.0], device=device, dtype=dtype),
+        "height": height, "width": width,
+    }
+
+
+def sequence_length(inputs: dict) -> int:
+    edits = inputs["edit_latents"]
+    images = 1 + (len(edits) if isinstance(edits, list) else 1)
+    return images * (inputs["height"] // 16) * (inputs["width"] // 16) + inputs["prompt_emb"].shape[1]
+
+
 def shape_label(side: int, edit_images: int) -> str:
     return f"{side}x{side}" + (f", {edit_images} images" if edit_images > 1 else "")
 
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     return float((output.float() - reference.float()).norm() / reference.float().norm())
+
+
+@contextlib.contextmanager
+def running(prepared, config: OptimizationConfig, inputs: dict, device: str, recorder: RunRecorder):
+    """A forward function for this prepared DiT inside its run-time contexts, and what the contexts resolved."""
+    contexts, ran = dit_contexts(prepared, config, device, sequence_length(inputs), recorder)
+    arguments = {**inputs, "dit": prepared.dit}
+    with torch.no_grad(), contexts:  # a context may put its own model_fn into the pipeline (cuda-graph)
+        model_fn = prepared.pipe.model_fn
+        yield (lambda: forward(model_fn, arguments)), ran
 
 
 def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeats: int, reference, block_reference):
@@ -134,6 +169,11 @@ def middle_block_reference(dit, call) -> tuple[dict, torch.Tensor]:
 def middle_block_output(dit, captured: dict, call) -> torch.Tensor:
     index = middle_block(dit)
     return run_blocks(dit, captured, slice(index, index + 1))
+
+
+def without_cuda_graph(config: OptimizationConfig) -> OptimizationConfig:
+    """The configuration with its block loop run from Python, where the bench reads what a block receives."""
+    return config.replace(rewrites=tuple(flag for flag in config.flags("rewrites") if flag != "cuda-graph"))
 
 
 def lossless_batching_experiments(prepared, config, inputs: dict, device: str, repeats: int) -> dict:

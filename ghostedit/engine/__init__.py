@@ -2,7 +2,6 @@
 
 store.py      the base weights, loaded once and placed on the GPU or in host memory (placement.py decides)
 prepare.py    the recipe from the base DiT to a configuration's DiT (steps read from the toggle registry)
-head_start.py a compiled configuration's block compiled on a stand-in while its DiT is prepared
 cache.py      the prepared pipelines, least recently used evicted under a memory budget
 loras.py      fused LoRAs written into a prepared DiT in place (switching needs no new preparation)
 runner.py     one instrumented edit, and the DiT forward the bench times too
@@ -24,10 +23,10 @@ from ..models.dtypes import component_dtypes, dtype_name
 from ..optimize import lora as lora_layers, registry
 from ..tensors import storage_bytes
 from ..telemetry import ProgressCallback, RunRecorder
-from . import head_start, placement as placements, report
+from . import placement as placements, report
 from .cache import PreparedCache
 from .loras import LoraFiles, switch_fused_loras
-from .prepare import PreparedPipeline, pipeline_with_dit, prepare_dit
+from .prepare import PreparedPipeline, prepare_dit
 from .recovery import OUT_OF_MEMORY_RETRY_NOTE, recovering_memory
 from .runner import EditResult, run_edit
 from .store import ModelStore
@@ -122,14 +121,10 @@ class Engine:
         return described
 
     def _build(self, config: OptimizationConfig, recorder: RunRecorder, base) -> PreparedPipeline:
-        with head_start.compiling_beside(base, config, recorder, self.device, self.torch_dtype) as head:
-            dit, words = prepare_dit(base.dit, config, recorder, self.device, begin=head is None)
-        prepared = PreparedPipeline(config.cache_key, config, pipeline_with_dit(base, dit),
-                                    storage_bytes(dit, exclude=self.store.base_pointers), words,
-                                    dict(recorder.telemetry.prepare_steps))
-        if head is not None:
-            head.settle(prepared)
-        return prepared
+        dit, words = prepare_dit(base.dit, config, recorder, self.device)
+        return PreparedPipeline(config.cache_key, config, _pipeline_with_dit(base, dit),
+                                storage_bytes(dit, exclude=self.store.base_pointers), words,
+                                dict(recorder.telemetry.prepare_steps))
 
     def _expected_bytes(self, config: OptimizationConfig) -> int:
         if self.store.placement.base_on_gpu and config.value("fp8") == "off":
@@ -182,3 +177,12 @@ class Engine:
             self.prepare_times.remember(config, result.telemetry)
         return result
 
+
+def _pipeline_with_dit(base, dit):
+    """A pipeline of the base's kind over the base's encoders, VAE and processors, with its own DiT."""
+    pipe = type(base)(device=base.device, torch_dtype=base.torch_dtype)
+    for name in ("text_encoder", "vae", "tokenizer", "processor", "blockwise_controlnet", "units"):
+        setattr(pipe, name, getattr(base, name))
+    pipe.use_family(base.family)  # its own schedule, as the family computes it
+    pipe.dit = dit
+    return pipe

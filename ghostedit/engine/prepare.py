@@ -50,10 +50,9 @@ def clone_sharing_weights(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def prepare_dit(base_dit: torch.nn.Module, config, recorder: RunRecorder, device: str, begin: bool = True):
+def prepare_dit(base_dit: torch.nn.Module, config, recorder: RunRecorder, device: str):
     """The prepared DiT on `device` and a report of what each step did, in words. A base kept in host memory is
-    brought over as the steps go: FP8 layers one at a time, so the device never holds the bf16 DiT. `begin`: start
-    the toggles' early work (not again when the compile head start's stand-in started it)."""
+    brought over as the steps go: FP8 layers one at a time, so the device never holds the bf16 DiT."""
     report: dict[str, str] = {}
 
     def stage(name, words):
@@ -62,7 +61,7 @@ def prepare_dit(base_dit: torch.nn.Module, config, recorder: RunRecorder, device
     with stage("copy", "copying the DiT (weights shared)"):
         dit = clone_sharing_weights(base_dit)
     context = registry.PrepareContext(dit, config, device, stage, report)
-    for toggle in registry.toggles() if begin else ():
+    for toggle in registry.toggles():
         if toggle.begin is not None and toggle.changes == registry.PREPARED:
             toggle.begin(context, config.value(toggle.name))
     if config.runtime_loras:
@@ -93,15 +92,3 @@ def _attach_runtime_loras(context: registry.PrepareContext) -> None:
 def _to_device(context: registry.PrepareContext) -> None:
     with context.stage("to device", f"moving the DiT to {context.device}"):
         context.dit.to(context.device)
-
-
-def pipeline_with_dit(base, dit, encoders: bool = True):
-    """A pipeline of the base's kind over the base's encoders, VAE and processors, with its own DiT; without
-    `encoders`, the DiT alone (with the base's units and ControlNet)."""
-    pipe = type(base)(device=base.device, torch_dtype=base.torch_dtype)
-    shared = ("text_encoder", "vae", "tokenizer", "processor") if encoders else ()
-    for name in (*shared, "blockwise_controlnet", "units"):
-        setattr(pipe, name, getattr(base, name))
-    pipe.use_family(base.family)  # its own schedule, as the family computes it
-    pipe.dit = dit
-    return pipe

@@ -8,7 +8,6 @@ reverts the DiT to eager with a warning in the result, never silently.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -78,47 +77,6 @@ def dit_contexts(prepared: PreparedPipeline, config, device: str, sequence_lengt
     if lora_layers.has_runtime_lora(prepared.dit):
         lora_layers.set_runtime_scales(prepared.dit, {lora.sha256: lora.scale for lora in config.runtime_loras})
     return registry.run_contexts(config, context), context.ran
-
-
-def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtype, seed: int = 0,
-               edit_images: int = 1, zero_cond_t: bool = False) -> dict:
-    """The inputs DiffSynth's model_fn gets for an edit of `edit_images` images at the output's size: noisy
-    latents, each edit image's latents (as many tokens again each) and the encoded prompt (random values)."""
-    generator = torch.Generator(device).manual_seed(seed)
-    latent = (1, 16, height // 8, width // 8)
-    edit = [torch.randn(latent, generator=generator, device=device, dtype=dtype) for _ in range(edit_images)]
-    return {
-        "latents": torch.randn(latent, generator=generator, device=device, dtype=dtype),
-        "edit_latents": edit[0] if edit_images == 1 else edit,
-        "prompt_emb": torch.randn((1, text_tokens, dit.txt_in.in_features), generator=generator, device=device,
-                                  dtype=dtype),
-        "prompt_emb_mask": torch.ones((1, text_tokens), dtype=torch.long, device=device),
-        "timestep": torch.tensor([500.0], device=device, dtype=dtype),
-        "height": height, "width": width,
-        **({"zero_cond_t": True} if zero_cond_t else {}),
-    }
-
-
-def sequence_length(inputs: dict) -> int:
-    edits = inputs["edit_latents"]
-    images = 1 + (len(edits) if isinstance(edits, list) else 1)
-    return images * (inputs["height"] // 16) * (inputs["width"] // 16) + inputs["prompt_emb"].shape[1]
-
-
-@contextlib.contextmanager
-def running(prepared: PreparedPipeline, config, inputs: dict, device: str, recorder: RunRecorder):
-    """A forward function for this prepared DiT inside its run-time contexts (`dit_inputs`' inputs, as the DiT-level
-    bench and the compile head start call it), and what the contexts resolved."""
-    contexts, ran = dit_contexts(prepared, config, device, sequence_length(inputs), recorder)
-    arguments = {**inputs, "dit": prepared.dit}
-    with torch.no_grad(), contexts:  # a context may put its own model_fn into the pipeline (cuda-graph)
-        model_fn = prepared.pipe.model_fn
-        yield (lambda: forward(model_fn, arguments)), ran
-
-
-def without_cuda_graph(config):
-    """The configuration with its forward run from Python (the same compiled blocks, no graph captured)."""
-    return config.replace(rewrites=tuple(flag for flag in config.flags("rewrites") if flag != "cuda-graph"))
 
 
 def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder: RunRecorder, spec,
@@ -211,19 +169,13 @@ class _Instrumented:
             if not compile_blocks.is_compile_error(error):
                 raise
             failure = error
-        self.recorder.telemetry.notes.append(fall_back_to_eager(self.prepared, failure))
+        compile_blocks.revert_to_eager(self.prepared.dit)
+        warning = (f"torch.compile failed ({type(failure).__name__}: {error_summary(failure)}); "
+                   "this configuration runs in eager mode")
+        self.prepared.warnings.append(warning)
+        self.prepared.report["compile"] = "failed: eager"
+        self.recorder.telemetry.notes.append(warning)
         return forward(self.model_fn, inputs)
-
-
-def fall_back_to_eager(prepared: PreparedPipeline, failure: Exception) -> str:
-    """After a compile failure: the prepared DiT runs eager from now on, and says so in its report and warnings
-    (every run's notes); returns the warning."""
-    compile_blocks.revert_to_eager(prepared.dit)
-    warning = (f"torch.compile failed ({type(failure).__name__}: {error_summary(failure)}); "
-               "this configuration runs in eager mode")
-    prepared.warnings.append(warning)
-    prepared.report["compile"] = "failed: eager"
-    return warning
 
 
 def _shape_signature(inputs: dict) -> tuple:

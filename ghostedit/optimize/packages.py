@@ -46,22 +46,11 @@ def package_path(configuration: str, torch_version: str, device: str) -> Path:
 
 def load(configuration: str, device: str) -> bool:
     """Loads the configuration's package into the compile caches, so that its first call finds its code there
-    instead of compiling it; whether one was found. A version of the file this process loaded already is not
-    loaded again (the compile head start's stand-in and the DiT prepare the same configuration)."""
+    instead of compiling it; whether one was found."""
     path = package_path(configuration, torch.__version__, device_name(device))
     if not path.is_file():
         return False
-    stat = path.stat()
-    version = (stat.st_mtime_ns, stat.st_size)
-    if _loaded.get(path) == version:
-        return True
-    found = torch.compiler.load_cache_artifacts(path.read_bytes()) is not None
-    if found:
-        _loaded[path] = version
-    return found
-
-
-_loaded: dict[Path, tuple[int, int]] = {}  # package -> the version of it this process loaded
+    return torch.compiler.load_cache_artifacts(path.read_bytes()) is not None
 
 
 def save(configuration: str, device: str) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from ghostedit.bench.dit import dit_inputs, running
 from ghostedit.config import OptimizationConfig
-from ghostedit.engine import Engine, head_start
+from ghostedit.engine import Engine
 from ghostedit.optimize import compile as compile_blocks
 from ghostedit.telemetry import RunRecorder
 
@@ -58,9 +58,6 @@ def main() -> None:
     parser.add_argument("--keys-at-first-compile", action="store_true",
                         help="leave the compile cache's keys (hashes of torch's and Triton's files) to the first "
                              "compile, instead of the engine's thread started as preparation begins (the A/B)")
-    parser.add_argument("--head-start-off", action="store_true",
-                        help="no compile head start: the first forward traces and compiles the blocks, instead of a "
-                             "stand-in's forward on a thread while the DiT is prepared (engine/head_start.py; the A/B)")
     parser.add_argument("--dynamic", choices=("tokens", "true", "none"), default="tokens",
                         help="the blocks' dynamic dimensions: tokens as the engine compiles them "
                              "(compile.compile_over_tokens), true for all (torch.compile(dynamic=True)), none for "
@@ -71,8 +68,6 @@ def main() -> None:
         compile_blocks.start_compile_workers = lambda: None
     if args.keys_at_first_compile:
         compile_blocks.start_hashing_compile_keys = lambda: None
-    if args.head_start_off:
-        head_start.applies = lambda config: False
     if args.dynamic != "tokens":
         dynamic = args.dynamic == "true"
         compile_blocks.compile_over_tokens = lambda block, options: block.compile(dynamic=dynamic, options=options)
@@ -107,7 +102,6 @@ def main() -> None:
         "first_call_s": first_call, "workers_started": "at the first compile" if args.workers_at_first_compile
         else "as preparation begins",
         "compile_keys": "at the first compile" if args.keys_at_first_compile else "as preparation begins",
-        "head_start": pipeline.report.get("compile head start", "off"),
         "generated_reductions": generated_reductions(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
         "second_call_s": second_call,
         "dynamo_compile_times": compile_times(repr="str", aggregate=True),
@@ -118,7 +112,7 @@ def main() -> None:
         "prepare_top_cumulative": top_functions(preparing, "cumulative") if preparing else [],
     }
     print(json.dumps({key: result[key] for key in ("label", "check_s", "prepare_s", "prepare_stages_s", "first_call_s",
-                                                       "second_call_s", "head_start")}),
+                                                       "second_call_s")}),
           flush=True)
     print(result["dynamo_compile_times"])
     print(json.dumps(result["counters"], indent=1))
