@@ -1,6 +1,9 @@
 """Regional compile traces the DiT's block once: no restarted trace, no second compile for the second block. The
 text encoder's layers compiled for a run give the eager run's image, compile once, and are plain again after it. A
 multi-kernel's pick is kept for a restarted process."""
+import subprocess
+import sys
+import textwrap
 import threading
 from types import SimpleNamespace
 
@@ -217,3 +220,24 @@ def test_persistent_rows_are_decided_by_the_compile_at_hand_in_any_thread():
     thread.start()
     thread.join()
     assert decided == [True, False, False, False]
+
+
+def test_traces_in_threads_one_after_another_do_not_crash_a_process_without_a_gpu():
+    """torch 2.11 without a GPU: a trace in a thread that starts after another trace's thread ended read a freed
+    CUDA device guard and crashed the process (compile._keep_the_no_op_cuda_guard); the page runs each edit in a
+    thread of its own. In a process of its own, with the smallest traces that crashed."""
+    script = textwrap.dedent("""
+        import threading, torch
+        from ghostedit.optimize import compile as compile_blocks
+        compile_blocks.configure_dynamo()
+        def trace():
+            torch._dynamo.reset()
+            torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=True)(torch.randn(4))
+        for _ in range(3):
+            thread = threading.Thread(target=trace)
+            thread.start()
+            thread.join()
+        print("traced in 3 threads")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "traced in 3 threads" in done.stdout, (done.returncode, done.stderr[-2000:])

@@ -66,6 +66,28 @@ def configure_dynamo() -> None:
     torch._dynamo.config.specialize_float = True
     keep_multi_kernel_picks()
     _choose_with_persistent_rows()
+    if not torch.cuda.is_available():
+        _keep_the_no_op_cuda_guard()
+
+
+@functools.cache
+def _keep_the_no_op_cuda_guard() -> None:
+    """Where torch has no GPU, each trace (FakeTensorMode) registers a no-op CUDA device guard that the calling thread
+    owns (thread-local in c10, torch 2.11) and leaves the process-wide registry pointing at it: once that thread has
+    ended, the next trace in any thread reads freed memory and the process crashes. The page runs each edit in a
+    thread of its own (ui/live.py), so a second compiled configuration on a CPU would. Here the guard is registered
+    once by a thread that lasts as long as the process, and traces find it instead of registering their own."""
+    register = torch._C._ensureCUDADeviceGuardSet
+    registered = threading.Event()
+
+    def hold():
+        register()
+        registered.set()
+        threading.Event().wait()  # never returns: the guard lives as long as this thread
+
+    threading.Thread(target=hold, name="ghostedit-cuda-guard", daemon=True).start()
+    registered.wait()
+    torch._C._ensureCUDADeviceGuardSet = lambda: None
 
 
 def persistent_rows():
