@@ -238,6 +238,44 @@ def restart_ab() -> str:
             f"{_ran_on(json.loads(first.read_text()), committed=first)}, `docs/benchmarks/{RESTART_AB}/`):\n\n{table}\n")
 
 
+HEAD_START = "head-start"
+# The compile head start's A/Bs under docs/benchmarks/head-start/ (its code: c5e6cf6, taken out in 51b6323): what
+# each compared, and its variants' folders in words
+HEAD_START_VARIANTS = {
+    "on-off": ("head start off and on", {"off": "off", "on": "on"}),
+    "switch-interval": ("Python's switch interval", {"off": "head start off", "switch-0.5ms": "on, switch 0.5 ms",
+                                                     "switch-0.1ms": "on, switch 0.1 ms"}),
+}
+
+
+def head_start() -> str:
+    """Section 2: the compile head start (c5e6cf6) A/B'd with scripts/gpu/head_start_ab.sh, and the ready phase and
+    the 24 GiB card run on its code."""
+    rows = []
+    for ab, (compared, variants) in HEAD_START_VARIANTS.items():
+        for variant, words in variants.items():
+            calls = _first_calls(f"{HEAD_START}/{ab}/{variant}")
+            for label in sorted(calls, key=lambda label: (label != "cold", label)):
+                call = calls[label]
+                rows.append({"ab": compared, "variant": words, "process": label, "prepare": call["prepare_s"],
+                             "quantize": call["prepare_stages_s"]["quantize"], "first": call["first_call_s"],
+                             "ready": call["prepare_s"] + call["first_call_s"]})
+    table = markdown_table(rows, {"ab": "A/B", "variant": "variant", "process": "process", "prepare": "prepare s",
+                                  "quantize": "of it quantizing s", "first": "first forward s", "ready": "ready s"})
+    first = next((RESULTS / HEAD_START / "on-off").rglob("first-call-*.json"))
+    runs = "; ".join(f"{_ran_on(results(f'earlier/{folder}/ready-restart')['environment'])}, "
+                     f"`docs/benchmarks/earlier/{folder}/`: {_ready_runs(f'earlier/{folder}')}"
+                     for folder in ("ready-head-start-1", "ready-head-start-2"))
+    card = results("earlier/cards-head-start/card-24")["rows"][0]
+    return (f"The best configuration's first use at 1024x1024 with the compile head start (c5e6cf6) and without "
+            f"(`scripts/gpu/head_start_ab.sh` of that commit, processes of their own, each A/B on one machine: a "
+            f"process that never compiled per variant, the variant without first, then restarts alternating; "
+            f"{_ran_on(json.loads(first.read_text()), committed=first)}, `docs/benchmarks/{HEAD_START}/`):\n\n"
+            f"{table}\n\nThe ready phase on its code (`scripts/gpu/bench.sh ready`), on two machines: {runs}. The "
+            f"24 GiB card's edit on its code peaked at {card['peak_gib']:.2f} GiB "
+            f"(`docs/benchmarks/earlier/cards-head-start/`).\n")
+
+
 def multi_kernel() -> str:
     """Section 2: what inductor-multi-kernel costs a never-compiled first call and gains a forward, each measured
     both ways (docs/benchmarks/multi-kernel/)."""
@@ -870,7 +908,7 @@ def targets() -> str:
 
 
 SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
-            "ready-again": ready_again, "restart-ab": restart_ab,
+            "ready-again": ready_again, "restart-ab": restart_ab, "head-start": head_start,
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
