@@ -46,31 +46,11 @@ def package_path(configuration: str, torch_version: str, device: str) -> Path:
 
 def load(configuration: str, device: str) -> bool:
     """Loads the configuration's package into the compile caches, so that its first call finds its code there
-    instead of compiling it; whether one was found. Not when the caches hold that package already (written by this
-    machine's process that saved it, or loaded before): a restart skips rewriting every artifact."""
+    instead of compiling it; whether one was found."""
     path = package_path(configuration, torch.__version__, device_name(device))
     if not path.is_file():
         return False
-    if _in_caches(path).is_file():
-        return True
-    loaded = torch.compiler.load_cache_artifacts(path.read_bytes()) is not None
-    if loaded:
-        _mark_in_caches(path)
-    return loaded
-
-
-def _in_caches(path: Path) -> Path:
-    """The mark that the compile caches hold this version of the package: kept inside Inductor's cache folder (which
-    holds Triton's too unless it is set apart), so that emptying the caches takes the mark with them."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-    stat = path.stat()
-    return Path(cache_dir()) / "ghostedit-packages" / f"{path.stem}-{stat.st_mtime_ns}-{stat.st_size}"
-
-
-def _mark_in_caches(path: Path) -> None:
-    mark = _in_caches(path)
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    mark.touch()
+    return torch.compiler.load_cache_artifacts(path.read_bytes()) is not None
 
 
 def save(configuration: str, device: str) -> None:
@@ -81,7 +61,6 @@ def save(configuration: str, device: str) -> None:
         return
     path = package_path(configuration, torch.__version__, device_name(device))
     write_atomically(path, lambda temporary: Path(temporary).write_bytes(saved[0]))
-    _mark_in_caches(path)  # saved from this process's caches
     manifest = {"configuration": configuration, "torch": torch.__version__, "device": device_name(device),
                 "saved": datetime.date.today().isoformat()}
     write_atomically(path.with_suffix(MANIFEST), lambda temporary: Path(temporary).write_text(json.dumps(manifest)))
