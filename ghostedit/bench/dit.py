@@ -111,6 +111,7 @@ def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeat
         "ms_per_forward": ms,
         "gpu_clock": clock.summary(),
         "prepare_s": 0.0 if hit else sum(recorder.telemetry.prepare_steps.values()),
+        "prepare_steps_s": {} if hit else dict(recorder.telemetry.prepare_steps),
         "first_call_s": first_call_s,
         "weights_gib": weights_gib,
         "activation_peak_gib": peak_gib,

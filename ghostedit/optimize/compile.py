@@ -8,6 +8,7 @@ import functools
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -203,20 +204,23 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     hand_blocks_plain_tensors(model)
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
+    # one torch.compile for all blocks: each call with Inductor options copies Inductor's whole configuration (tens
+    # of milliseconds on the H100 machine's CPU for 60 blocks together)
+    compiled = torch.compile(torch.nn.Module._call_impl, dynamic=None, options=options or None)
     for block in blocks:
-        compile_over_tokens(block, options or None)
+        compile_over_tokens(block, compiled)
     return len(blocks)
 
 
-def compile_over_tokens(block: torch.nn.Module, options: dict | None) -> None:
-    """`block.compile()` with its token dimensions dynamic and every other dimension static: one compiled graph
-    serves every output size, number of edit images and prompt length, and Dynamo traces the widths, heads and
-    batch as the numbers they are. `dynamic=True` made every dimension symbolic, and a restart's first forward,
-    which traces the block again, took about half a second longer (docs/benchmarks.md, section 2, the restart A/Bs).
-    Marks count when Dynamo traces, and Dynamo keeps a marked dimension dynamic in every later trace of the
-    block's code (the blocks share it), so they are set until a call has gone through. A dimension that is not
-    marked and changes makes Dynamo compile again with it dynamic (torch's automatic dynamic shapes)."""
-    compiled = torch.compile(block._call_impl, dynamic=None, options=options)
+def compile_over_tokens(block: torch.nn.Module, compiled: Callable) -> None:
+    """`block.compile()` with its token dimensions dynamic and every other dimension static, given `compiled`,
+    torch.compile of nn.Module's call: one compiled graph serves every output size, number of edit images and prompt
+    length, and Dynamo traces the widths, heads and batch as the numbers they are. `dynamic=True` made every
+    dimension symbolic, and a restart's first forward, which traces the block again, took about half a second
+    longer (docs/benchmarks.md, section 2, the restart A/Bs). Marks count when Dynamo traces, and Dynamo keeps a
+    marked dimension dynamic in every later trace of the block's code (the blocks share it), so they are set until
+    a call has gone through. A dimension that is not marked and changes makes Dynamo compile again with it dynamic
+    (torch's automatic dynamic shapes)."""
     traced = False
 
     def call(*args, **kwargs):
@@ -225,7 +229,7 @@ def compile_over_tokens(block: torch.nn.Module, options: dict | None) -> None:
             for tensor, dims in token_dims(kwargs):
                 for dim in dims:
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
-        output = compiled(*args, **kwargs)
+        output = compiled(block, *args, **kwargs)
         traced = True
         return output
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import io
 import json
 import os
@@ -68,9 +69,12 @@ def main() -> None:
         compile_blocks.start_compile_workers = lambda: None
     if args.keys_at_first_compile:
         compile_blocks.start_hashing_compile_keys = lambda: None
-    if args.dynamic != "tokens":
-        dynamic = args.dynamic == "true"
-        compile_blocks.compile_over_tokens = lambda block, options: block.compile(dynamic=dynamic, options=options)
+    if args.dynamic != "tokens":  # the blocks' one compiled call made with this `dynamic`, and no marks
+        compile_with = torch.compile
+        torch.compile = lambda function, dynamic=None, options=None: compile_with(
+            function, dynamic=args.dynamic == "true" or None, options=options)
+        compile_blocks.compile_over_tokens = lambda block, compiled: setattr(
+            block, "_compiled_call_impl", functools.partial(compiled, block))
     began = time.perf_counter()
     engine = Engine("synthetic", device="cuda", dit_only=True)
     inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
