@@ -164,11 +164,12 @@ def _ready_rows(folder: str = "") -> list[dict]:
 
 def ready() -> str:
     timed = _ready_rows()
-    rows = [{"process": what, "prepare": row["prepare_s"], "first": row["first_call_s"],
-             "ready": row["prepare_s"] + row["first_call_s"], "ms": row["ms_per_forward"]}
+    rows = [{"process": what, "prepare": row["prepare_s"], "compile": row["prepare_steps_s"]["compile"],
+             "first": row["first_call_s"], "ready": row["prepare_s"] + row["first_call_s"], "ms": row["ms_per_forward"]}
             for what, row in zip(READY.values(), timed)]
     table = markdown_table(rows, {"process": "the best configuration's first use in", "prepare": "prepare s",
-                                  "first": "first forward s (compile)", "ready": "ready s", "ms": "ms / forward"})
+                                  "compile": "of it the compile step s", "first": "first forward s (compile)",
+                                  "ready": "ready s", "ms": "ms / forward"})
     return f"One DiT forward at 1024x1024. Measured on {source('ready-restart')}.{clocks(timed)}\n\n{table}\n"
 
 
@@ -180,15 +181,25 @@ def _ready_runs(folder: str) -> str:
 
 
 def ready_again() -> str:
-    """Section 2: the ready phase again, on another machine of the same kind started for it, on the table's code;
-    and the ready processes of the last whole-table run, on the code before the last change to a first call."""
-    environment = results("ready-again/ready-restart")["environment"]
-    speed = results("speed-ready/ready-restart")["environment"]
-    return (f"The same phase again on another machine started for it ({_ran_on(environment)}, "
-            f"`scripts/gpu/bench.sh ready`, `docs/benchmarks/ready-again/`): {_ready_runs('ready-again')}. The "
-            f"ready processes of the whole-table run (`bench.sh speed`, {_ran_on(speed)}, on the code before the "
-            f"compile cache's keys were hashed while preparing, `docs/benchmarks/speed-ready/`): "
-            f"{_ready_runs('speed-ready')}.\n")
+    """Section 2: the ready phase again on the table's code, and on the code before the blocks' one torch.compile
+    (this stop's run, and the last stop's three on its code)."""
+    def ran(folder: str) -> str:
+        return f"{_ran_on(results(f'{folder}/ready-restart')['environment'])}, `docs/benchmarks/{folder}/`"
+
+    def compile_step(folder: str = "") -> str:
+        part = f"{folder}/ready-restart" if folder else "ready-restart"
+        return f"{results(part)['rows'][0]['prepare_steps_s']['compile']:.3f} s"
+
+    per_block = "earlier/ready-one-compile-per-block"
+    stop_34 = "; ".join(f"{words} ({ran(folder)}): {_ready_runs(folder)}" for folder, words in (
+        ("earlier/ready-42d898b", "its table"), ("earlier/ready-again-42d898b", "a second machine"),
+        ("speed-ready", "the whole-table run's ready processes, on the code before the compile cache's keys were "
+                        "hashed while preparing")))
+    return (f"The same phase again on the same machine, after the table's run ({ran('ready-again')}): "
+            f"{_ready_runs('ready-again')}. Before the blocks' one torch.compile, one per block ({ran(per_block)}): "
+            f"{_ready_runs(per_block)}; the restart's compile step took {compile_step(per_block)} there, "
+            f"{compile_step()} and {compile_step('ready-again')} in the two runs above. The last stop's runs, on "
+            f"its code (one torch.compile per block too): {stop_34}.\n")
 
 
 def _compile_time_s(first_call: dict, step: str) -> float:
