@@ -53,8 +53,9 @@ RECOMPILE_LIMIT = 64
 
 
 def configure_dynamo() -> None:
-    """Dynamo's settings for compiled blocks. Settings made from Python hold only in the thread that makes them
-    (torch 2.14), so every thread that prepares or runs compiled blocks calls this first.
+    """Dynamo's settings for compiled blocks. They hold for the whole process (torch 2.11), but Inductor's heuristics
+    object is one per thread (`_choose_with_persistent_rows`), so every thread that prepares or runs compiled blocks
+    calls this first.
 
     Recompile limits: every prepared configuration compiles the same block code, each one adding guarded entries to
     that code's cache; past Dynamo's default limit of 8, later configurations would quietly run eager.

@@ -30,7 +30,7 @@ def _begin(context: PrepareContext, mode: str) -> None:
 @contextlib.contextmanager
 def _dynamo_settings(context: RunContext, mode: str):
     if mode != "off":
-        compile_blocks.configure_dynamo()  # in the run's thread: Dynamo's settings hold per thread
+        compile_blocks.configure_dynamo()  # in the run's thread: Inductor's heuristics object is one per thread
     yield
 
 
