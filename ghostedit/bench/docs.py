@@ -158,8 +158,9 @@ def dit_shapes() -> str:
 
 
 def _ready_rows(folder: str = "") -> list[dict]:
-    """The ready phase's three rows (READY's order), from `docs/benchmarks/<folder><part>/`."""
-    return [results(f"{folder}{part}")["rows"][0] for part in READY]
+    """The ready phase's three rows (READY's order), from `docs/benchmarks/<folder>/<part>/` (the table's without a
+    folder)."""
+    return [results(f"{folder}/{part}" if folder else part)["rows"][0] for part in READY]
 
 
 def ready() -> str:
@@ -177,29 +178,33 @@ def _ready_runs(folder: str) -> str:
     """The ready phase's three rows in `docs/benchmarks/<folder>/`, in words."""
     return ", ".join(f"{what.split(' (')[0]} {row['prepare_s'] + row['first_call_s']:.2f} s (prepare "
                      f"{row['prepare_s']:.2f} s, first forward {row['first_call_s']:.2f} s)"
-                     for what, row in zip(READY.values(), _ready_rows(f"{folder}/")))
+                     for what, row in zip(READY.values(), _ready_rows(folder)))
+
+
+def _ready_source(folder: str) -> str:
+    """Where and when the ready phase in `docs/benchmarks/<folder>/` ran, and the folder, in words."""
+    return f"{_ran_on(results(f'{folder}/ready-restart')['environment'])}, `docs/benchmarks/{folder}/`"
+
+
+def _restart_compile_step(folder: str = "") -> str:
+    """The restart's preparation compile step in the ready phase of `docs/benchmarks/<folder>/`, in words."""
+    return f"{_ready_rows(folder)[-1]['prepare_steps_s']['compile']:.3f} s"
 
 
 def ready_again() -> str:
     """Section 2: the ready phase again on the table's code, and on the code before the blocks' one torch.compile
     (this stop's run, and the last stop's three on its code)."""
-    def ran(folder: str) -> str:
-        return f"{_ran_on(results(f'{folder}/ready-restart')['environment'])}, `docs/benchmarks/{folder}/`"
-
-    def compile_step(folder: str = "") -> str:
-        part = f"{folder}/ready-restart" if folder else "ready-restart"
-        return f"{results(part)['rows'][0]['prepare_steps_s']['compile']:.3f} s"
-
     per_block = "earlier/ready-one-compile-per-block"
-    stop_34 = "; ".join(f"{words} ({ran(folder)}): {_ready_runs(folder)}" for folder, words in (
+    stop_34 = "; ".join(f"{words} ({_ready_source(folder)}): {_ready_runs(folder)}" for folder, words in (
         ("earlier/ready-42d898b", "its table"), ("earlier/ready-again-42d898b", "a second machine"),
         ("speed-ready", "the whole-table run's ready processes, on the code before the compile cache's keys were "
                         "hashed while preparing")))
-    return (f"The same phase again on the same machine, after the table's run ({ran('ready-again')}): "
-            f"{_ready_runs('ready-again')}. Before the blocks' one torch.compile, one per block ({ran(per_block)}): "
-            f"{_ready_runs(per_block)}; the restart's compile step took {compile_step(per_block)} there, "
-            f"{compile_step()} and {compile_step('ready-again')} in the two runs above. The last stop's runs, on "
-            f"its code (one torch.compile per block too): {stop_34}.\n")
+    return (f"The same phase again on the same machine, after the table's run ({_ready_source('ready-again')}): "
+            f"{_ready_runs('ready-again')}. Before the blocks' one torch.compile, one per block "
+            f"({_ready_source(per_block)}): {_ready_runs(per_block)}; the restart's compile step "
+            f"took {_restart_compile_step(per_block)} there, {_restart_compile_step()} and "
+            f"{_restart_compile_step('ready-again')} in the two runs above. The last stop's runs, on its code (one "
+            f"torch.compile per block too): {stop_34}.\n")
 
 
 def _compile_time_s(first_call: dict, step: str) -> float:
@@ -228,25 +233,39 @@ RESTART_VARIANTS = {
 }
 
 
+def _first_call_rows(folder: str, variants: dict, labels, columns) -> list[dict]:
+    """One row per profile_first_call.py output of each A/B's variants under `docs/benchmarks/<folder>/` (`variants`:
+    {A/B folder: (what it compared, {variant folder: words})}), for the labels `labels(calls)` picks in order, with
+    `columns(call)`."""
+    rows = []
+    for ab, (compared, named) in variants.items():
+        for variant, words in named.items():
+            calls = _first_calls(f"{folder}/{ab}/{variant}")
+            rows += [{"ab": compared, "variant": words, "process": label, **columns(calls[label])}
+                     for label in labels(calls)]
+    return rows
+
+
+def _probe_ran_on(folder: str) -> str:
+    """Where and when the profile_first_call.py outputs under `docs/benchmarks/<folder>/` were measured."""
+    first = next((RESULTS / folder).rglob("first-call-*.json"))
+    return _ran_on(json.loads(first.read_text()), committed=first)
+
+
 def restart_ab() -> str:
     """Section 2: the restart's first forward A/B'd (profile_first_call.py restart, the variants in processes of
     their own, alternating, each A/B on one machine after one cold process per variant)."""
-    rows = []
-    for ab, (compared, variants) in RESTART_VARIANTS.items():
-        for variant, words in variants.items():
-            calls = _first_calls(f"{RESTART_AB}/{ab}/{variant}")
-            for label in sorted(label for label in calls if label.startswith("restart")):
-                call = calls[label]
-                rows.append({"ab": compared, "variant": words, "process": label, "first": call["first_call_s"],
-                             "trace": _compile_time_s(call, "bytecode_tracing"),
-                             "compiler": _compile_time_s(call, "OutputGraph.call_user_compiler")})
+    rows = _first_call_rows(RESTART_AB, RESTART_VARIANTS,
+                            lambda calls: sorted(label for label in calls if label.startswith("restart")),
+                            lambda call: {"first": call["first_call_s"],
+                                          "trace": _compile_time_s(call, "bytecode_tracing"),
+                                          "compiler": _compile_time_s(call, "OutputGraph.call_user_compiler")})
     table = markdown_table(rows, {"ab": "A/B", "variant": "variant", "process": "process",
                                   "first": "first forward s", "trace": "of it Dynamo's trace s",
                                   "compiler": "of it the compile cache's lookups and loads s"})
-    first = next((RESULTS / RESTART_AB / "compile-keys").rglob("first-call-*.json"))
     return (f"A restarted process's first forward of best at 1024x1024 (`scripts/gpu/profile_first_call.py restart`, "
             f"variants in processes of their own, alternating, each A/B on one machine, "
-            f"{_ran_on(json.loads(first.read_text()), committed=first)}, `docs/benchmarks/{RESTART_AB}/`):\n\n{table}\n")
+            f"{_probe_ran_on(f'{RESTART_AB}/compile-keys')}, `docs/benchmarks/{RESTART_AB}/`):\n\n{table}\n")
 
 
 HEAD_START = "head-start"
@@ -262,26 +281,21 @@ HEAD_START_VARIANTS = {
 def head_start() -> str:
     """Section 2: the compile head start (c5e6cf6) A/B'd with scripts/gpu/head_start_ab.sh, and the ready phase and
     the 24 GiB card run on its code."""
-    rows = []
-    for ab, (compared, variants) in HEAD_START_VARIANTS.items():
-        for variant, words in variants.items():
-            calls = _first_calls(f"{HEAD_START}/{ab}/{variant}")
-            for label in sorted(calls, key=lambda label: (label != "cold", label)):
-                call = calls[label]
-                rows.append({"ab": compared, "variant": words, "process": label, "prepare": call["prepare_s"],
-                             "quantize": call["prepare_stages_s"]["quantize"], "first": call["first_call_s"],
-                             "ready": call["prepare_s"] + call["first_call_s"]})
+    rows = _first_call_rows(HEAD_START, HEAD_START_VARIANTS,
+                            lambda calls: sorted(calls, key=lambda label: (label != "cold", label)),
+                            lambda call: {"prepare": call["prepare_s"],
+                                          "quantize": call["prepare_stages_s"]["quantize"],
+                                          "first": call["first_call_s"],
+                                          "ready": call["prepare_s"] + call["first_call_s"]})
     table = markdown_table(rows, {"ab": "A/B", "variant": "variant", "process": "process", "prepare": "prepare s",
                                   "quantize": "of it quantizing s", "first": "first forward s", "ready": "ready s"})
-    first = next((RESULTS / HEAD_START / "on-off").rglob("first-call-*.json"))
-    runs = "; ".join(f"{_ran_on(results(f'earlier/{folder}/ready-restart')['environment'])}, "
-                     f"`docs/benchmarks/earlier/{folder}/`: {_ready_runs(f'earlier/{folder}')}"
-                     for folder in ("ready-head-start-1", "ready-head-start-2"))
+    runs = "; ".join(f"{_ready_source(folder)}: {_ready_runs(folder)}"
+                     for folder in ("earlier/ready-head-start-1", "earlier/ready-head-start-2"))
     card = results("earlier/cards-head-start/card-24")["rows"][0]
     return (f"The best configuration's first use at 1024x1024 with the compile head start (c5e6cf6) and without "
             f"(`scripts/gpu/head_start_ab.sh` of that commit, processes of their own, each A/B on one machine: a "
             f"process that never compiled per variant, the variant without first, then restarts alternating; "
-            f"{_ran_on(json.loads(first.read_text()), committed=first)}, `docs/benchmarks/{HEAD_START}/`):\n\n"
+            f"{_probe_ran_on(f'{HEAD_START}/on-off')}, `docs/benchmarks/{HEAD_START}/`):\n\n"
             f"{table}\n\nThe ready phase on its code (`scripts/gpu/bench.sh ready`), on two machines: {runs}. The "
             f"24 GiB card's edit on its code peaked at {card['peak_gib']:.2f} GiB "
             f"(`docs/benchmarks/earlier/cards-head-start/`).\n")

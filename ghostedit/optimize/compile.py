@@ -68,8 +68,7 @@ def configure_dynamo() -> None:
     torch._dynamo.config.specialize_float = True
     keep_multi_kernel_picks()
     _choose_with_persistent_rows()
-    if not torch.cuda.is_available():
-        _keep_the_no_op_cuda_guard()
+    _keep_the_no_op_cuda_guard()
 
 
 @functools.cache
@@ -79,6 +78,8 @@ def _keep_the_no_op_cuda_guard() -> None:
     ended, the next trace in any thread reads freed memory and the process crashes. The page runs each edit in a
     thread of its own (ui/live.py), so a second compiled configuration on a CPU would. Here the guard is registered
     once by a thread that lasts as long as the process, and traces find it instead of registering their own."""
+    if torch.cuda.is_available():  # traces use the real CUDA guard
+        return
     register = torch._C._ensureCUDADeviceGuardSet
     registered = threading.Event()
 
@@ -205,8 +206,8 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     hand_blocks_plain_tensors(model)
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
-    # one torch.compile for all blocks: each call with Inductor options copies Inductor's whole configuration (tens
-    # of milliseconds on the H100 machine's CPU for 60 blocks together)
+    # one torch.compile for all blocks: each call with Inductor options copies Inductor's whole configuration, and
+    # one call per block was most of the preparation's compile step (docs/benchmarks.md, section 2)
     compiled = torch.compile(torch.nn.Module._call_impl, dynamic=None, options=options or None)
     for block in blocks:
         compile_over_tokens(block, compiled)
@@ -214,10 +215,10 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
 
 
 def compile_over_tokens(block: torch.nn.Module, compiled: Callable) -> None:
-    """`block.compile()` with its token dimensions dynamic and every other dimension static, given `compiled`,
-    torch.compile of nn.Module's call: one compiled graph serves every output size, number of edit images and prompt
-    length, and Dynamo traces the widths, heads and batch as the numbers they are. `dynamic=True` made every
-    dimension symbolic, and a restart's first forward, which traces the block again, took about half a second
+    """Compiles `block` through `compiled` (torch.compile of nn.Module's call, shared by the blocks) with its token
+    dimensions dynamic and every other dimension static: one compiled graph serves every output size, number of
+    edit images and prompt length, and Dynamo traces the widths, heads and batch as the numbers they are.
+    `dynamic=True` made every dimension symbolic, and a restart's first forward, which traces the block again, took
     longer (docs/benchmarks.md, section 2, the restart A/Bs). Marks count when Dynamo traces, and Dynamo keeps a
     marked dimension dynamic in every later trace of the block's code (the blocks share it), so they are set until
     a call has gone through. A dimension that is not marked and changes makes Dynamo compile again with it dynamic
