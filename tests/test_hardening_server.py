@@ -342,8 +342,9 @@ def cancel_a_long_edit(session):
 def app_with_one_malloc_arena(tmp_path_factory):
     """glibc gives threads their own malloc arenas and keeps what is freed in them; each edit runs on a thread of
     its own, so with the default arenas the resident size moves by tens of MiB from one run to the next without any
-    leak (measured: +36 MiB at the second run, then up and down by 10). With one arena it stays flat after two runs,
-    and a leak shows."""
+    leak (measured: +36 MiB at the second run, then up and down by 10). With one arena it does not creep after two
+    runs, though it still moves by up to 7 MiB, up or down (a CI run, beside other tests); a leak of a few MiB a run
+    shows over six runs. tests/test_hardening_engine.py checks each tensor of a cancelled run."""
     with running_app(tmp_path_factory.mktemp("one-arena-app"), env={"MALLOC_ARENA_MAX": "1"}) as running:
         yield running
 
@@ -354,11 +355,11 @@ def test_cancelled_runs_leave_nothing_behind_and_the_next_edit_succeeds(app_with
     for _ in range(2):  # what any run keeps: prepared pipeline, allocator pools, Gradio's caches
         cancel_a_long_edit(session)
     rss, threads = server.memory_info().rss, server.num_threads()
-    for _ in range(3):
+    for _ in range(6):
         cancel_a_long_edit(session)
     wait_until(lambda: server.num_threads() <= threads, timeout=10)  # each run's thread has ended
     growth = server.memory_info().rss - rss
-    assert growth < 4 * 2**20, f"the server grew by {growth / 2**20:.1f} MiB over 3 cancelled runs"
+    assert growth < 16 * 2**20, f"the server grew by {growth / 2**20:.1f} MiB over 6 cancelled runs"
     run = session.predict(**inputs(), api_name="/edit")[RUN_JSON]
     assert run["state"] == "done" and len(run["telemetry"]["step_s"]) == SMALL["steps"]
     assert run["telemetry"]["cache_hit"] is True  # cancelling dropped nothing that was prepared
