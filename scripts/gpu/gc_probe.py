@@ -10,38 +10,21 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import time
 from pathlib import Path
 
 from ghostedit import OptimizationConfig
+from ghostedit.bench.gc_pauses import CollectorPauses
 from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
 
 
-class Pauses:
-    """Seconds spent in collections, per generation, since the last reset."""
-
-    def __init__(self):
-        self.started, self.seconds, self.counts = None, [0.0] * 3, [0] * 3
-        gc.callbacks.append(self.callback)
-
-    def callback(self, phase, info):
-        if phase == "start":
-            self.started = time.perf_counter()
-        else:
-            self.seconds[info["generation"]] += time.perf_counter() - self.started
-            self.counts[info["generation"]] += 1
-
-    def reset(self):
-        self.seconds, self.counts = [0.0] * 3, [0] * 3
-
-
-def timed_runs(engine, request, config, runs: int, pauses: Pauses) -> list[dict]:
+def timed_runs(engine, request, config, runs: int, pauses: CollectorPauses) -> list[dict]:
     rows = []
     for _ in range(runs):
-        pauses.reset()
+        pauses.take()
         summary = engine.run(request, config).telemetry.summary()
+        collected = pauses.take()
         rows.append({"total_s": summary["total_s"], "stages_s": summary["stages_s"],
-                     "gc_s": list(pauses.seconds), "gc_counts": list(pauses.counts)})
+                     "gc_s": collected["seconds"], "gc_counts": collected["counts"]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -55,7 +38,7 @@ def main() -> None:
     config = OptimizationConfig.parse(args.config)
     engine.run(request, config)  # load, prepare, compile
     engine.run(request, config)
-    pauses = Pauses()
+    pauses = CollectorPauses()
     found = {"config": config.label, "tracked_objects": len(gc.get_objects()), "thresholds": gc.get_threshold()}
     found["unfrozen"] = timed_runs(engine, request, config, args.runs, pauses)
     gc.freeze()

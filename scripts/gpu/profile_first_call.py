@@ -6,8 +6,9 @@ On the GPU machine (after `source scripts/gpu/setup.sh`):
 Builds the full-size synthetic DiT alone, prepares the configuration (default: the bench's best), and runs its
 first forward (with --cprofile, the preparation and the first forward under cProfile, which slows Python-heavy
 work). Writes first-call-<label>.json:
-wall times, Dynamo's compile-time breakdown, the compile caches' hit/miss/bypass counters, and with --cprofile the
-functions with the most cumulative and own time.
+wall times, Dynamo's compile-time breakdown, the compile caches' hit/miss/bypass counters, the garbage collector's
+pauses in the preparation and the first forward, and with --cprofile the functions with the most cumulative and own
+time.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import argparse
 import contextlib
 import cProfile
 import functools
+import gc
 import io
 import json
 import os
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ghostedit.bench.dit import dit_inputs, running
+from ghostedit.bench.gc_pauses import CollectorPauses
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.optimize import compile as compile_blocks
@@ -63,6 +66,9 @@ def main() -> None:
                         help="the blocks' dynamic dimensions: tokens as the engine compiles them "
                              "(compile.compile_over_tokens), true for all (torch.compile(dynamic=True)), none for "
                              "torch's default (static first, a dimension that changes made dynamic at a recompile)")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() once the DiT is built: the objects alive then (torch's modules, the DiT) are "
+                             "left out of later collections, a full one of which walks all of them (the A/B)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results") + "/first-call")
     args = parser.parse_args()
     if args.workers_at_first_compile:
@@ -79,6 +85,10 @@ def main() -> None:
     engine = Engine("synthetic", device="cuda", dit_only=True)
     inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    tracked, pauses = len(gc.get_objects()), CollectorPauses()
     built = time.perf_counter()
     engine.check(config)  # the availability checks prepare begins with (each cached once made), timed apart
     check_s = time.perf_counter() - built
@@ -88,11 +98,13 @@ def main() -> None:
         pipeline, _ = engine.prepare(config)
         torch.cuda.synchronize()
     prepared = time.perf_counter()
+    collected = {"prepare": pauses.take()}
     with running(pipeline, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
         with profile or contextlib.nullcontext():
             call()
             torch.cuda.synchronize()
         first_call = time.perf_counter() - prepared
+        collected["first_call"] = pauses.take()
         start = time.perf_counter()
         call()
         torch.cuda.synchronize()
@@ -108,6 +120,8 @@ def main() -> None:
         "compile_keys": "at the first compile" if args.keys_at_first_compile else "as preparation begins",
         "generated_reductions": generated_reductions(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
         "second_call_s": second_call,
+        "gc_freeze": args.gc_freeze, "gc_frozen_objects": gc.get_freeze_count(), "gc_tracked_objects": tracked,
+        "gc_pauses": collected,
         "dynamo_compile_times": compile_times(repr="str", aggregate=True),
         "counters": {group: dict(values) for group, values in counters.items() if values},
         "cprofile": args.cprofile,
@@ -116,7 +130,7 @@ def main() -> None:
         "prepare_top_cumulative": top_functions(preparing, "cumulative") if preparing else [],
     }
     print(json.dumps({key: result[key] for key in ("label", "check_s", "prepare_s", "prepare_stages_s", "first_call_s",
-                                                       "second_call_s")}),
+                                                       "second_call_s", "gc_pauses")}),
           flush=True)
     print(result["dynamo_compile_times"])
     print(json.dumps(result["counters"], indent=1))
