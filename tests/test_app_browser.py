@@ -1,9 +1,10 @@
 """The real app in a real browser: headless Debian chromium driven by playwright (never `playwright install`)."""
 import os
+import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError, expect
 
 from conftest import ASSETS
 
@@ -89,8 +90,11 @@ def set_number(page, elem_id: str, value) -> None:
 
 
 def choose(page, elem_id: str, option_text: str) -> None:
-    page.locator(f"#{elem_id} input[role=combobox]").click()
+    """Picks the first option naming `option_text`, and fails here if the dropdown did not take it."""
+    combobox = page.locator(f"#{elem_id} input[role=combobox]")
+    combobox.click()
     page.locator("ul[role=listbox] li[role=option]", has_text=option_text).first.click()
+    expect(combobox).to_have_value(re.compile(re.escape(option_text)))
 
 
 def history_rows(page) -> int:

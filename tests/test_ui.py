@@ -299,3 +299,15 @@ def test_table_columns_are_as_wide_as_their_longest_word():
     widths = column_widths(frame)
     assert widths[1] >= len("lora-tiny_lora_peft-runtime") * CHAR_PX
     assert widths[2] >= len("speedup") * CHAR_PX
+
+
+def test_prepare_notices_run_one_at_a_time_in_the_order_asked_for(engine, tmp_path):
+    """Every event that writes the prepare notice (a toggle's change, after a run, a model switch, a preset, a Hub
+    LoRA, the page's load) waits in one queue of one: side by side, the notice asked for before a change could
+    finish after it and show the settings no longer chosen."""
+    from ghostedit.ui.layout import build_app
+    demo = build_app(engine, tmp_path / "loras")
+    notice = next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "prepare_notice")
+    writers = [fn for fn in demo.fns.values() if notice in fn.outputs]
+    assert len(writers) >= 8  # the toggles' changes and the events above
+    assert {(fn.concurrency_id, fn.concurrency_limit) for fn in writers} == {("notice", 1)}

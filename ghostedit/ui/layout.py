@@ -32,6 +32,9 @@ STAGE_COLORS = dict(zip([stage_words(stage) for stage in STAGE_ORDER] + [OTHER_S
                          "#cbd5e1"]))
 GPU_QUEUE = dict(concurrency_id="gpu")  # edits and variant batches: one job at a time per GPU (worker)
 LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job
+# the prepare notice: one at a time, in the order asked for (side by side, an older one finishing last would show
+# the notice of settings no longer chosen); each takes milliseconds
+NOTICE_QUEUE = dict(concurrency_id="notice", concurrency_limit=1)
 PRIVATE = dict(api_visibility="private")
 
 CSS = """
@@ -301,6 +304,12 @@ def _system_section() -> SimpleNamespace:
     return ui
 
 
+def panel_notice(handlers: Handlers, edit) -> dict:
+    """The arguments of an event that refreshes the prepare notice from the panel's toggles."""
+    return dict(fn=handlers.panel_notice, inputs=edit.toggles, outputs=edit.prepare_notice, show_progress="hidden",
+                **PRIVATE, **NOTICE_QUEUE)
+
+
 def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, browser_key, concurrency: int) -> None:
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, edit.images, history]
     compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
@@ -333,19 +342,18 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
         # safe reader sees it, and would open any file on the server named by a payload without FileData's "meta".
         after_history_changed(button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result],
                                            preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE)).then(
-            handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
+            **panel_notice(handlers, edit))
     edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)
     edit.seed_button.click(handlers.random_seed, None, edit.seed, queue=False, **PRIVATE)
     edit.aspect.input(handlers.aspect_size, edit.aspect, [edit.width, edit.height], queue=False, **PRIVATE)
     edit.lora_upload.upload(handlers.upload_lora, edit.lora_upload, [edit.lora, edit.lora_message],
                             api_name="upload_lora", **LIGHT)
     for toggle in edit.toggles:
-        toggle.change(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden",
-                      **PRIVATE, **LIGHT)
+        toggle.change(**panel_notice(handlers, edit))
     after_history_changed(
         demo.load(handlers.lora_dropdown, None, edit.lora, **PRIVATE, **LIGHT)
         .then(handlers.restore_history, browser_key, [browser_key, history, compare.table], **PRIVATE, **LIGHT)
-    ).then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
+    ).then(**panel_notice(handlers, edit))
     after_history_changed(compare.baseline.input(handlers.set_baseline, [compare.baseline, history],
                                                  [compare.table, history], **PRIVATE, **LIGHT))
     after_history_changed(compare.clear.click(handlers.clear_history, history, [compare.table, history],
@@ -362,7 +370,7 @@ def _wire_hub(demo: gr.Blocks, hub: HubControls, handlers: Handlers, edit, concu
     scheduler = edit.controls[setting_parameter("scheduler")]
 
     def then_panel_notice(event):
-        event.then(handlers.panel_notice, edit.toggles, edit.prepare_notice, show_progress="hidden", **PRIVATE, **LIGHT)
+        event.then(**panel_notice(handlers, edit))
     then_panel_notice(edit.model.input(hub.switch_model, edit.model, [edit.model_notice, edit.steps, *slots],
                                        api_name="switch_model", concurrency_limit=concurrency, **GPU_QUEUE))
     demo.load(hub.model_notice, None, edit.model_notice, **PRIVATE, **LIGHT)
