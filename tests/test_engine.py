@@ -214,6 +214,25 @@ def test_lru_budget_evicts_and_frees(house):
     assert small.run(request(house), OptimizationConfig(fp8="storage")).telemetry.cache_hit is False
 
 
+
+def test_loaded_weights_leave_the_collectors_walks_until_the_engine_closes(house):
+    """Loading freezes what lives (the base modules out of full collections, which the first compile sets off);
+    closing the engine (a model switch) unfreezes them, so that weights held in a reference cycle are freed: a frozen
+    cycle never is."""
+    import gc
+    engine = Engine("tiny", device="cpu")
+    engine.run(request(house), OptimizationConfig(fp8="storage"))
+    dit = engine.load().dit
+    assert not any(found is dit for found in gc.get_objects())  # frozen: the collector's generations skip it
+    dit.same_module_again = dit  # a cycle made after the freeze: only a collection of unfrozen objects frees it
+    base_dit = weakref.ref(dit)
+    del dit
+    gc.collect()
+    assert base_dit() is not None
+    engine.close()
+    assert base_dit() is None
+    engine.run(request(house))
+    assert engine.load_count == 2  # a later run loads the weights again
 def test_concurrent_callers_are_serialized(engine, house):
     results, errors = {}, []
 

@@ -136,6 +136,12 @@ class Engine:
         with self._lock:
             return self.cache.free()
 
+    def close(self) -> None:
+        """Drops the prepared pipelines and the base weights (a model switch): a later run would load them again."""
+        with self._lock:
+            self.cache.free()
+            self.store.unload()
+
     def cached(self) -> list[dict]:
         """The prepared pipelines, most recently used first; answers at once, even during a run."""
         return report.cached(self.cache.view())

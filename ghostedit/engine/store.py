@@ -1,7 +1,10 @@
 """The model store: the base weights of one model source, loaded once and placed where the memory mode says
 (placement.py): on the GPU, in pinned host memory, or in pinned host memory streamed to the GPU while the component
-runs. A change of mode moves the components; the engine drops the prepared pipelines first."""
+runs. A change of mode moves the components; the engine drops the prepared pipelines first. Once loaded, the
+objects alive (the base modules among them) are frozen out of the cycle collector's full walks until unload."""
 from __future__ import annotations
+
+import gc
 
 import torch
 
@@ -57,7 +60,16 @@ class ModelStore:
                 self._apply(self.placement, previous=None)
                 self.base_pointers = storage_pointers(self.pipe.dit)
             self.load_count += 1
+            _freeze_what_lives()
         return self.pipe
+
+    def unload(self) -> None:
+        """Drops the base pipeline. Frozen objects are never collected, so they are unfrozen first: the modules'
+        reference cycles would otherwise keep the weights alive."""
+        self.pipe, self.placement, self._streamed_state = None, None, None
+        self.base_pointers = set()
+        gc.unfreeze()
+        gc.collect()
 
     def replace(self, mode: str) -> bool:
         """Moves the loaded components to the placement of `mode`; returns whether anything moved."""
@@ -101,6 +113,14 @@ class ModelStore:
         for name, tensor in self._streamed_state.items():
             set_module_tensor_to_device(encoder, name, self.device, value=tensor)
         self._streamed_state = None
+
+
+def _freeze_what_lives() -> None:
+    """Leaves every object alive now (torch, the base modules: hundreds of thousands) out of later collections: a
+    full collection walks them all, and the first forward's compile, which allocates many objects, set off several
+    (the garbage collector's A/B, docs/benchmarks.md section 2). Garbage is collected first so that none is frozen."""
+    gc.collect()
+    gc.freeze()
 
 
 def _move(module: torch.nn.Module, where: str) -> None:

@@ -112,7 +112,7 @@ class HubControls:
                 engine = Engine(source, device=old.device, dtype=old.dtype_choice)
             except Exception as error:
                 raise user_error(error) from error
-            old.free()
+            old.close()
             handlers.engine = engine
             handlers.loras = LoraLibrary(handlers.loras.folder, builtin_loras(engine))
         engine = handlers.engine

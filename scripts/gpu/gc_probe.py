@@ -1,6 +1,6 @@
 """Do Python's garbage-collection pauses explain the noisy text-encoding stage of warm edits? Times each warm edit's
 stages beside the GC pauses inside it (gc.callbacks), then the same after gc.freeze() (the objects alive then, among
-them the compiled code's, are left out of later collections).
+them the compiled code's, are left out of later collections; the engine froze those alive at load already).
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 scripts/gpu/gc_probe.py [--runs 6] [--out DIR]
 Full-size synthetic model, best configuration, 1024x1024, 4 steps, CFG 1. Writes gc-probe.json.

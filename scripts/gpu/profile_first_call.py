@@ -66,9 +66,6 @@ def main() -> None:
                         help="the blocks' dynamic dimensions: tokens as the engine compiles them "
                              "(compile.compile_over_tokens), true for all (torch.compile(dynamic=True)), none for "
                              "torch's default (static first, a dimension that changes made dynamic at a recompile)")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() once the DiT is built: the objects alive then (torch's modules, the DiT) are "
-                             "left out of later collections, a full one of which walks all of them (the A/B)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results") + "/first-call")
     args = parser.parse_args()
     if args.workers_at_first_compile:
@@ -85,9 +82,6 @@ def main() -> None:
     engine = Engine("synthetic", device="cuda", dit_only=True)
     inputs = dit_inputs(engine.load().dit, 1024, 1024, 256, "cuda", torch.bfloat16)
     config = OptimizationConfig.parse(args.config)
-    if args.gc_freeze:
-        gc.collect()
-        gc.freeze()
     tracked, pauses = len(gc.get_objects()), CollectorPauses()
     built = time.perf_counter()
     engine.check(config)  # the availability checks prepare begins with (each cached once made), timed apart
@@ -120,7 +114,7 @@ def main() -> None:
         "compile_keys": "at the first compile" if args.keys_at_first_compile else "as preparation begins",
         "generated_reductions": generated_reductions(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
         "second_call_s": second_call,
-        "gc_freeze": args.gc_freeze, "gc_frozen_objects": gc.get_freeze_count(), "gc_tracked_objects": tracked,
+        "gc_frozen_objects": gc.get_freeze_count(), "gc_tracked_objects": tracked,
         "gc_pauses": collected,
         "dynamo_compile_times": compile_times(repr="str", aggregate=True),
         "counters": {group: dict(values) for group, values in counters.items() if values},
