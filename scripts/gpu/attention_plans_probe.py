@@ -180,7 +180,7 @@ def main() -> None:
     cudnn = fp8_attention.cudnn_frontend()
     handle = fp8_attention._handle(cudnn, torch.device("cuda"))
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-               "frontend": getattr(cudnn, "__version__", "?"),
+               "cudnn_of_the_frontend": cudnn.backend_version(), "frontend": getattr(cudnn, "__version__", "?"),
                "shape": {"heads": HEADS, "head_dim": HEAD_DIM, "image_tokens": IMAGE_TOKENS},
                "lengths": [probe_length(cudnn, handle, text_tokens, every=index == 0)
                            for index, text_tokens in enumerate(args.text_tokens)]}
