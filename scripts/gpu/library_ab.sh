@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# An A/B of cuDNN's version under the same code and torch: the version torch pins against a newer one installed in a
-# folder of its own (pip install --target SITE nvidia-cudnn-cu13==V). torch loads cuDNN from the first
-# nvidia/cudnn/lib on sys.path at import (its RPATH outranks LD_LIBRARY_PATH), so SITE goes first on PYTHONPATH;
-# the cuDNN frontend reads LD_LIBRARY_PATH first, so SITE's lib goes there. Each variant's loaded version is
-# checked before anything is timed.
+# An A/B of cuDNN's version under the same code and torch: the version torch pins against a newer one unpacked in a
+# folder of its own, SITE (holding nvidia/cudnn/lib). torch loads cuDNN from the first nvidia/cudnn/lib on sys.path
+# at import (its RPATH outranks LD_LIBRARY_PATH), so SITE goes first on PYTHONPATH; the cuDNN frontend reads
+# LD_LIBRARY_PATH first, so SITE's lib goes there. Each variant's loaded version is checked before anything is timed.
 #   scripts/gpu/library_ab.sh NAME SITE [ROUNDS]        (default 2 rounds; the first process compiles)
+# SITE must not be /tmp/site (setup.sh's, first on PYTHONPATH for both variants). docs/benchmarks/cudnn-version/ was
+# made so: here, `pip download --no-deps nvidia-cudnn-cu13==9.28.1.4`, its nvidia/cudnn/lib tarred through xz and
+# split into 45 MiB parts, one folder each (.cudnn-partN, carried one per device call, back to back, into
+# /tmp/cparts); there, `cat /tmp/cparts/* | xz -d | tar x -C /tmp/cudnn928` and SITE=/tmp/cudnn928.
 # Per variant ("pinned", "newer"): cuDNN's FP8 attention plans at the bench's and an edit's prompt length
 # (attention_plans_probe.py --text-tokens 256 214), then one DiT forward of $CONFIG (default best) at 1024x1024 in
 # processes of their own, alternating pinned, newer, ... Results: $RESULTS/NAME/attention-<variant>/ and
