@@ -186,25 +186,22 @@ def _ready_source(folder: str) -> str:
     return f"{_ran_on(results(f'{folder}/ready-restart')['environment'])}, `docs/benchmarks/{folder}/`"
 
 
-def _restart_compile_step(folder: str = "") -> str:
-    """The restart's preparation compile step in the ready phase of `docs/benchmarks/<folder>/`, in words."""
-    return f"{_ready_rows(folder)[-1]['prepare_steps_s']['compile']:.3f} s"
+def _copy_steps(folders: list[str]) -> str:
+    """The preparation's copy step over every process of the ready phases in `docs/benchmarks/<folder>/`, as a range
+    of seconds."""
+    copies = [row["prepare_steps_s"]["copy"] for folder in folders for row in _ready_rows(folder)]
+    return f"{min(copies):.2f}-{max(copies):.2f}"
 
 
 def ready_again() -> str:
-    """Section 2: the ready phase again on the table's code, and on the code before the blocks' one torch.compile
-    (this stop's run, and the last stop's three on its code)."""
-    per_block = "earlier/ready-one-compile-per-block"
-    stop_34 = "; ".join(f"{words} ({_ready_source(folder)}): {_ready_runs(folder)}" for folder, words in (
-        ("earlier/ready-42d898b", "its table"), ("earlier/ready-again-42d898b", "a second machine"),
-        ("speed-ready", "the whole-table run's ready processes, on the code before the compile cache's keys were "
-                        "hashed while preparing")))
+    """Section 2: the ready phase again on the table's code and machine, and the last stop's two runs on its code
+    (before the preparation's copy module by module and the objects frozen at load), with the copy step of each."""
+    last_stop = [("earlier/ready-474149d", "its table"), ("earlier/ready-again-474149d", "the same machine's next run")]
+    runs = "; ".join(f"{words} ({_ready_source(folder)}): {_ready_runs(folder)}" for folder, words in last_stop)
     return (f"The same phase again on the same machine, after the table's run ({_ready_source('ready-again')}): "
-            f"{_ready_runs('ready-again')}. Before the blocks' one torch.compile, one per block "
-            f"({_ready_source(per_block)}): {_ready_runs(per_block)}; the restart's compile step "
-            f"took {_restart_compile_step(per_block)} there, {_restart_compile_step()} and "
-            f"{_restart_compile_step('ready-again')} in the two runs above. The last stop's runs, on its code (one "
-            f"torch.compile per block too): {stop_34}.\n")
+            f"{_ready_runs('ready-again')}. The last stop's code (474149d, the blocks' one torch.compile): {runs}. "
+            f"The preparation's copy of the base DiT took {_copy_steps(['', 'ready-again'])} s in the six processes of "
+            f"this code, {_copy_steps([folder for folder, _ in last_stop])} s in the last stop's.\n")
 
 
 def _compile_time_s(first_call: dict, step: str) -> float:
@@ -230,6 +227,8 @@ RESTART_VARIANTS = {
         "none": "static, made dynamic when one changes"}),
     "compile-keys": ("compile keys (42d898b)", {
         "early": "keys hashed as preparation begins", "late": "keys hashed at the first compile"}),
+    "gc-freeze": ("objects alive once the DiT is built left out of collections (3ccb9b3)", {
+        "off": "collected as usual", "on": "gc.freeze() after building"}),
 }
 
 
@@ -246,6 +245,12 @@ def _first_call_rows(folder: str, variants: dict, labels, columns) -> list[dict]
     return rows
 
 
+def _collections_s(first_call: dict) -> str:
+    """The garbage collector's pauses in a first forward, where the probe recorded them (since 3ccb9b3)."""
+    pauses = first_call.get("gc_pauses")
+    return f"{sum(pauses['first_call']['seconds']):.3f}" if pauses else ""
+
+
 def _probe_ran_on(folder: str) -> str:
     """Where and when the profile_first_call.py outputs under `docs/benchmarks/<folder>/` were measured."""
     first = next((RESULTS / folder).rglob("first-call-*.json"))
@@ -259,10 +264,12 @@ def restart_ab() -> str:
                             lambda calls: sorted(label for label in calls if label.startswith("restart")),
                             lambda call: {"first": call["first_call_s"],
                                           "trace": _compile_time_s(call, "bytecode_tracing"),
-                                          "compiler": _compile_time_s(call, "OutputGraph.call_user_compiler")})
+                                          "compiler": _compile_time_s(call, "OutputGraph.call_user_compiler"),
+                                          "collections": _collections_s(call)})
     table = markdown_table(rows, {"ab": "A/B", "variant": "variant", "process": "process",
                                   "first": "first forward s", "trace": "of it Dynamo's trace s",
-                                  "compiler": "of it the compile cache's lookups and loads s"})
+                                  "compiler": "of it the compile cache's lookups and loads s",
+                                  "collections": "of it garbage collections s"})
     return (f"A restarted process's first forward of best at 1024x1024 (`scripts/gpu/profile_first_call.py restart`, "
             f"variants in processes of their own, alternating, each A/B on one machine, "
             f"{_probe_ran_on(f'{RESTART_AB}/compile-keys')}, `docs/benchmarks/{RESTART_AB}/`):\n\n{table}\n")
@@ -812,6 +819,46 @@ def attention_lengths() -> str:
             "`docs/benchmarks/attention-lengths/dit-*/`).\n")
 
 
+CUDNN_AB = "cudnn-version"
+
+
+def _cudnn_words(version: int) -> str:
+    """torch's number for a cuDNN version (91900) as its release (9.19.0)."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+def cudnn_version() -> str:
+    """Section 6: cuDNN's FP8 attention and the best forward on torch's pinned cuDNN and a newer one
+    (scripts/gpu/library_ab.sh: the attention plans probe per version, then DiT processes alternating)."""
+    folder = RESULTS / CUDNN_AB
+    rows = []
+    for variant in ("pinned", "newer"):
+        path = folder / f"attention-{variant}" / "attention-plans.json"
+        found = json.loads(path.read_text())
+        for length in found["lengths"]:
+            timed = [plan for plan in length["plans"] if "sustained_ms" in plan]
+            first = next(plan for plan in timed if plan["layout"].endswith("(engine)") and plan["mode"] == "A"
+                         and plan["index"] == 0)
+            fastest = min(timed, key=lambda plan: plan["sustained_ms"])
+            rows.append({"cudnn": _cudnn_words(found["cudnn"]), "text": length["text_tokens"],
+                         "first": first["sustained_ms"], "fastest": fastest["sustained_ms"],
+                         "plan": f"{fastest['name']} ({fastest['layout']}, mode {fastest['mode']})",
+                         "plans": len(timed)})
+    table = markdown_table(rows, {"cudnn": "cuDNN", "text": "text tokens",
+                                  "first": "cuDNN's first plan (the engine's), ms", "fastest": "fastest plan, ms",
+                                  "plan": "fastest plan", "plans": "plans timed"})
+    in_run_order = sorted((folder / "dit").iterdir(), key=lambda run: (run.name.split("-")[0], "newer" in run.name))
+    processes = [results(f"{CUDNN_AB}/dit/{run.name}") for run in in_run_order]
+    forwards = ", ".join(f"cuDNN {_cudnn_words(process['environment']['cudnn'])} "
+                         f"{process['rows'][0]['ms_per_forward']:.1f} ms" for process in processes)
+    return (f"cuDNN's FP8 attention alone, 24 heads of 128, 8192 image tokens, per call over calls back to back, on "
+            f"torch's pinned cuDNN and on a newer one (`scripts/gpu/library_ab.sh`, "
+            f"{_ran_on(found, committed=path)}, `docs/benchmarks/{CUDNN_AB}/`):\n\n{table}\n\n"
+            f"One DiT forward of {name(processes[0]['rows'][0])} at 1024x1024, each cuDNN in "
+            f"{len(processes) // 2} processes of its own, alternating ({_ran_on(processes[0]['environment'])}): "
+            f"{forwards}.\n")
+
+
 def vae_norm() -> str:
     """Section 6: the VAE's RMS norm and SiLU as released against GhostEdit's kernel (scripts/gpu/vae_norm_probe.py)."""
     from ..optimize import vae_frames
@@ -942,7 +989,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "fused-qkv": fused_qkv,
             "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
-            "attention-lengths": attention_lengths, "vae-norm": vae_norm,
+            "attention-lengths": attention_lengths, "cudnn-version": cudnn_version, "vae-norm": vae_norm,
             "parallel": parallel}
 
 
