@@ -193,15 +193,31 @@ def _copy_steps(folders: list[str]) -> str:
     return f"{min(copies):.2f}-{max(copies):.2f}"
 
 
+COLD_REPEATS = "ready-cold-repeats"
+
+
+def _cold_repeats() -> str:
+    """Never-compiled processes of one code one after another on one machine (docs/benchmarks/ready-cold-repeats/),
+    in words."""
+    processes = [results(f"{COLD_REPEATS}/{run.name}") for run in sorted((RESULTS / COLD_REPEATS).iterdir())]
+    ready_s = ", ".join(f"{row['prepare_s'] + row['first_call_s']:.2f} s" for row in
+                        (process["rows"][0] for process in processes))
+    return (f"This code's first use in {len(processes)} processes that never compiled it, one after another on a "
+            f"third machine, each emptying the compile caches as the table's first row does (`ghostedit bench "
+            f"--level dit --repeats 3 --configs best`, {_ran_on(processes[0]['environment'])}, "
+            f"`docs/benchmarks/{COLD_REPEATS}/`): ready in {ready_s}.")
+
+
 def ready_again() -> str:
-    """Section 2: the ready phase again on the table's code and machine, and the last stop's two runs on its code
-    (before the preparation's copy module by module and the objects frozen at load), with the copy step of each."""
+    """Section 2: the ready phase again on the table's code and machine, the last stop's two runs on its code (before
+    the preparation's copy module by module and the objects frozen at load) with the copy step of each, and this
+    code's never-compiled first use repeated on another machine."""
     last_stop = [("earlier/ready-474149d", "its table"), ("earlier/ready-again-474149d", "the same machine's next run")]
     runs = "; ".join(f"{words} ({_ready_source(folder)}): {_ready_runs(folder)}" for folder, words in last_stop)
     return (f"The same phase again on the same machine, after the table's run ({_ready_source('ready-again')}): "
             f"{_ready_runs('ready-again')}. The last stop's code (474149d, the blocks' one torch.compile): {runs}. "
             f"The preparation's copy of the base DiT took {_copy_steps(['', 'ready-again'])} s in the six processes of "
-            f"this code, {_copy_steps([folder for folder, _ in last_stop])} s in the last stop's.\n")
+            f"this code, {_copy_steps([folder for folder, _ in last_stop])} s in the last stop's. {_cold_repeats()}\n")
 
 
 def _compile_time_s(first_call: dict, step: str) -> float:
