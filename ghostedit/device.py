@@ -41,6 +41,24 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (Linux's /proc/cpuinfo; what platform says elsewhere): a first use's compile and a
+    process's imports run on it, so figures of those name it."""
+    cpuinfo = "/proc/cpuinfo"
+    if os.path.exists(cpuinfo):
+        with open(cpuinfo) as found:
+            for line in found:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (a container's limit, not the host's count, where Linux says so)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 

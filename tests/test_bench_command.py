@@ -37,6 +37,9 @@ def test_the_dit_level_writes_each_shape_and_where_its_process_time_went(tmp_pat
     printed = capsys.readouterr().out.splitlines()[-1]
     assert printed.startswith("process timeline (s since start): python and the CLI ")
     assert printed.split(", ")[-1].startswith("results written ")
+    # the host the figures were measured on, CPU included: its imports and a first use's compile run there
+    host = results["environment"]
+    assert host["cpu_cores"] >= 1 and host["cpu"] not in ("", "x86_64", "aarch64"), host
 
 
 def test_the_dit_level_takes_the_encoders_settings_of_a_preset_with_no_encoder_loaded(tmp_path):

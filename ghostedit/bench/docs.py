@@ -32,7 +32,9 @@ def _ran_on(environment: dict, committed: Path | None = None) -> str:
     """Where and when a result was measured, in words: the GPU, torch and the date (with `committed`, the day that
     results file was committed, for probes whose output carries no date)."""
     when = f"committed {_committed_on(committed)}" if committed else environment["date"]
-    return f"{environment['gpu']}, torch {environment['torch']}, {when}"
+    # the host CPU, where a result names it (newer ones do): imports and a first use's compile run on it
+    host = f" on {environment['cpu']} ({environment['cpu_cores']} cores)" if "cpu_cores" in environment else ""
+    return f"{environment['gpu']}{host}, torch {environment['torch']}, {when}"
 
 
 def source(part: str) -> str:

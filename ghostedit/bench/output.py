@@ -8,7 +8,7 @@ import sys
 import platform
 from pathlib import Path
 
-from ..device import package_version
+from ..device import cpu_cores, cpu_model, package_version
 
 
 def markdown_table(rows: list[dict], columns: dict[str, str]) -> str:
@@ -44,7 +44,7 @@ def environment() -> dict:
     info = {"date": datetime.date.today().isoformat(), "command": shlex.join(["ghostedit", *sys.argv[1:]]),
             "python": platform.python_version(), "torch": torch.__version__,
             "diffsynth": package_version("diffsynth"), "torchao": package_version("torchao"),
-            "cpu": platform.processor() or platform.machine()}
+            "cpu": cpu_model(), "cpu_cores": cpu_cores()}
     if torch.cuda.is_available():
         # cuDNN as loaded: a newer one than torch's pin can come first on LD_LIBRARY_PATH (scripts/gpu/library_ab.sh)
         info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())

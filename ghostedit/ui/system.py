@@ -2,14 +2,13 @@
 and the prepared pipelines in the engine's cache."""
 from __future__ import annotations
 
-import os
 import platform
 
 import pandas as pd
 import psutil
 import torch
 
-from ..device import package_version
+from ..device import cpu_cores, cpu_model, package_version
 from ..engine.workers import WorkerPool
 from ..telemetry import GIB, MemoryProbe, nvml_module
 from ..optimize import registry
@@ -25,7 +24,7 @@ def _driver_version() -> str | None:
 
 
 def hardware(device: str) -> dict:
-    info = {"device": device, "cpu": platform.processor() or platform.machine(), "cpu_cores": os.cpu_count(),
+    info = {"device": device, "cpu": cpu_model(), "cpu_cores": cpu_cores(),
             "ram_gib": round(psutil.virtual_memory().total / GIB, 1), "python": platform.python_version(),
             "torch_cuda": torch.version.cuda, "gpus": []}
     if torch.cuda.is_available():
