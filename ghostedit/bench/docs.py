@@ -206,8 +206,8 @@ def _cold_repeats() -> str:
                         (process["rows"][0] for process in processes))
     return (f"This code's first use in {len(processes)} processes that never compiled it, one after another on a "
             f"third machine, each emptying the compile caches as the table's first row does (`ghostedit bench "
-            f"--level dit --repeats 3 --configs best`, {_ran_on(processes[0]['environment'])}, "
-            f"`docs/benchmarks/{COLD_REPEATS}/`): ready in {ready_s}.")
+            f"--level dit --repeats 3 --configs best` each, the processes `scripts/gpu/bench.sh cold` runs, "
+            f"{_ran_on(processes[0]['environment'])}, `docs/benchmarks/{COLD_REPEATS}/`): ready in {ready_s}.")
 
 
 def ready_again() -> str:

@@ -12,6 +12,8 @@
 #             LoRA costing no time per step), then e2e-40, 40 steps CFG 4 (stock, best, best + $STEP_CACHE); stock
 #             in one process, best in another. The compiled text encoder was measured once (docs/benchmarks.md,
 #             section 3), not in every run
+#   scripts/gpu/bench.sh cold      the never-compiled first use of ready again in five new processes one after
+#             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
 #     card-full    every configuration the page offers, one after another in one process on the whole card
@@ -66,21 +68,32 @@ dit() {
     --configs baseline "$BEST" "$EXACT"
 }
 
+first_use() {  # first_use PHASE: the best configuration's first use in a new process, timed by the bench
+  bench "$1" --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
+}
+
+never_compiled() {  # never_compiled PHASE: first_use with every compile cache emptied, Inductor's, GhostEdit's
+  # packages and Triton's own kernels (which a machine kept warm between device calls still has)
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  first_use "$1"
+}
+
 ready() {
-  for label in never-compiled package-only; do  # the best configuration's first use in a new process
-    rm -rf "$TORCHINDUCTOR_CACHE_DIR"
-    if [ $label = package-only ]; then  # a new machine given the package the first run made, exported and installed
-      local shipped=/tmp/ghostedit-shipped-packages
-      rm -rf "$shipped"
-      "$PYTHON" -m ghostedit compiled export "$shipped"
-      rm -rf "$GHOSTEDIT_HOME/compiled"
-      "$PYTHON" -m ghostedit compiled install "$shipped"
-    else  # nor Triton's own cache of compiled kernels, which a machine kept warm between device calls still has
-      rm -rf "$GHOSTEDIT_HOME/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
-    fi
-    bench "ready-$label" --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
+  never_compiled ready-never-compiled
+  # a new machine given the package the first run made, exported and installed
+  local shipped=/tmp/ghostedit-shipped-packages
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "$shipped"
+  "$PYTHON" -m ghostedit compiled export "$shipped"
+  rm -rf "$GHOSTEDIT_HOME/compiled"
+  "$PYTHON" -m ghostedit compiled install "$shipped"
+  first_use ready-package-only
+  first_use ready-restart
+}
+
+cold() {  # the never-compiled first use again in $COLD_PROCESSES new processes (cold-1, ...): its spread on one machine
+  for run in $(seq "${COLD_PROCESSES:-5}"); do
+    never_compiled "cold-$run"
   done
-  bench ready-restart --level dit --width "$SIDE" --text-tokens 256 --repeats 3 --configs "$BEST"
 }
 
 # Stock and best each in a process of their own (configurations measured one after another in one process measured
@@ -122,6 +135,6 @@ lora-switch() {
 all() { card-full; lora-switch; }
 
 case ${1:-} in
-  speed|dit|ready|e2e|cards|all|card-full|lora-switch) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|e2e|cards|all|card-full|lora-switch" >&2; exit 2 ;;
+  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch" >&2; exit 2 ;;
 esac
