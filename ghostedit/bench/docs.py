@@ -201,7 +201,8 @@ COLD_REPEATS = "ready-cold-repeats"
 def _cold_repeats() -> str:
     """Never-compiled processes of one code one after another on one machine (docs/benchmarks/ready-cold-repeats/),
     in words."""
-    processes = [results(f"{COLD_REPEATS}/{run.name}") for run in sorted((RESULTS / COLD_REPEATS).iterdir())]
+    in_run_order = sorted((RESULTS / COLD_REPEATS).iterdir(), key=lambda run: int(run.name.removeprefix("cold-")))
+    processes = [results(f"{COLD_REPEATS}/{run.name}") for run in in_run_order]
     ready_s = ", ".join(f"{row['prepare_s'] + row['first_call_s']:.2f} s" for row in
                         (process["rows"][0] for process in processes))
     return (f"This code's first use in {len(processes)} processes that never compiled it, one after another on a "
@@ -865,7 +866,7 @@ def cudnn_version() -> str:
     table = markdown_table(rows, {"cudnn": "cuDNN", "text": "text tokens",
                                   "first": "cuDNN's first plan (the engine's), ms", "fastest": "fastest plan, ms",
                                   "plan": "fastest plan", "plans": "plans timed"})
-    in_run_order = sorted((folder / "dit").iterdir(), key=lambda run: (run.name.split("-")[0], "newer" in run.name))
+    in_run_order = sorted((folder / "dit").iterdir(), key=lambda run: (int(run.name.split("-")[0]), "newer" in run.name))
     processes = [results(f"{CUDNN_AB}/dit/{run.name}") for run in in_run_order]
     forwards = ", ".join(f"cuDNN {_cudnn_words(process['environment']['cudnn'])} "
                          f"{process['rows'][0]['ms_per_forward']:.1f} ms" for process in processes)

@@ -27,8 +27,9 @@ in_variant() {  # in_variant VARIANT COMMAND...: the command with that variant's
   fi
 }
 loaded() { in_variant "$1" python3 -c "import torch, cudnn; print(torch.backends.cudnn.version(), cudnn.backend_version())"; }
-echo "cuDNN loaded (torch, frontend): pinned $(loaded pinned), newer $(loaded newer)"
-[ "$(loaded pinned)" != "$(loaded newer)" ] || { echo "the newer variant loaded the pinned cuDNN" >&2; exit 1; }
+pinned=$(loaded pinned) newer=$(loaded newer)  # each a process importing torch: asked once
+echo "cuDNN loaded (torch, frontend): pinned $pinned, newer $newer"
+[ "$pinned" != "$newer" ] || { echo "the newer variant loaded the pinned cuDNN" >&2; exit 1; }
 for variant in pinned newer; do
   in_variant $variant python3 scripts/gpu/attention_plans_probe.py \
     --out "$RESULTS/$name/attention-$variant" --text-tokens 256 214 2>&1 | grep "engine op" || true
