@@ -866,7 +866,8 @@ def cudnn_version() -> str:
     table = markdown_table(rows, {"cudnn": "cuDNN", "text": "text tokens",
                                   "first": "cuDNN's first plan (the engine's), ms", "fastest": "fastest plan, ms",
                                   "plan": "fastest plan", "plans": "plans timed"})
-    in_run_order = sorted((folder / "dit").iterdir(), key=lambda run: (int(run.name.split("-")[0]), "newer" in run.name))
+    in_run_order = sorted((folder / "dit").iterdir(),
+                          key=lambda run: (int(run.name.split("-")[0]), "newer" in run.name))
     processes = [results(f"{CUDNN_AB}/dit/{run.name}") for run in in_run_order]
     forwards = ", ".join(f"cuDNN {_cudnn_words(process['environment']['cudnn'])} "
                          f"{process['rows'][0]['ms_per_forward']:.1f} ms" for process in processes)
