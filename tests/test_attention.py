@@ -78,6 +78,11 @@ def _reference_fp8_kernel(q, k, v, q_descale, k_descale, v_descale):
     return (out / v_descale).transpose(1, 2).to(torch.float8_e4m3fn)
 
 
+def _reference_fa3_fp8_kernel(q, k, v, q_descale, k_descale, v_descale):
+    """FlashAttention-3's FP8 op, computed on the CPU: the same inputs as cuDNN's, the output's real values in bf16."""
+    return (_reference_fp8_kernel(q, k, v, q_descale, k_descale, v_descale).float() * v_descale).to(torch.bfloat16)
+
+
 def test_fp8_parts_join_as_bytes_along_the_sequence():
     text, image = (torch.randn(1, tokens, 2, 8).to(torch.float8_e4m3fn) for tokens in (3, 5))
     joined = fp8_attention._joined([text, image])
@@ -85,10 +90,13 @@ def test_fp8_parts_join_as_bytes_along_the_sequence():
     assert torch.equal(joined.float(), torch.cat([text.float(), image.float()], dim=1))
 
 
+@pytest.mark.parametrize("backend", attention.FP8_BACKENDS)
 @pytest.mark.parametrize("bounds", [False, True])
-def test_fp8_joint_attention_scaling_computes_attention(monkeypatch, bounds):
-    """Two streams of unequal scale, each cast to FP8 before the join with the joined tensor's one scale."""
+def test_fp8_joint_attention_scaling_computes_attention(monkeypatch, bounds, backend):
+    """Two streams of unequal scale, each cast to FP8 before the join with the joined tensor's one scale; each FP8
+    kernel's output (cuDNN's in FP8 scaled as v is, FlashAttention-3's real values in bf16) read as it means."""
     monkeypatch.setattr(fp8_attention, "cudnn_fp8_attention", _reference_fp8_kernel)
+    monkeypatch.setattr(fp8_attention, "fa3_fp8_attention", _reference_fa3_fp8_kernel)
     generator = torch.Generator().manual_seed(0)
     text, image = ([torch.randn(1, tokens, 2, 64, generator=generator) for _ in range(3)] for tokens in (16, 112))
     text[2] = text[2] * 8  # the text's v dominates the joined v's scale
@@ -97,12 +105,12 @@ def test_fp8_joint_attention_scaling_computes_attention(monkeypatch, bounds):
     q, k, v = (torch.cat(parts, dim=1) for parts in zip(text, image))
     scales = {"q_scale": fp8_attention.fp8_scale(q.abs().max() * 1.5),
               "k_scale": fp8_attention.fp8_scale(k.abs().max() * 3)} if bounds else {}
-    out = fp8_attention.joint_attention([text, image], **scales)
+    out = fp8_attention.joint_attention([text, image], **scales, backend=backend)
     expected = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
     expected = expected.transpose(1, 2)
     assert out.shape == expected.shape == (1, 128, 2, 64)
     assert float((out - expected).norm() / expected.norm()) < 0.08
-    one_stream = fp8_attention.attention(*(t.transpose(1, 2) for t in (q, k, v)))  # [batch, heads, seq, dim] in
+    one_stream = fp8_attention.attention(*(t.transpose(1, 2) for t in (q, k, v)), backend)  # [b, h, s, d] in
     assert float((one_stream - expected).norm() / expected.norm()) < 0.08
 
 

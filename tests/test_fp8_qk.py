@@ -19,6 +19,7 @@ def test_it_needs_the_fp8_attention_and_real_rope_and_says_why_it_cannot_run_on_
         OptimizationConfig(rewrites=("fused-qk-norm-rope", "real-rope"))
     with pytest.raises(ValueError, match="needs real-rope set to on"):
         OptimizationConfig(attention="cudnn-fp8", rewrites=("fused-qk-norm-rope",))
+    assert OptimizationConfig(attention="fa3-fp8", rewrites=("fused-qk-norm-rope", "real-rope"))  # either FP8 kernel
     available = registry.options("cpu")["rewrites"]["fused-qk-norm-rope"]
     assert not available.ok and "CUDA" in available.reason
 
@@ -28,6 +29,8 @@ def test_the_fp8_attention_output_rewrite_needs_the_fused_path_and_torchao_and_r
     best_fused = "best,rewrites=real-rope+joint-layout+inductor-multi-kernel+fused-gelu-quant+fused-qk-norm-rope"
     with pytest.raises(ValueError, match="needs fused-qk-norm-rope set to on"):
         OptimizationConfig.parse("best,rewrites=real-rope+joint-layout+fp8-attention-out")
+    with pytest.raises(ValueError, match="needs attention set to cudnn-fp8"):  # FlashAttention-3 writes bf16
+        OptimizationConfig.parse(best_fused + "+fp8-attention-out,attention=fa3-fp8")
     with pytest.raises(ValueError, match="needs fp8 set to torchao"):
         OptimizationConfig.parse(best_fused + "+fp8-attention-out,fp8=off,rewrites=real-rope+joint-layout+"
                                  "fused-qk-norm-rope+fp8-attention-out")
@@ -101,3 +104,17 @@ def test_the_kernel_normalizes_rotates_casts_and_joins_both_streams_in_tritons_i
     done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_an_output_projection_reads_each_fp8_kernels_output_as_it_means():
+    """cuDNN's output is FP8 with a factor (dequantized before a bf16 projection); FlashAttention-3's is real values
+    (no factor), projected as it is."""
+    from ghostedit.optimize import fp8_attention
+    linear = torch.nn.Linear(2 * 8, 4, dtype=torch.bfloat16)
+    real = torch.randn(1, 5, 2, 8, dtype=torch.bfloat16)
+    assert torch.equal(fp8_qk.out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
+    scale = fp8_attention.fp8_scale(real.abs().max())
+    as_fp8, descale = fp8_attention._scaled_fp8(real, scale)
+    projected = fp8_qk.out_projection(linear, as_fp8, descale, in_fp8=False)
+    assert torch.equal(projected, linear(fp8_attention.dequantized(as_fp8, descale).flatten(2)))
+    assert float((projected - linear(real.flatten(2))).norm() / linear(real.flatten(2)).norm()) < 0.05

@@ -85,7 +85,8 @@ def test_switching_an_exact_attention_backend_prepares_nothing():
     """Before: the cache key held the attention backend, so each switch prepared (and compiled) again."""
     exact = [OptimizationConfig(attention=name).cache_key for name in ("diffsynth", "sdpa-math", "auto", "fa4")]
     assert len(set(exact)) == 1
-    assert OptimizationConfig(attention="cudnn-fp8").cache_key not in exact  # it changes the prepared DiT
+    fp8 = [OptimizationConfig(attention=name).cache_key for name in ("cudnn-fp8", "fa3-fp8")]
+    assert len(set(fp8)) == 2 and not set(fp8) & set(exact)  # each FP8 attention prepares its own DiT
 
 
 def test_transformer_engine_leaves_the_fused_text_projection_in_bf16():

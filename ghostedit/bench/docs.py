@@ -13,6 +13,7 @@ from pathlib import Path
 from ..config import OptimizationConfig
 from ..figures import RESULTS, results
 from ..optimize import registry
+from ..optimize.presets import PRESETS
 from ..telemetry import STAGE_ORDER
 from .output import markdown_table
 
@@ -44,18 +45,18 @@ def source(part: str) -> str:
 
 
 def name(row: dict) -> str:
-    """"stock", "best", "exact" for the named configurations, "best + <label>" for one of them with more toggles,
-    the configuration's label otherwise. A DiT forward's row (the DiT-level bench) is named by its DiT settings
-    alone: the encoders' settings take no part in it."""
+    """"stock" and the presets' names ("best", ...) for the named configurations, "best + <label>" for one of them
+    with more toggles, the configuration's label otherwise. A DiT forward's row (the DiT-level bench) is named by
+    its DiT settings alone: the encoders' settings take no part in it."""
     dit_level = "ms_per_forward" in row
 
     def settings_of(text: str) -> str:
         return _dit_of(text) if dit_level else OptimizationConfig.parse(text).text
     text = settings_of(row["text"])
-    named = {OptimizationConfig().text: "stock", **{settings_of(preset): preset for preset in ("best", "exact")}}
+    named = {OptimizationConfig().text: "stock", **{settings_of(preset): preset for preset in PRESETS}}
     if text in named:
         return named[text]
-    for preset in ("best", "exact"):
+    for preset in PRESETS:
         for settings, called in ((settings_of(preset), preset), (_dit_of(preset), f"{preset}'s DiT")):
             if OptimizationConfig.parse(text) == OptimizationConfig.parse(settings):
                 return called
@@ -879,6 +880,78 @@ def cudnn_version() -> str:
             f"{forwards}.\n")
 
 
+FA3 = "fa3-fp8"
+
+
+def _fa3_kernel_rows() -> tuple[list[dict], Path]:
+    """The attention probe's FP8 rows at each prompt length: the kernels alone and as compiled blocks run them."""
+    path = RESULTS / FA3 / "attention" / "attention.json"
+    found = json.loads(path.read_text())
+    rows = []
+    for length in [found, *found.get("lengths", [])]:
+        tokens, timed = length["shape"]["tokens"], length["backends"]
+        rows.append({"text": tokens - 8192, "aligned": "yes" if tokens % 128 == 0 else "no",
+                     "cudnn": timed["cudnn-fp8 kernel alone"]["ms"], "fa3": timed["fa3-fp8 kernel alone"]["ms"],
+                     "cudnn compiled": timed["cudnn-fp8 compiled"]["ms"],
+                     "fa3 compiled": timed["fa3-fp8 compiled"]["ms"],
+                     "cudnn error": timed["cudnn-fp8"]["rel_error_vs_fp32"],
+                     "fa3 error": timed["fa3-fp8"]["rel_error_vs_fp32"], "bf16": timed["sdpa-cudnn"]["ms"]})
+    return rows, path
+
+
+def _e2e_alternating() -> str:
+    """Whole edits of best and best-fa3 in processes of their own (scripts/gpu/alternate.sh with LEVEL=e2e), the
+    order swapped in the second round."""
+    runs = []
+    for folder in sorted((RESULTS / FA3).glob("e2e-ab-*")):
+        for process in sorted(run for run in folder.iterdir() if not run.name.endswith("-40")):
+            four, forty = results(f"{FA3}/{folder.name}/{process.name}"), \
+                results(f"{FA3}/{folder.name}/{process.name}-40")
+            runs.append(f"{name(four['rows'][0])} {four['rows'][0]['end_to_end_s']:.2f} s and "
+                        f"{forty['rows'][0]['end_to_end_s']:.2f} s")
+    return (f"Whole edits at 1024x1024 (4 steps CFG 1, median of {four['repeats']}; then 40 steps CFG 4, one run), "
+            f"each configuration in two processes of its own, in turns ({_ran_on(four['environment'])}, "
+            f"`LEVEL=e2e scripts/gpu/alternate.sh`, `docs/benchmarks/{FA3}/e2e-ab-*/`): {'; '.join(runs)}.")
+
+
+def fa3_fp8() -> str:
+    """Section 6: FlashAttention-3's FP8 kernel against cuDNN's: alone at three prompt lengths, in the DiT forward at
+    the bench's and an edit's prompt length, and in whole edits."""
+    rows, path = _fa3_kernel_rows()
+    probe_ran_on = _ran_on(json.loads(path.read_text()), committed=path)
+    table = markdown_table(rows, {"text": "text tokens", "aligned": "multiple of 128", "cudnn": "cuDNN FP8 kernel ms",
+                                  "fa3": "FA3 FP8 kernel ms", "cudnn compiled": "cuDNN path compiled ms",
+                                  "fa3 compiled": "FA3 path compiled ms", "cudnn error": "cuDNN rel. error",
+                                  "fa3 error": "FA3 rel. error", "bf16": "bf16 SDPA cuDNN ms"})
+    error = {name(row): row for row in results(f"{FA3}/error-214")["rows"]}
+    e2e4, e2e40 = ({name(row): row for row in results(f"{FA3}/{part}")["rows"]} for part in ("e2e-4", "e2e-40"))
+    shapes, whole_edits = results(f"{FA3}/dit"), results(f"{FA3}/e2e-4")
+    by_shape = {row["shape"]: row for row in shapes["rows"] if name(row) == "best-fa3"}
+    committed = {row["shape"]: row for row in results("dit")["rows"] if name(row) == "best"}
+    forwards = "; ".join(f"{shape}: {committed[shape]['ms_per_forward']:.1f} and {row['ms_per_forward']:.1f} ms"
+                         for shape, row in by_shape.items())
+    return (f"The FP8 attention alone, 24 heads of 128, 8192 image tokens, median of CUDA-event timings "
+            f"(`scripts/gpu/attention_probe.py --text-tokens 256 214 300`, {probe_ran_on}, "
+            f"`docs/benchmarks/{FA3}/attention/`). The kernel alone takes FP8 inputs in the engine's "
+            "layout; the compiled path quantizes bf16 q, k and v and gives bf16 out (cuDNN's output dequantized):\n\n"
+            f"{table}\n\n{_alternating(f'{FA3}/dit-256')}, 256 text tokens. "
+            f"{_alternating(f'{FA3}/dit-214')}, 214 text tokens (an edit's prompt).\n\n"
+            f"{_e2e_alternating()}\n\n"
+            f"best-fa3 through `BEST=best-fa3 scripts/gpu/bench.sh e2e` ({_ran_on(whole_edits['environment'])}, "
+            f"`docs/benchmarks/{FA3}/e2e-*/`): 4 steps CFG 1 {e2e4['best-fa3']['end_to_end_s']:.3f} s "
+            f"(stock {e2e4['stock']['end_to_end_s']:.3f} s, PSNR against stock {e2e4['best-fa3']['psnr_db']:.2f} dB), "
+            f"40 steps CFG 4 {e2e40['best-fa3']['end_to_end_s']:.2f} s (stock {e2e40['stock']['end_to_end_s']:.2f} s, "
+            f"PSNR {e2e40['best-fa3']['psnr_db']:.2f} dB).\n\n"
+            f"One DiT forward at five shapes, 256 text tokens, best (section 1's run) and best-fa3 "
+            f"(`BEST=best-fa3 scripts/gpu/bench.sh dit`, {_ran_on(shapes['environment'])}, "
+            f"`docs/benchmarks/{FA3}/dit/`): {forwards}.\n\n"
+            f"The DiT's output against stock's at 1024x1024 and 214 text tokens, in one process "
+            f"(`ghostedit bench --level dit --text-tokens 214 --configs baseline best best-fa3`, "
+            f"`docs/benchmarks/{FA3}/error-214/`): best {error['best']['rel_error']:.4f} (one block "
+            f"{error['best']['block_rel_error']:.4f}), best-fa3 {error['best-fa3']['rel_error']:.4f} (one block "
+            f"{error['best-fa3']['block_rel_error']:.4f}).\n")
+
+
 def vae_norm() -> str:
     """Section 6: the VAE's RMS norm and SiLU as released against GhostEdit's kernel (scripts/gpu/vae_norm_probe.py)."""
     from ..optimize import vae_frames
@@ -1009,7 +1082,8 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "fused-qkv": fused_qkv,
             "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
-            "attention-lengths": attention_lengths, "cudnn-version": cudnn_version, "vae-norm": vae_norm,
+            "attention-lengths": attention_lengths, "cudnn-version": cudnn_version, "fa3-fp8": fa3_fp8,
+            "vae-norm": vae_norm,
             "parallel": parallel}
 
 

@@ -4,9 +4,9 @@ DiffSynth picks its attention when `diffsynth.models.qwen_image_dit` is imported
 imports, else SDPA) and its blocks call the module-level `qwen_image_flash_attention` directly. GhostEdit replaces
 that function once with a dispatcher that reads the active backend; the engine activates a configuration's backend
 around each run. Under torch.compile the active backend is a guarded global, so a compiled block traces one backend.
-Kernels from outside PyTorch are registered as custom ops so that compiled blocks keep them whole. cuDNN's FP8
-attention (`cudnn-fp8`, in fp8_attention.py) and SageAttention change results beyond rounding: they run when named,
-and "auto" never picks them.
+Kernels from outside PyTorch are registered as custom ops so that compiled blocks keep them whole. The FP8 attentions
+(`cudnn-fp8` and `fa3-fp8`, in fp8_attention.py) and SageAttention change results beyond rounding: they run when
+named, and "auto" never picks them.
 """
 from __future__ import annotations
 
@@ -38,9 +38,12 @@ EXTERNAL_BACKENDS = {
     "fa2": ("flash_attn", "FlashAttention-2 (flash_attn)", ((8, 0), None)),
     "sage": ("sageattention", "SageAttention (sageattention)", ((8, 0), None)),
     "cudnn-fp8": (fp8_attention.cudnn_frontend, "cuDNN FP8 attention (nvidia-cudnn-frontend)", ((9, 0), None)),
+    "fa3-fp8": ("flash_attn_interface", "FlashAttention-3's FP8 kernel (flash_attn_interface)", ((9, 0), (9, 0))),
 }
+# The FP8 attentions: their q and k are cast with scales worked out when the DiT is prepared (rewrites.qk_bounds)
+FP8_BACKENDS = ("cudnn-fp8", "fa3-fp8")
 # Backends that change the result beyond rounding (INT8/FP8 inputs): chosen by name only, never by "auto"
-LOSSY_BACKENDS = ("sage", "cudnn-fp8")
+LOSSY_BACKENDS = ("sage",) + FP8_BACKENDS
 # SDPA kernels that PyTorch ships for CUDA only
 SDPA_GPU_ONLY = {"sdpa-cudnn": "PyTorch SDPA's cuDNN kernel", "sdpa-efficient": "PyTorch SDPA's memory-efficient kernel"}
 CONCRETE_BACKENDS = tuple(SDPA_BACKENDS) + tuple(EXTERNAL_BACKENDS)
@@ -93,7 +96,8 @@ def _on_transposed_views(op):
 # Each called with [batch, heads, seq, head_dim] tensors; each returns [batch, seq, heads, head_dim].
 _EXTERNAL = {"fa4": _on_transposed_views(_fa4), "fa3": _on_transposed_views(_fa3),
              "fa2": _on_transposed_views(_fa2), "sage": _on_transposed_views(_sage),
-             "cudnn-fp8": fp8_attention.attention}
+             "cudnn-fp8": fp8_attention.attention,
+             "fa3-fp8": functools.partial(fp8_attention.attention, backend="fa3-fp8")}
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
@@ -148,9 +152,9 @@ def joint_attention(streams, num_heads: int, attention_mask=None, enable_fp8_att
 
 
 def _local_joint_attention(streams, num_heads: int, attention_mask, enable_fp8_attention, q_scale, k_scale):
-    if _active_backend == "cudnn-fp8":
+    if _active_backend in FP8_BACKENDS:
         refuse_masks(_active_backend, attention_mask, enable_fp8_attention)
-        return fp8_attention.joint_attention(streams, q_scale, k_scale).flatten(2)
+        return fp8_attention.joint_attention(streams, q_scale, k_scale, _active_backend).flatten(2)
     q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) for parts in zip(*streams))
     return _local_attention(q, k, v, num_heads, attention_mask, enable_fp8_attention)
 
@@ -172,6 +176,22 @@ def active(backend: str):
         yield
     finally:
         _active_backend = previous
+
+
+def active_backend() -> str:
+    """The backend the DiT runs now (a concrete one, or "diffsynth")."""
+    return _active_backend
+
+
+def fp8_availability(device: str) -> Availability:
+    """Whether an FP8 attention runs here: the first that does, else why none does."""
+    reasons = []
+    for backend in FP8_BACKENDS:
+        available = availability(backend, device)
+        if available.ok:
+            return available
+        reasons.append(available.reason)
+    return Availability.no("; ".join(reasons))
 
 
 def diffsynth_default() -> str:

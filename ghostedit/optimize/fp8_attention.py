@@ -1,15 +1,18 @@
-"""FP8 attention through cuDNN's fused FP8 flash attention (the `cudnn-fp8` attention backend). Lossy.
+"""FP8 attention: cuDNN's fused FP8 flash attention (the `cudnn-fp8` backend) and FlashAttention-3's FP8 kernel
+(`fa3-fp8`). Both lossy.
 
-q, k and v are each scaled to FP8's range with one per-tensor factor and cast to float8_e4m3fn; cuDNN computes
-QK^T and PV on FP8 tensor cores, with the softmax probabilities (at most 1 before normalization) also in FP8 and
-the output written in FP8, scaled as v is (attention output rows are convex combinations of v's rows, so they
-never exceed v's largest value). The quantization and the output's rescaling are plain tensor code, which
-torch.compile fuses into the neighbouring kernels (RoPE before, the output projection's quantization after); the
-cuDNN call is a custom op that compiled blocks keep whole.
+q, k and v are each scaled to FP8's range with one per-tensor factor and cast to float8_e4m3fn; the kernel computes
+QK^T and PV on FP8 tensor cores, with the softmax probabilities also in FP8. cuDNN takes the probabilities (at most
+1 before normalization) scaled onto FP8's range and writes the output in FP8, scaled as v is (attention output rows
+are convex combinations of v's rows, so they never exceed v's largest value); FlashAttention-3 takes the three
+descale factors and writes the output in bf16. The quantization and the output's rescaling are plain tensor code,
+which torch.compile fuses into the neighbouring kernels (RoPE before, the output projection's quantization after);
+each kernel call is a custom op that compiled blocks keep whole.
 
 On Hopper, cuDNN writes FP8 attention output only in FP8 (a bf16 output needs Blackwell and cuDNN 9.13).
-The graph API comes from NVIDIA's cudnn-frontend Python package (`nvidia-cudnn-frontend`), bound to the cuDNN
-that PyTorch runs with.
+cuDNN's graph API comes from NVIDIA's cudnn-frontend Python package (`nvidia-cudnn-frontend`), bound to the cuDNN
+that PyTorch runs with. FlashAttention-3 (`flash_attn_interface`) has no wheel on the package index:
+scripts/gpu/build_fa3_wheel.sh builds one.
 """
 from __future__ import annotations
 
@@ -205,22 +208,50 @@ def _(q, k, v, q_descale, k_descale, v_descale):
     return q[0].new_empty((batch, sum(part.shape[1] for part in q), heads, head_dim))
 
 
-def joint_attention(streams, q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """FP8 attention over streams joined along the sequence, in order: each stream's bf16 (q, k, v) in
-    [batch, seq, heads, head_dim]; the output in their dtype, in the same layout. q and k are cast per stream, with
-    the joined tensor's one scale, and joined in FP8 by the kernel's op, so their casts fuse into the kernels that
-    make them (RMSNorm and RoPE); v, a GEMM's output, is joined and cast in one pass. q and k are scaled by the
-    given factors (fp8_scale of a bound), else by their largest values."""
+@torch.library.custom_op("ghostedit::fa3_fp8_attention", mutates_args=())
+def fa3_fp8_attention(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
+                      q_descale: torch.Tensor, k_descale: torch.Tensor, v_descale: torch.Tensor) -> torch.Tensor:
+    """FlashAttention-3's FP8 kernel over q, k, v given as cudnn_fp8_attention takes them (float8_e4m3fn parts in
+    [batch, seq, heads, head_dim], joined along the sequence here; descale factors [1, 1, 1, 1]). Returns the
+    attention output's real values in bf16, [batch, seq, heads, head_dim]: the kernel applies the descales."""
+    import flash_attn_interface
+    q, k, v = (_joined(parts) for parts in (q, k, v))
+    batch, _, heads, _ = q.shape
+    # the kernel takes a factor per batch item and head; one per tensor is that, broadcast
+    q_descale, k_descale, v_descale = (factor.reshape(1, 1).expand(batch, heads)
+                                       for factor in (q_descale, k_descale, v_descale))
+    output = flash_attn_interface.flash_attn_func(q, k, v, q_descale=q_descale, k_descale=k_descale,
+                                                  v_descale=v_descale)
+    return output[0] if isinstance(output, tuple) else output
+
+
+@fa3_fp8_attention.register_fake
+def _(q, k, v, q_descale, k_descale, v_descale):
+    batch, _, heads, head_dim = q[0].shape
+    return q[0].new_empty((batch, sum(part.shape[1] for part in q), heads, head_dim), dtype=torch.bfloat16)
+
+
+def joint_attention(streams, q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+                    backend: str = "cudnn-fp8") -> torch.Tensor:
+    """FP8 attention (the FP8 `backend`) over streams joined along the sequence, in order: each stream's bf16
+    (q, k, v) in [batch, seq, heads, head_dim]; the output in their dtype, in the same layout. q and k are cast per
+    stream, with the joined tensor's one scale, and joined in FP8 by the kernel's op, so their casts fuse into the
+    kernels that make them (RMSNorm and RoPE); v, a GEMM's output, is joined and cast in one pass. q and k are
+    scaled by the given factors (fp8_scale of a bound), else by their largest values."""
     queries, keys, values = zip(*streams)
     q8, q_descale = _fp8_parts(queries, q_scale)
     k8, k_descale = _fp8_parts(keys, k_scale)
-    return attend(q8, q_descale, k8, k_descale, values)
+    return attend(q8, q_descale, k8, k_descale, values, backend)
 
 
 def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
-           values) -> torch.Tensor:
+           values, backend: str = "cudnn-fp8") -> torch.Tensor:
     """The attention of FP8 q and k (parts the kernel's op joins) over the bf16 `values` of each stream, which are
-    joined and cast in one pass; the output in the values' dtype, [batch, seq, heads, head_dim]."""
+    joined and cast in one pass, by the FP8 `backend`; the output in the values' dtype, [batch, seq, heads,
+    head_dim]."""
+    if backend == "fa3-fp8":
+        v8, v_descale = _fp8_values(values)
+        return fa3_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale).to(values[0].dtype)
     output, v_descale = attend_in_fp8(q8, q_descale, k8, k_descale, values)
     return dequantized(output, v_descale, values[0].dtype)
 
@@ -229,8 +260,12 @@ def attend_in_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torc
                   values) -> tuple[torch.Tensor, torch.Tensor]:
     """attend's output as cuDNN writes it: float8_e4m3fn [batch, seq, heads, head_dim] and the factor [1, 1, 1, 1]
     that gives its real values."""
-    v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
+    v8, v_descale = _fp8_values(values)
     return cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), v_descale
+
+
+def _fp8_values(values) -> tuple[list[torch.Tensor], torch.Tensor]:
+    return _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
 
 
 def _fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -240,7 +275,7 @@ def _fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], t
     return [part8 for part8, _ in cast], cast[0][1]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """FP8 attention of bf16 q, k, v in [batch, heads, seq, head_dim], each scaled by its largest value; the output
-    in their dtype, in [batch, seq, heads, head_dim]."""
-    return joint_attention([(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))])
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "cudnn-fp8") -> torch.Tensor:
+    """FP8 attention (the FP8 `backend`) of bf16 q, k, v in [batch, heads, seq, head_dim], each scaled by its
+    largest value; the output in their dtype, in [batch, seq, heads, head_dim]."""
+    return joint_attention([(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))], backend=backend)

@@ -1,6 +1,7 @@
-"""Named configurations, written once: the fastest measured (BEST) and the fastest with exact attention (EXACT);
-and the Lightning presets, which run the lightx2v Lightning LoRA distilled for the model (4 or 8 steps, CFG 1, its
-own schedule). The bench, the scripts and the docs name them ("best", "exact", "lightning-4", "lightning-8");
+"""Named configurations, written once: the fastest measured (BEST), the same with FlashAttention-3's FP8 attention
+(BEST_FA3, where that kernel is installed) and the fastest with exact attention (EXACT); and the Lightning presets,
+which run the lightx2v Lightning LoRA distilled for the model (4 or 8 steps, CFG 1, its own schedule). The bench,
+the scripts and the docs name them ("best", "best-fa3", "exact", "lightning-4", "lightning-8");
 OptimizationConfig.parse reads them."""
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from pathlib import Path
 _DIT = ("fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+fused-qkv+inductor-persistent-rows"
         "+fused-gelu-quant+carried-residual+cuda-graph")
 _FP8_ATTENTION = "+fused-qk-norm-rope+fp8-attention-out,attention=cudnn-fp8"  # the FP8 attention and its two rewrites
+# FlashAttention-3's FP8 kernel writes bf16, so the output rewrite goes; it needs a wheel the index lacks
+# (scripts/gpu/build_fa3_wheel.sh). Measured faster than cuDNN's at an edit's prompt length, slower at 256 tokens
+# (docs/benchmarks.md, section 6)
+_FA3_FP8_ATTENTION = "+fused-qk-norm-rope,attention=fa3-fp8"
 _ENCODERS = "vae=image-fused,text-encoder=graphed"  # lossless, measured faster (docs/benchmarks/run-toggles/)
 EXACT = f"{_DIT},{_ENCODERS}"
 BEST = f"{_DIT}{_FP8_ATTENTION},{_ENCODERS}"
-PRESETS = {"best": BEST, "exact": EXACT}
+BEST_FA3 = f"{_DIT}{_FA3_FP8_ATTENTION},{_ENCODERS}"
+PRESETS = {"best": BEST, "exact": EXACT, "best-fa3": BEST_FA3}
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ inductor-multi-kernel  Inductor generates each reduction two ways, whole rows in
 inductor-persistent-rows  Inductor makes the persistent variant alone wherever multi-kernel would offer it (its
               16-fold row limit): the variant multi-kernel's timing picked for the DiT's norms, without compiling
               and timing the looped one (ghostedit/optimize/compile.py).
-fused-qk-norm-rope  With attention=cudnn-fp8: the q and k of both streams normalized, rotated and cast to FP8 in
-              one Triton kernel of GhostEdit's that writes them joined (ghostedit/optimize/fp8_qk.py).
+fused-qk-norm-rope  With an FP8 attention: the q and k of both streams normalized, rotated and cast to FP8 in one
+              Triton kernel of GhostEdit's that writes them joined (ghostedit/optimize/fp8_qk.py).
 fp8-attention-out  With fused-qk-norm-rope and fp8=torchao: the FP8 attention's output goes into the output
               projections' FP8 GEMMs as cuDNN wrote it, its one scale as every row's, instead of dequantized to bf16
               and quantized again per row (one rounding fewer).
@@ -220,11 +220,12 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
         txt_q, txt_k, txt_v = (t.unflatten(-1, (self.num_heads, -1)) for t in text_qkv)
         seq_txt = txt_q.shape[1]
         if self.fused_qk_norm_rope and not ulysses.active():  # sequence parallel: the image q and k leave unjoined
-            attention.refuse_masks("cudnn-fp8", attention_mask, enable_fp8_attention)
+            backend = attention.active_backend()
+            attention.refuse_masks(backend, attention_mask, enable_fp8_attention)
             # complex frequencies where a caller hands the stock ones (the bench's block check), real-rope's pairs else
             image_freqs, text_freqs = (f if isinstance(f, tuple) else _as_cos_sin(f) for f in image_rotary_emb)
             output, descale = fp8_qk.joint_attention(
-                self, ((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), (text_freqs, image_freqs))
+                self, ((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), (text_freqs, image_freqs), backend)
             return (fp8_qk.out_projection(self.to_out[0], output[:, seq_txt:], descale, self.fp8_attention_out),
                     fp8_qk.out_projection(self.to_add_out, output[:, :seq_txt], descale, self.fp8_attention_out))
         img_q, img_k = self.norm_q(img_q), self.norm_k(img_k)

@@ -3,6 +3,8 @@
 # A, B, A, B: configurations prepared one after another in one process measured slower the later they came
 # (docs/benchmarks.md, section 6), so an A/B inside one process favours whichever runs first.
 #   scripts/gpu/alternate.sh NAME CONFIG_A CONFIG_B [ROUNDS]     (default 2 rounds; the first of each compiles)
+# TEXT_TOKENS (default 256) sets the prompt's length: 214 is an edit's. LEVEL=e2e measures whole edits instead, as
+# `bench.sh e2e` does: e2e-4 then e2e-40 (in <round>-<a|b>-40/) in each process, at the edit's own prompt length.
 # Results: $RESULTS/NAME/<round>-<a|b>/results.json; with $OUT set (the device tool's folder), $OUT/NAME.tar.gz.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,13 +12,22 @@ QUIET_SETUP=1 source scripts/gpu/setup.sh
 RESULTS=${RESULTS:-bench-results}
 name=$1 rounds=${4:-2}
 declare -A config=([a]=$2 [b]=$3)
+measure() {  # measure OUT_DIR CONFIG: the run's arguments for one process
+  if [ "${LEVEL:-dit}" = e2e ]; then
+    echo --width 1024 --height 1024 --steps 4 --cfg 1 --repeats 6 --out-dir "$1" --configs "$2" \
+      --then --out-dir "$1-40" --steps 40 --cfg 4 --repeats 0 --configs "$2"
+  else
+    echo --level dit --width 1024 --text-tokens "${TEXT_TOKENS:-256}" --repeats 10 --out-dir "$1" --configs "$2"
+  fi
+}
 for round in $(seq "$rounds"); do
   for side in a b; do
-    mkdir -p "$RESULTS/$name/$round-$side"
-    python3 -m ghostedit bench --model synthetic --level dit --skip-teardown --width 1024 --text-tokens 256 \
-      --repeats 10 --out-dir "$RESULTS/$name/$round-$side" --configs "${config[$side]}" \
-      > "$RESULTS/$name/$round-$side/bench.log" 2>&1 || tail -n 30 "$RESULTS/$name/$round-$side/bench.log"
-    grep "ms/forward" "$RESULTS/$name/$round-$side/bench.log" || true
+    dir=$RESULTS/$name/$round-$side
+    mkdir -p "$dir"
+    # shellcheck disable=SC2046  # the arguments split on spaces: configurations and folders have none
+    python3 -m ghostedit bench --model synthetic --skip-teardown $(measure "$dir" "${config[$side]}") \
+      > "$dir/bench.log" 2>&1 || tail -n 30 "$dir/bench.log"
+    grep "ms/forward\|end to end" "$dir/bench.log" || true
   done
 done
 [ -z "${OUT:-}" ] || tar czf "$OUT/$name.tar.gz" -C "$RESULTS" "$name"

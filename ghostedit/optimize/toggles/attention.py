@@ -1,7 +1,7 @@
 """Toggle `attention`: the attention backend of the DiT (implemented in ghostedit/optimize/attention.py).
 
-Switching between exact backends prepares nothing (the backend is chosen around each run); only the cuDNN FP8
-attention changes the prepared DiT (FP8 scales of q and k, through the joint layout it implies)."""
+Switching between exact backends prepares nothing (the backend is chosen around each run); only the FP8 attentions
+change the prepared DiT (FP8 scales of q and k, through the joint layout they imply)."""
 import contextlib
 
 from .. import attention
@@ -37,8 +37,9 @@ register(Toggle(
         Choice("fa2", "FlashAttention-2"),
         Choice("sage", "SageAttention (INT8, lossy)", lossy=True),
         Choice("cudnn-fp8", "cuDNN FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),)),
+        Choice("fa3-fp8", "FlashAttention-3 FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),)),
     ),
     default="diffsynth", order=15,
-    prepared_key=lambda backend: backend if backend == "cudnn-fp8" else None,
+    prepared_key=lambda backend: backend if backend in attention.FP8_BACKENDS else None,
     run_context=_active, availability=attention.availability, tag=lambda backend: backend,
 ))

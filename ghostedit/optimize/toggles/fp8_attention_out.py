@@ -19,6 +19,7 @@ register(Toggle(
     help="the output projections multiply the FP8 attention's output as cuDNN wrote it (its scale as every row's) "
          "instead of a bf16 copy that they quantize again per row",
     choices=(Choice(OFF, "off"), Choice(ON, "on", requires=(
+        Requires("attention", values=("cudnn-fp8",), why="only cuDNN writes the attention output in FP8"),
         Requires("fused-qk-norm-rope", values=(ON,), why="it takes the attention output on that rewrite's path"),
         Requires("fp8", values=("torchao",), why="it feeds torchao's FP8 output projections")),
         needs_fused_loras="runtime LoRA layers sit on the output projections it calls directly")),

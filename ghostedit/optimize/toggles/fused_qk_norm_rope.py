@@ -1,4 +1,4 @@
-"""Flag `fused-qk-norm-rope` (lossless next to attention=cudnn-fp8): the joint attention's q and k normalized,
+"""Flag `fused-qk-norm-rope` (lossless next to an FP8 attention): the joint attention's q and k normalized,
 rotated and cast to FP8 in one Triton kernel that writes them joined (ghostedit/optimize/fp8_qk.py)."""
 from .. import attention
 from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, register
@@ -18,8 +18,8 @@ register(Toggle(
     help="the FP8 attention's q and k are normalized, rotated and quantized by one kernel that writes text and "
          "image joined, instead of compiled kernels and a copy that joins them",
     choices=(Choice(OFF, "off"), Choice(ON, "on", requires=(
-        Requires("attention", values=("cudnn-fp8",), why="it writes q and k in FP8 for the cuDNN FP8 attention"),
+        Requires("attention", values=attention.FP8_BACKENDS, why="it writes q and k in FP8 for an FP8 attention"),
         Requires("real-rope", values=(ON,), why="it reads the rotary embedding as real cos and sin"),))),
     order=35, prepare=_prepare,
-    availability=lambda value, device: attention.availability("cudnn-fp8", device),
+    availability=lambda value, device: attention.fp8_availability(device),
 ))

@@ -1,13 +1,14 @@
 """Flag `joint-layout` (lossless rewrite): the joint attention of each block through GhostEdit's JointAttention,
-which joins text and image q, k, v in the projections' layout (ghostedit/optimize/rewrites.py). The cuDNN FP8
-attention and the fused q/k/v projections run through it."""
+which joins text and image q, k, v in the projections' layout (ghostedit/optimize/rewrites.py). The FP8 attentions
+and the fused q/k/v projections run through it."""
+from .. import attention
 from ..registry import OFF, ON, Choice, PrepareContext, Toggle, register
 
 
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
         from .. import rewrites
-        layers = rewrites.joint_attention(context.dit, fp8_scales=context.config.value("attention") == "cudnn-fp8")
+        layers = rewrites.joint_attention(context.dit, fp8_scales=context.config.value("attention") in attention.FP8_BACKENDS)
         context.shared["joint attention layers"] = layers
         context.report["joint-layout"] = f"{len(layers)} joint attention layers in the projections' layout"
 
