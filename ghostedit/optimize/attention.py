@@ -31,14 +31,16 @@ SDPA_BACKENDS = {
     "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
     "sdpa-math": SDPBackend.MATH,
 }
+# FlashAttention-3 has no wheel on the package index: a reason that it is missing says where one comes from
+_FA3_WHEEL = "flash_attn_interface, whose wheel scripts/gpu/build_fa3_wheel.sh builds"
 # name: (what makes it importable: a module's name or a loader, what to call it in a reason, (min, max) capability)
 EXTERNAL_BACKENDS = {
     "fa4": ("flash_attn.cute", "FlashAttention-4 (flash-attn-4)", ((9, 0), (10, 3))),
-    "fa3": ("flash_attn_interface", "FlashAttention-3 (flash_attn_interface)", ((9, 0), (9, 0))),
+    "fa3": ("flash_attn_interface", f"FlashAttention-3 ({_FA3_WHEEL})", ((9, 0), (9, 0))),
     "fa2": ("flash_attn", "FlashAttention-2 (flash_attn)", ((8, 0), None)),
     "sage": ("sageattention", "SageAttention (sageattention)", ((8, 0), None)),
     "cudnn-fp8": (fp8_attention.cudnn_frontend, "cuDNN FP8 attention (nvidia-cudnn-frontend)", ((9, 0), None)),
-    "fa3-fp8": ("flash_attn_interface", "FlashAttention-3's FP8 kernel (flash_attn_interface)", ((9, 0), (9, 0))),
+    "fa3-fp8": ("flash_attn_interface", f"FlashAttention-3's FP8 kernel ({_FA3_WHEEL})", ((9, 0), (9, 0))),
 }
 # The FP8 attentions: their q and k are cast with scales worked out when the DiT is prepared (rewrites.qk_bounds)
 FP8_BACKENDS = ("cudnn-fp8", "fa3-fp8")
