@@ -12,21 +12,19 @@ QUIET_SETUP=1 source scripts/gpu/setup.sh
 RESULTS=${RESULTS:-bench-results}
 name=$1 rounds=${4:-2}
 declare -A config=([a]=$2 [b]=$3)
-measure() {  # measure OUT_DIR CONFIG: the run's arguments for one process
-  if [ "${LEVEL:-dit}" = e2e ]; then
-    echo --width 1024 --height 1024 --steps 4 --cfg 1 --repeats 6 --out-dir "$1" --configs "$2" \
-      --then --out-dir "$1-40" --steps 40 --cfg 4 --repeats 0 --configs "$2"
-  else
-    echo --level dit --width 1024 --text-tokens "${TEXT_TOKENS:-256}" --repeats 10 --out-dir "$1" --configs "$2"
-  fi
-}
 for round in $(seq "$rounds"); do
   for side in a b; do
     dir=$RESULTS/$name/$round-$side
     mkdir -p "$dir"
-    # shellcheck disable=SC2046  # the arguments split on spaces: configurations and folders have none
-    python3 -m ghostedit bench --model synthetic --skip-teardown $(measure "$dir" "${config[$side]}") \
-      > "$dir/bench.log" 2>&1 || tail -n 30 "$dir/bench.log"
+    if [ "${LEVEL:-dit}" = e2e ]; then
+      run=(--width 1024 --height 1024 --steps 4 --cfg 1 --repeats 6 --out-dir "$dir" --configs "${config[$side]}"
+           --then --out-dir "$dir-40" --steps 40 --cfg 4 --repeats 0 --configs "${config[$side]}")
+    else
+      run=(--level dit --width 1024 --text-tokens "${TEXT_TOKENS:-256}" --repeats 10 --out-dir "$dir"
+           --configs "${config[$side]}")
+    fi
+    python3 -m ghostedit bench --model synthetic --skip-teardown "${run[@]}" > "$dir/bench.log" 2>&1 ||
+      tail -n 30 "$dir/bench.log"
     grep "ms/forward\|end to end" "$dir/bench.log" || true
   done
 done

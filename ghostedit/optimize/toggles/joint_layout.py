@@ -8,7 +8,8 @@ from ..registry import OFF, ON, Choice, PrepareContext, Toggle, register
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
         from .. import rewrites
-        layers = rewrites.joint_attention(context.dit, fp8_scales=context.config.value("attention") in attention.FP8_BACKENDS)
+        with_fp8_attention = context.config.value("attention") in attention.FP8_BACKENDS
+        layers = rewrites.joint_attention(context.dit, fp8_scales=with_fp8_attention)
         context.shared["joint attention layers"] = layers
         context.report["joint-layout"] = f"{len(layers)} joint attention layers in the projections' layout"
 
