@@ -765,6 +765,23 @@ def stream_gemm() -> str:
             f"({modulation['GB/s joined']:.0f} GB/s).\n")
 
 
+PDL_AB = "pdl-ab"
+
+
+def pdl() -> str:
+    """Section 6: Inductor's programmatic dependent launch off and on (TORCHINDUCTOR_ENABLE_PDL), best's forward in
+    processes of their own, alternating (folders <round>-pdl<0|1>)."""
+    runs = sorted((RESULTS / PDL_AB).iterdir(), key=lambda run: run.name)
+    processes = [(run.name.endswith("pdl1"), results(f"{PDL_AB}/{run.name}")) for run in runs]
+    forwards = ", ".join(f"{'on' if on else 'off'} {found['rows'][0]['ms_per_forward']:.1f} ms"
+                         for on, found in processes)
+    first = processes[0][1]
+    return (f"One DiT forward of {name(first['rows'][0])} at 1024x1024, 256 text tokens, Inductor's programmatic "
+            f"dependent launch off and on, each in {len(processes) // 2} processes of its own, alternating "
+            f"(`TORCHINDUCTOR_ENABLE_PDL=0|1 ghostedit bench --level dit --repeats 10 --configs best`, "
+            f"{_ran_on(first['environment'])}, `docs/benchmarks/{PDL_AB}/`): {forwards}.\n")
+
+
 def profile_edit() -> str:
     """Where a whole edit's time goes: each stage's wall time against its GPU kernels (scripts/gpu/profile_edit.py)."""
     found = results("profile-edit")
@@ -1085,7 +1102,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph, "whole-forward-graph": whole_forward_graph,
-            "stream-gemm": stream_gemm, "carried-residual": carried_residual,
+            "stream-gemm": stream_gemm, "pdl": pdl, "carried-residual": carried_residual,
             "fused-qkv": fused_qkv,
             "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
