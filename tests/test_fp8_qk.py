@@ -52,6 +52,18 @@ def test_compiled_blocks_see_both_streams_joined_in_fp8():
     assert (q8.shape, q8.dtype) == (k8.shape, k8.dtype) == ((2, 16, 3, 128), torch.float8_e4m3fn)
 
 
+def test_compiled_blocks_see_each_fp8_kernel_return_the_joined_sequence_in_its_own_dtype():
+    """What torch.compile traces for the two FP8 kernels' ops: cuDNN's output in FP8, FlashAttention-3's in bf16."""
+    from ghostedit.optimize import fp8_attention
+    with FakeTensorMode():
+        parts = [torch.empty(2, seq, 3, 128, dtype=torch.float8_e4m3fn) for seq in (5, 11)]
+        descale = torch.empty(1, 1, 1, 1)
+        cudnn = fp8_attention.cudnn_fp8_attention(parts, parts, parts, descale, descale, descale)
+        fa3 = fp8_attention.fa3_fp8_attention(parts, parts, parts, descale, descale, descale)
+    assert cudnn.shape == fa3.shape == (2, 16, 3, 128)
+    assert (cudnn.dtype, fa3.dtype) == (torch.float8_e4m3fn, torch.bfloat16)
+
+
 KERNEL_CHECK = """
 import torch
 from diffsynth.models.general_modules import RMSNorm
