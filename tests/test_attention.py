@@ -147,3 +147,9 @@ def test_lossless_rewrites_keep_the_dits_output(tiny_engine, rewrites):
     stock = dit_output(tiny_engine, OptimizationConfig(), inputs)
     changed = dit_output(tiny_engine, OptimizationConfig(rewrites=rewrites), inputs)
     assert relative_error(changed, stock) < 1e-5
+
+
+def test_the_fp8_attention_refuses_a_backend_it_does_not_compute():
+    q8 = [torch.zeros(1, 4, 2, 8, dtype=torch.float8_e4m3fn)]
+    with pytest.raises(ValueError, match="'sage' is not an FP8 attention"):
+        fp8_attention.attend(q8, torch.ones(1, 1, 1, 1), q8, torch.ones(1, 1, 1, 1), (torch.zeros(1, 4, 2, 8),), "sage")

@@ -43,7 +43,7 @@ EXTERNAL_BACKENDS = {
     "fa3-fp8": ("flash_attn_interface", f"FlashAttention-3's FP8 kernel ({_FA3_WHEEL})", ((9, 0), (9, 0))),
 }
 # The FP8 attentions: their q and k are cast with scales worked out when the DiT is prepared (rewrites.qk_bounds)
-FP8_BACKENDS = ("cudnn-fp8", "fa3-fp8")
+FP8_BACKENDS = fp8_attention.BACKENDS
 # Backends that change the result beyond rounding (INT8/FP8 inputs): chosen by name only, never by "auto"
 LOSSY_BACKENDS = ("sage",) + FP8_BACKENDS
 # SDPA kernels that PyTorch ships for CUDA only

@@ -29,6 +29,7 @@ from .fp8 import FP8, FP8_MAX
 
 # the softmax probabilities before normalization lie in [0, 1]: mapped onto FP8's whole range
 SOFTMAX_SCALE = FP8_MAX
+BACKENDS = ("cudnn-fp8", "fa3-fp8")  # the attention backends this module computes
 
 _Q, _K, _V, _O, _AMAX_O = 1, 2, 3, 4, 5
 _DESCALE_Q, _DESCALE_K, _DESCALE_V, _DESCALE_S, _SCALE_S, _SCALE_O = 10, 11, 12, 13, 14, 15
@@ -249,6 +250,8 @@ def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tenso
     """The attention of FP8 q and k (parts the kernel's op joins) over the bf16 `values` of each stream, which are
     joined and cast in one pass, by the FP8 `backend`; the output in the values' dtype, [batch, seq, heads,
     head_dim]."""
+    if backend not in BACKENDS:
+        raise ValueError(f"{backend!r} is not an FP8 attention; they are {', '.join(BACKENDS)}")
     if backend == "fa3-fp8":
         v8, v_descale = _fp8_values(values)
         return fa3_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale).to(values[0].dtype)
