@@ -31,6 +31,8 @@ def test_the_dit_level_writes_each_shape_and_where_its_process_time_went(tmp_pat
     assert [(row["config"], row["shape"]) for row in results["rows"]] == [
         ("stock", "64x64"), ("stock", "64x64, 2 images"), ("fp8-storage", "64x64"),
         ("fp8-storage", "64x64, 2 images")]
+    # which kernel DiffSynth's own attention ran (FlashAttention-3 where installed), as an edit's result says it
+    assert results["rows"][0]["report"]["attention"].startswith("DiffSynth default (")
     assert marks(results) == ["python and the CLI", "engine imported", "configurations checked", "weights built",
                               "stock at 64x64", "stock at 64x64, 2 images", "fp8-storage at 64x64",
                               "fp8-storage at 64x64, 2 images"]

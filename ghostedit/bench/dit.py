@@ -121,7 +121,7 @@ def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeat
         "block_rel_error": block_error,
         "finite": bool(torch.isfinite(output).all()),
         "attention_ran": ran.get("attention", "diffsynth"),
-        "report": dict(prepared.report),
+        "report": {**prepared.report, **ran.get("words", {})},  # as an edit's result reports it (engine/runner.py)
     }
     return row, output, prepared
 

@@ -958,7 +958,8 @@ def fa3_fp8() -> str:
             f"`docs/benchmarks/{FA3}/e2e-*/`): 4 steps CFG 1 {e2e4['best-fa3']['end_to_end_s']:.3f} s "
             f"(stock {e2e4['stock']['end_to_end_s']:.3f} s, PSNR against stock {e2e4['best-fa3']['psnr_db']:.2f} dB), "
             f"40 steps CFG 4 {e2e40['best-fa3']['end_to_end_s']:.2f} s (stock {e2e40['stock']['end_to_end_s']:.2f} s, "
-            f"PSNR {e2e40['best-fa3']['psnr_db']:.2f} dB).\n\n"
+            f"PSNR {e2e40['best-fa3']['psnr_db']:.2f} dB). Stock's attention in this run: "
+            f"{e2e4['stock']['report']['attention']}.\n\n"
             f"One DiT forward at five shapes, 256 text tokens, best (section 1's run) and best-fa3 "
             f"(`BEST=best-fa3 scripts/gpu/bench.sh dit`, {_ran_on(shapes['environment'])}, "
             f"`docs/benchmarks/{FA3}/dit/`): {forwards}.\n\n"
@@ -1061,9 +1062,7 @@ def headline() -> str:
         f"that never compiled it, {ready_packaged['prepare_s'] + ready_packaged['first_call_s']:.1f} s on one given "
         f"its compiled package, {ready_restart['prepare_s'] + ready_restart['first_call_s']:.1f} s after a restart;",
         f"- with FlashAttention-3's FP8 attention in place of cuDNN's (best-fa3, section 6): a 4-step edit "
-        f"{fa3_e2e4['best-fa3']['end_to_end_s']:.2f} s (stock {fa3_e2e4['stock']['end_to_end_s']:.2f} s in the "
-        f"same run), 40 steps {fa3_e2e40['best-fa3']['end_to_end_s']:.1f} s (stock "
-        f"{fa3_e2e40['stock']['end_to_end_s']:.1f} s);",
+        f"{fa3_e2e4['best-fa3']['end_to_end_s']:.2f} s, 40 steps {fa3_e2e40['best-fa3']['end_to_end_s']:.1f} s;",
         f"- switching fused LoRAs on {name(results('lora-switch'))}: {min(switches):.2f}-{max(switches):.2f} s, "
         "nothing recompiled.", ""])
 

@@ -3,7 +3,9 @@
 # for the GPU machine: the package index has no wheel of it. Only what GhostEdit's DiT runs is compiled (forward,
 # head dim 128, bf16 and FP8 e4m3, Hopper sm_90a, no split/paged/varlen/softcap/local variants): two kernel files,
 # about 3 minutes on 2 cores. The wheel is abi3 against torch's stable ABI (torch >= 2.9), so it installs on the GPU
-# machine's Python 3.12 though built with another; it lands in .whl/ beside the engine wheels (1.4 MB).
+# machine's Python 3.12 though built with another; it lands in .whl-fa3/ (1.4 MB), a folder of its own: with
+# FlashAttention-3 installed DiffSynth's default attention (and so `exact`) runs it, so only runs that carry the folder
+# get it (carry [".whl", ".whl-fa3"], then cp .whl-fa3/*.whl /tmp/wheels/ as well).
 #
 #   FA_SRC=DIR scripts/gpu/build_fa3_wheel.sh
 #
@@ -70,5 +72,5 @@ grep -q 'float_e4m3' "$work/build.log" || { echo "no FP8 kernel was compiled" >&
 rm -rf "$work/site" && "$PYTHON" -m pip install -q --no-index --no-deps --target "$work/site" "$wheel"
 PYTHONPATH=$work/site "$PYTHON" -c 'import torch, flash_attn_interface, flash_attn_config as c
 assert not c.CONFIG["build_flags"]["FLASHATTENTION_DISABLE_FP8"]; print("imports:", flash_attn_interface.__file__)'
-mkdir -p .whl && rm -f .whl/flash_attn_3-*.whl && cp "$wheel" .whl/
-echo "built $(basename "$wheel") into .whl/"
+rm -rf .whl-fa3 && mkdir -p .whl-fa3 && cp "$wheel" .whl-fa3/
+echo "built $(basename "$wheel") into .whl-fa3/"
