@@ -900,9 +900,9 @@ def cudnn_version() -> str:
 FA3 = "fa3-fp8"
 
 
-def _fa3_kernel_rows() -> tuple[list[dict], Path]:
+def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], Path]:
     """The attention probe's FP8 rows at each prompt length: the kernels alone and as compiled blocks run them."""
-    path = RESULTS / FA3 / "attention" / "attention.json"
+    path = RESULTS / FA3 / folder / "attention.json"
     found = json.loads(path.read_text())
     rows = []
     for length in [found, *found.get("lengths", [])]:
@@ -936,6 +936,10 @@ def fa3_fp8() -> str:
     the bench's and an edit's prompt length, and in whole edits."""
     rows, path = _fa3_kernel_rows()
     probe_ran_on = _ran_on(json.loads(path.read_text()), committed=path)
+    again_rows, again_path = _fa3_kernel_rows("attention-script-wheel")
+    again_ran_on = _ran_on(json.loads(again_path.read_text()), committed=again_path)
+    again = "; ".join(f"{row['text']} text tokens: cuDNN {row['cudnn']:.3f} ms, FA3 {row['fa3']:.3f} ms"
+                      for row in again_rows)
     table = markdown_table(rows, {"text": "text tokens", "aligned": "multiple of 128", "cudnn": "cuDNN FP8 kernel ms",
                                   "fa3": "FA3 FP8 kernel ms", "cudnn compiled": "cuDNN path compiled ms",
                                   "fa3 compiled": "FA3 path compiled ms", "cudnn error": "cuDNN rel. error",
@@ -951,7 +955,10 @@ def fa3_fp8() -> str:
             f"(`scripts/gpu/attention_probe.py --text-tokens 256 214 300`, {probe_ran_on}, "
             f"`docs/benchmarks/{FA3}/attention/`). The kernel alone takes FP8 inputs in the engine's "
             "layout; the compiled path quantizes bf16 q, k and v and gives bf16 out (cuDNN's output dequantized):\n\n"
-            f"{table}\n\n{_alternating(f'{FA3}/dit-256')}, 256 text tokens. "
+            f"{table}\n\nThe kernels alone again, with the wheel `scripts/gpu/build_fa3_wheel.sh` builds (the table's "
+            f"was built by hand before the script, from the same sources and flags; {again_ran_on}, "
+            f"`docs/benchmarks/{FA3}/attention-script-wheel/`): {again}.\n\n"
+            f"{_alternating(f'{FA3}/dit-256')}, 256 text tokens. "
             f"{_alternating(f'{FA3}/dit-214')}, 214 text tokens (an edit's prompt).\n\n"
             f"{_e2e_alternating()}\n\n"
             f"best-fa3 through `BEST=best-fa3 scripts/gpu/bench.sh e2e` ({_ran_on(whole_edits['environment'])}, "
