@@ -122,7 +122,7 @@ def test_an_output_projection_reads_each_fp8_kernels_output_as_it_means():
     """cuDNN's output is FP8 with a factor (dequantized before a bf16 projection); FlashAttention-3's is real values
     (no factor), projected as it is."""
     from ghostedit.optimize import fp8_attention
-    linear = torch.nn.Linear(2 * 8, 4, dtype=torch.bfloat16)
+    linear = torch.nn.Linear(2 * 8, 4, dtype=torch.bfloat16).requires_grad_(False)
     real = torch.randn(1, 5, 2, 8, dtype=torch.bfloat16)
     assert torch.equal(fp8_qk.out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
     scale = fp8_attention.fp8_scale(real.abs().max())
