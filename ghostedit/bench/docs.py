@@ -69,6 +69,16 @@ def name(row: dict) -> str:
     return row["config"]
 
 
+def _named_rows(part: str) -> dict[str, dict]:
+    """A part's rows by their configuration's name (name())."""
+    return {name(row): row for row in results(part)["rows"]}
+
+
+def _named_shape_rows(part: str) -> dict[tuple[str, str], dict]:
+    """A DiT-level part's rows by (configuration's name, shape)."""
+    return {(name(row), row["shape"]): row for row in results(part)["rows"]}
+
+
 def _dit_of(preset: str) -> str:
     """`preset` (a name or a configuration's text) with the text encoder and VAE as released: what a DiT forward of
     it runs (and what the preset was before it set the encoders' toggles)."""
@@ -900,8 +910,9 @@ def cudnn_version() -> str:
 FA3 = "fa3-fp8"
 
 
-def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], Path]:
-    """The attention probe's FP8 rows at each prompt length: the kernels alone and as compiled blocks run them."""
+def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], str]:
+    """The attention probe's FP8 rows at each prompt length (the kernels alone and as compiled blocks run them), and
+    where and when it ran, in words."""
     path = RESULTS / FA3 / folder / "attention.json"
     found = json.loads(path.read_text())
     rows = []
@@ -913,7 +924,7 @@ def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], Path]:
                      "fa3 compiled": timed["fa3-fp8 compiled"]["ms"],
                      "cudnn error": timed["cudnn-fp8"]["rel_error_vs_fp32"],
                      "fa3 error": timed["fa3-fp8"]["rel_error_vs_fp32"], "bf16": timed["sdpa-cudnn"]["ms"]})
-    return rows, path
+    return rows, _ran_on(found, committed=path)
 
 
 def _e2e_alternating() -> str:
@@ -934,23 +945,19 @@ def _e2e_alternating() -> str:
 def fa3_fp8() -> str:
     """Section 6: FlashAttention-3's FP8 kernel against cuDNN's: alone at three prompt lengths, in the DiT forward at
     the bench's and an edit's prompt length, and in whole edits."""
-    rows, path = _fa3_kernel_rows()
-    probe_ran_on = _ran_on(json.loads(path.read_text()), committed=path)
-    again_rows, again_path = _fa3_kernel_rows("attention-script-wheel")
-    again_ran_on = _ran_on(json.loads(again_path.read_text()), committed=again_path)
+    rows, probe_ran_on = _fa3_kernel_rows()
+    again_rows, again_ran_on = _fa3_kernel_rows("attention-script-wheel")
     again = "; ".join(f"{row['text']} text tokens: cuDNN {row['cudnn']:.3f} ms, FA3 {row['fa3']:.3f} ms"
                       for row in again_rows)
     table = markdown_table(rows, {"text": "text tokens", "aligned": "multiple of 128", "cudnn": "cuDNN FP8 kernel ms",
                                   "fa3": "FA3 FP8 kernel ms", "cudnn compiled": "cuDNN path compiled ms",
                                   "fa3 compiled": "FA3 path compiled ms", "cudnn error": "cuDNN rel. error",
                                   "fa3 error": "FA3 rel. error", "bf16": "bf16 SDPA cuDNN ms"})
-    error = {name(row): row for row in results(f"{FA3}/error-214")["rows"]}
-    e2e4, e2e40 = ({name(row): row for row in results(f"{FA3}/{part}")["rows"]} for part in ("e2e-4", "e2e-40"))
-    shapes, whole_edits = results(f"{FA3}/dit"), results(f"{FA3}/e2e-4")
-    by_shape = {row["shape"]: row for row in shapes["rows"] if name(row) == "best-fa3"}
-    committed = {row["shape"]: row for row in results("dit")["rows"] if name(row) == "best"}
-    forwards = "; ".join(f"{shape}: {committed[shape]['ms_per_forward']:.1f} and {row['ms_per_forward']:.1f} ms"
-                         for shape, row in by_shape.items())
+    error, e2e4, e2e40 = (_named_rows(f"{FA3}/{part}") for part in ("error-214", "e2e-4", "e2e-40"))
+    section_1 = _named_shape_rows("dit")
+    edits_ran_on = _ran_on(results(f"{FA3}/e2e-4")["environment"])
+    forwards = "; ".join(f"{shape}: {section_1['best', shape]['ms_per_forward']:.1f} and {row['ms_per_forward']:.1f} ms"
+                         for (config, shape), row in _named_shape_rows(f"{FA3}/dit").items() if config == "best-fa3")
     return (f"The FP8 attention alone, 24 heads of 128, 8192 image tokens, median of CUDA-event timings "
             f"(`scripts/gpu/attention_probe.py --text-tokens 256 214 300`, {probe_ran_on}, "
             f"`docs/benchmarks/{FA3}/attention/`). The kernel alone takes FP8 inputs in the engine's "
@@ -961,14 +968,14 @@ def fa3_fp8() -> str:
             f"{_alternating(f'{FA3}/dit-256')}, 256 text tokens. "
             f"{_alternating(f'{FA3}/dit-214')}, 214 text tokens (an edit's prompt).\n\n"
             f"{_e2e_alternating()}\n\n"
-            f"best-fa3 through `BEST=best-fa3 scripts/gpu/bench.sh e2e` ({_ran_on(whole_edits['environment'])}, "
+            f"best-fa3 through `BEST=best-fa3 scripts/gpu/bench.sh e2e` ({edits_ran_on}, "
             f"`docs/benchmarks/{FA3}/e2e-*/`): 4 steps CFG 1 {e2e4['best-fa3']['end_to_end_s']:.3f} s "
             f"(stock {e2e4['stock']['end_to_end_s']:.3f} s, PSNR against stock {e2e4['best-fa3']['psnr_db']:.2f} dB), "
             f"40 steps CFG 4 {e2e40['best-fa3']['end_to_end_s']:.2f} s (stock {e2e40['stock']['end_to_end_s']:.2f} s, "
             f"PSNR {e2e40['best-fa3']['psnr_db']:.2f} dB). Stock's attention in this run: "
             f"{e2e4['stock']['report']['attention']}.\n\n"
             f"One DiT forward at five shapes, 256 text tokens, best (section 1's run) and best-fa3 "
-            f"(`BEST=best-fa3 scripts/gpu/bench.sh dit`, {_ran_on(shapes['environment'])}, "
+            f"(`BEST=best-fa3 scripts/gpu/bench.sh dit`, {_ran_on(results(f'{FA3}/dit')['environment'])}, "
             f"`docs/benchmarks/{FA3}/dit/`): {forwards}.\n\n"
             f"The DiT's output against stock's at 1024x1024 and 214 text tokens, in one process "
             f"(`ghostedit bench --level dit --text-tokens 214 --configs baseline best best-fa3`, "
@@ -1048,13 +1055,12 @@ def parallel() -> str:
 
 def headline() -> str:
     """README's summary: the best configuration against stock, each figure from its part."""
-    dit = {(name(row), row["shape"]): row for row in results("dit")["rows"]}
-    e2e4 = {name(row): row for row in results("e2e-4")["rows"]}
-    e2e40 = {name(row): row for row in results("e2e-40")["rows"]}
+    dit = _named_shape_rows("dit")
+    e2e4, e2e40 = _named_rows("e2e-4"), _named_rows("e2e-40")
     ready_new, ready_packaged, ready_restart = (results(part)["rows"][0] for part in (
         "ready-never-compiled", "ready-package-only", "ready-restart"))
     switches = [row["switch_s"] for row in results("lora-switch")["rows"]]
-    fa3_e2e4, fa3_e2e40 = ({name(row): row for row in results(f"{FA3}/{part}")["rows"]} for part in ("e2e-4", "e2e-40"))
+    fa3_e2e4, fa3_e2e40 = _named_rows(f"{FA3}/e2e-4"), _named_rows(f"{FA3}/e2e-40")
     big = "1024x1024"
     return "\n".join([
         f"Full-size synthetic model, {results('dit')['environment']['gpu']}, torch "
@@ -1076,9 +1082,8 @@ def headline() -> str:
 
 def targets() -> str:
     """Issue 16's and 17's targets against what the committed results measured."""
-    dit = {(name(row), row["shape"]): row for row in results("dit")["rows"]}
-    e2e4 = {name(row): row for row in results("e2e-4")["rows"]}
-    e2e40 = {name(row): row for row in results("e2e-40")["rows"]}
+    dit = _named_shape_rows("dit")
+    e2e4, e2e40 = _named_rows("e2e-4"), _named_rows("e2e-40")
     new, packaged, restart = (results(part)["rows"][0] for part in ("ready-never-compiled", "ready-package-only",
                                                                      "ready-restart"))
     switches = [row["switch_s"] for row in results("lora-switch")["rows"]]
@@ -1095,8 +1100,8 @@ def targets() -> str:
               ("24 GiB card: load and edit peak (GiB)", 22, max(card24["load_peak_gib"], card24["rows"][0]["peak_gib"]),
                name(card24["rows"][0]))]
     # best-fa3 where it was measured (section 6): faster than best at an edit's prompt, slower at 256 text tokens
-    fa3_dit = {(name(row), row["shape"]): row for row in results(f"{FA3}/dit")["rows"]}
-    fa3_e2e4, fa3_e2e40 = ({name(row): row for row in results(f"{FA3}/{part}")["rows"]} for part in ("e2e-4", "e2e-40"))
+    fa3_dit = _named_shape_rows(f"{FA3}/dit")
+    fa3_e2e4, fa3_e2e40 = _named_rows(f"{FA3}/e2e-4"), _named_rows(f"{FA3}/e2e-40")
     checks[3:3] = [("one DiT forward at 1024x1024 (ms)", 170, fa3_dit["best-fa3", "1024x1024"]["ms_per_forward"],
                     "best-fa3"),
                    ("4 steps CFG 1 end to end (s)", 0.9, fa3_e2e4["best-fa3"]["end_to_end_s"], "best-fa3"),
