@@ -214,7 +214,6 @@ def test_lru_budget_evicts_and_frees(house):
     assert small.run(request(house), OptimizationConfig(fp8="storage")).telemetry.cache_hit is False
 
 
-
 def test_loaded_weights_leave_the_collectors_walks_until_the_engine_closes(house):
     """Loading freezes what lives (the base modules out of full collections, which the first compile sets off);
     closing the engine (a model switch) unfreezes them, so that weights held in a reference cycle are freed: a frozen
@@ -233,6 +232,8 @@ def test_loaded_weights_leave_the_collectors_walks_until_the_engine_closes(house
     assert base_dit() is None
     engine.run(request(house))
     assert engine.load_count == 2  # a later run loads the weights again
+
+
 def test_concurrent_callers_are_serialized(engine, house):
     results, errors = {}, []
 

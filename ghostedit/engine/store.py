@@ -64,12 +64,13 @@ class ModelStore:
         return self.pipe
 
     def unload(self) -> None:
-        """Drops the base pipeline. Frozen objects are never collected, so they are unfrozen first: the modules'
-        reference cycles would otherwise keep the weights alive."""
+        """Drops the base pipeline and gives its memory back. Frozen objects are never collected, so they are
+        unfrozen first: the modules' reference cycles would otherwise keep the weights alive."""
         self.pipe, self.placement, self._streamed_state = None, None, None
         self.base_pointers = set()
         gc.unfreeze()
         gc.collect()
+        empty_cache(self.device)
 
     def replace(self, mode: str) -> bool:
         """Moves the loaded components to the placement of `mode`; returns whether anything moved."""
