@@ -250,25 +250,22 @@ def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tenso
     """The attention of FP8 q and k (parts the kernel's op joins) over the bf16 `values` of each stream, which are
     joined and cast in one pass, by the FP8 `backend`; the output in the values' dtype, [batch, seq, heads,
     head_dim]."""
+    output, output_descale = attend_as_written(q8, q_descale, k8, k_descale, values, backend)
+    if output_descale is None:
+        return output.to(values[0].dtype)
+    return dequantized(output, output_descale, values[0].dtype)
+
+
+def attend_as_written(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
+                      values, backend: str = "cudnn-fp8") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """attend's output as the kernel writes it, [batch, seq, heads, head_dim], and the factor [1, 1, 1, 1] that gives
+    its real values: cuDNN's in float8_e4m3fn with its factor, FlashAttention-3's real values in bf16 with None."""
     if backend not in BACKENDS:
         raise ValueError(f"{backend!r} is not an FP8 attention; they are {', '.join(BACKENDS)}")
+    v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
     if backend == "fa3-fp8":
-        v8, v_descale = _fp8_values(values)
-        return fa3_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale).to(values[0].dtype)
-    output, v_descale = attend_in_fp8(q8, q_descale, k8, k_descale, values)
-    return dequantized(output, v_descale, values[0].dtype)
-
-
-def attend_in_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
-                  values) -> tuple[torch.Tensor, torch.Tensor]:
-    """attend's output as cuDNN writes it: float8_e4m3fn [batch, seq, heads, head_dim] and the factor [1, 1, 1, 1]
-    that gives its real values."""
-    v8, v_descale = _fp8_values(values)
+        return fa3_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), None
     return cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), v_descale
-
-
-def _fp8_values(values) -> tuple[list[torch.Tensor], torch.Tensor]:
-    return _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
 
 
 def _fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -81,18 +81,15 @@ def joint_attention(module, streams, freqs,
                     backend: str = "cudnn-fp8") -> tuple[torch.Tensor, torch.Tensor | None]:
     """The FP8 joint attention (the FP8 `backend`) of a JointAttention `module` (rewrites.py) over its streams' raw
     q (before RMSNorm and RoPE), k and v, each [batch, seq, heads, head_dim], with each stream's (cos, sin)
-    [seq, head_dim]: q and k through the kernel, v as fp8_attention quantizes it. The output [batch, seq, heads,
-    head_dim] and the factor that gives its real values: cuDNN's in FP8 with its factor
-    (fp8_attention.attend_in_fp8), FlashAttention-3's in bf16 with None."""
+    [seq, head_dim]: q and k through the kernel, v as fp8_attention quantizes it. The output as the kernel writes
+    it and the factor that gives its real values (fp8_attention.attend_as_written)."""
     (text_q, text_k, text_v), (image_q, image_k, image_v) = streams
     cos, sin = zip(*freqs)
     q8, k8 = qk_norm_rope_fp8([text_q, image_q], [text_k, image_k], [module.norm_added_q.weight, module.norm_q.weight],
                               [module.norm_added_k.weight, module.norm_k.weight], list(cos), list(sin),
                               module.q_scale, module.k_scale, module.norm_q.eps)
-    q_descale, k_descale = fp8_attention.descale(module.q_scale), fp8_attention.descale(module.k_scale)
-    if backend == "cudnn-fp8":
-        return fp8_attention.attend_in_fp8([q8], q_descale, [k8], k_descale, (text_v, image_v))
-    return fp8_attention.attend([q8], q_descale, [k8], k_descale, (text_v, image_v), backend), None
+    return fp8_attention.attend_as_written([q8], fp8_attention.descale(module.q_scale), [k8],
+                                           fp8_attention.descale(module.k_scale), (text_v, image_v), backend)
 
 
 def out_projection(linear: torch.nn.Linear, output: torch.Tensor, descale: torch.Tensor | None,
