@@ -3,6 +3,8 @@ on the GPU, and what it takes: the full-size synthetic DiT prepared once with a 
 of varied inputs at one shape (latents, timestep, prompt) each way (run from Python; warmed, captured, then replayed),
 with zero_cond_t off and on (Qwen-Image-Edit-2511: the forward builds a modulation index from host values, which the
 capture makes from pinned constants), each output compared with torch.equal, and the forward timed both ways.
+With --same-as CONFIG, a second configuration prepared beside it (a lossless rewrite's configuration without the
+rewrite): its replayed outputs are compared with the first's, input by input.
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 scripts/gpu/graph_check.py [--out DIR]
 Writes graph-check.json.
@@ -44,14 +46,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     parser.add_argument("--config", default="best")
+    parser.add_argument("--same-as", help="a configuration whose outputs the first's must equal bit for bit")
     args = parser.parse_args()
     out = Path(args.out) / "graph-check"
     out.mkdir(parents=True, exist_ok=True)
     engine = Engine("synthetic", device="cuda", dit_only=True)
     config = OptimizationConfig.parse(args.config)
     prepared, _ = engine.prepare(config)
+    other_config = OptimizationConfig.parse(args.same_as) if args.same_as else None
+    other = engine.prepare(other_config)[0] if other_config else None
     base = dit_inputs(prepared.dit, 1024, 1024, 256, "cuda", torch.bfloat16)
-    report = {"config": config.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": {}}
+    report = {"config": config.label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": {},
+              "same_as": other_config.label if other_config else None}
     for zero_cond_t in (False, True):
         series = [{**varied(base, seed), "zero_cond_t": zero_cond_t} for seed in range(1, 5)]
         from_python, python_ms, _ = outputs_and_ms(prepared, without_cuda_graph(config), series)
@@ -60,6 +66,10 @@ def main() -> None:
             "bitwise_equal": [bool(torch.equal(a, b)) for a, b in zip(graphed, from_python)],
             "outputs_differ_between_inputs": not torch.equal(from_python[0], from_python[1]),
             "from_python_ms": python_ms, "graphed_ms": graphed_ms, "words": words}
+        if other is not None:
+            others, other_ms, _ = outputs_and_ms(other, other_config, series)
+            run["equal_to_same_as"] = [bool(torch.equal(a, b)) for a, b in zip(graphed, others)]
+            run["same_as_graphed_ms"] = other_ms
         print(f"zero_cond_t={zero_cond_t}", json.dumps(run), flush=True)
         (out / "graph-check.json").write_text(json.dumps(report, indent=2))
 
