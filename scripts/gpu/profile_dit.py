@@ -16,6 +16,7 @@ import gc
 import json
 import os
 import re
+import subprocess
 import time
 import warnings
 from collections import defaultdict
@@ -108,12 +109,15 @@ def python_profile(call, top: int = 30) -> list[str]:
     return [line[:200] for line in text.getvalue().splitlines() if line.strip()]
 
 
-def kernel_breakdown(call, forwards: int = 3) -> dict:
+def kernel_breakdown(call, forwards: int = 3, trace: Path | None = None) -> dict:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(forwards):
             call()
         torch.cuda.synchronize()
+    if trace is not None:  # the kernels on their streams, for a timeline viewer (Perfetto)
+        prof.export_chrome_trace(str(trace))
+        subprocess.run(["gzip", "-f", str(trace)], check=True)
     kernels = defaultdict(lambda: [0.0, 0])
     spans = []
     for event in prof.events():
@@ -189,6 +193,7 @@ def main() -> None:
     parser.add_argument("--engine-only", action="store_true", help="skip the static-shapes variant")
     parser.add_argument("--name", default="profile", help="the output folder under --out")
     parser.add_argument("--python-profile", action="store_true", help="also cProfile one forward timed alone")
+    parser.add_argument("--trace", action="store_true", help="also write the kernels' timeline (trace.json.gz)")
     args = parser.parse_args()
     out = Path(args.out) / args.name
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +211,7 @@ def main() -> None:
         with running(prepared, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
             result = report["variants"][name] = time_variant(call)
             print(name, json.dumps(result), flush=True)
-            result.update(kernel_breakdown(call))
+            result.update(kernel_breakdown(call, trace=out / "trace.json" if args.trace else None))
             if args.python_profile:
                 result["python_profile"] = python_profile(call)
                 print("\n".join(result["python_profile"]))
