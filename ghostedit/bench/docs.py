@@ -4,6 +4,8 @@ command. `python -m ghostedit.bench.docs` rewrites the blocks after a bench run;
 block differs from what the results say or when a figure appears outside a block."""
 from __future__ import annotations
 
+import bisect
+import gzip
 import json
 import re
 import subprocess
@@ -792,6 +794,72 @@ def pdl() -> str:
             f"{_ran_on(first['environment'])}, `docs/benchmarks/{PDL_AB}/`): {forwards}.\n")
 
 
+TEXT_SIDE = "text-side-stream"
+
+
+def text_side_stream() -> str:
+    """Section 6: the text stream's GEMMs on a second CUDA stream (the rewrite of 6bd063c, taken out again): the
+    probe of one block's layers (overlap_probe.py), the forward A/B, its outputs against best's, and where its
+    second stream's kernels ran in a profile of it."""
+    path = RESULTS / TEXT_SIDE / "overlap" / "overlap.json"
+    probe = json.loads(path.read_text())
+    beside = "text on a second stream {}, default priority ms"
+    rows = [{"part": row["part"], "rows": row["text rows"], "turns": row["one after the other ms"],
+             "image": row["image alone ms"], "text": row["text alone ms"],
+             "start": row[beside.format("from the block's start")],
+             "after": row[beside.format("after the image up projection")]} for row in probe["rows"]]
+    table = markdown_table(rows, {"part": "layers", "rows": "text rows", "turns": "one after the other",
+                                  "image": "image stream alone", "text": "text stream alone",
+                                  "start": "text on a second stream from the start",
+                                  "after": "text on a second stream after the image's first GEMM"})
+    processes = [json.loads((run / "results.json").read_text())
+                 for run in sorted((RESULTS / TEXT_SIDE / "alternating").iterdir())]
+    forwards = ", ".join(f"{'with' if TEXT_SIDE in found['rows'][0]['config'] else 'without'} it "
+                         f"{found['rows'][0]['ms_per_forward']:.1f} ms" for found in processes)
+    checked = json.loads((RESULTS / TEXT_SIDE / "graph-check" / "graph-check.json").read_text())["runs"]
+    equal = ", ".join(f"{run}: {sum(found['equal_to_same_as'])} of {len(found['equal_to_same_as'])}"
+                      for run, found in checked.items())
+    without, with_it = (_profiled(f"{TEXT_SIDE}/profile-{variant}") for variant in ("best", "side"))
+    streams = _second_stream(RESULTS / TEXT_SIDE / "profile-side" / "trace.json.gz")
+    return (f"One block's layers at 1024x1024 (8192 image rows; the engine's kernels: rowwise FP8 GEMMs, GhostEdit's "
+            f"GELU quantization, a LayerNorm with its FP8 cast), 60 times over in one CUDA graph, ms "
+            f"(`scripts/gpu/overlap_probe.py`, {_ran_on(probe, committed=path)}, "
+            f"`docs/benchmarks/{TEXT_SIDE}/overlap/`):\n\n{table}\n\n"
+            f"One DiT forward of best at 1024x1024, 256 text tokens, without and with the rewrite, each in "
+            f"{len(processes) // 2} processes of its own, alternating (`scripts/gpu/alternate.sh`, "
+            f"{_ran_on(processes[0]['environment'])}, `docs/benchmarks/{TEXT_SIDE}/alternating/`): {forwards}. "
+            f"Its replayed outputs equal to best's, four inputs each (`scripts/gpu/graph_check.py --same-as best`): "
+            f"{equal}. The kernels of one forward (`scripts/gpu/profile_dit.py --trace`, same machine): without it "
+            f"{without['total_kernel_ms']:.1f} ms, all on one stream; with it {with_it['total_kernel_ms']:.1f} ms, "
+            f"{streams['side']:.1f} ms of them on the second stream, {streams['gemm']:.1f} ms of that beside the image "
+            f"stream's GEMMs and {streams['other']:.1f} ms beside its other kernels.\n")
+
+
+def _second_stream(trace: Path) -> dict:
+    """Per forward (the profile's three), ms of kernels on the second stream of a profile_dit.py trace, and how much
+    of that ran beside the main stream's GEMMs and beside its other kernels."""
+    events = [event for event in json.loads(gzip.open(trace).read())["traceEvents"]
+              if event.get("cat") in ("kernel", "gpu_memset")]
+    busy = {}
+    for event in events:
+        busy[event["tid"]] = busy.get(event["tid"], 0) + event["dur"]
+    main = max(busy, key=busy.get)
+    beside = {"gemm": 0.0, "other": 0.0}
+    main_events = sorted((event for event in events if event["tid"] == main), key=lambda event: event["ts"])
+    starts = [event["ts"] for event in main_events]
+    for side in (event for event in events if event["tid"] != main):
+        start, end = side["ts"], side["ts"] + side["dur"]
+        # one stream's kernels run one after another: those beside this one start before its end, from the one
+        # running at its start on
+        for event in main_events[max(bisect.bisect_right(starts, start) - 1, 0):bisect.bisect_left(starts, end)]:
+            overlap = min(end, event["ts"] + event["dur"]) - max(start, event["ts"])
+            if overlap > 0:
+                beside["gemm" if re.search(r"nvjet|gemm", event["name"]) else "other"] += overlap
+    forwards, us_per_ms = 3, 1000
+    side_us = sum(value for stream, value in busy.items() if stream != main)
+    return {"side": side_us / forwards / us_per_ms, **{kind: us / forwards / us_per_ms for kind, us in beside.items()}}
+
+
 def profile_edit() -> str:
     """Where a whole edit's time goes: each stage's wall time against its GPU kernels (scripts/gpu/profile_edit.py)."""
     found = results("profile-edit")
@@ -1118,7 +1186,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph, "whole-forward-graph": whole_forward_graph,
-            "stream-gemm": stream_gemm, "pdl": pdl, "carried-residual": carried_residual,
+            "stream-gemm": stream_gemm, "text-side-stream": text_side_stream, "pdl": pdl, "carried-residual": carried_residual,
             "fused-qkv": fused_qkv,
             "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,

@@ -22,7 +22,7 @@ import torch
 
 from ..device import UnavailableOptionError
 from ..diffsynth_patches import check_version
-from . import block_loop, text_beside
+from . import block_loop
 
 check_version()  # the block forward below reads DiffSynth's block attributes ("DiT block forward")
 
@@ -102,33 +102,25 @@ def carried_block_forward(self, image, text, temb, image_rotary_emb=None, attent
                           enable_fp8_attention=False, modulate_index=None, kv_cache=None, pending: Pending = None):
     """DiffSynth's QwenImageTransformerBlock.forward, which first adds what the block before left `pending` and
     then leaves its own last addition undone: (text, image, pending). Without `pending`, the block as released:
-    (text, image). Each stage takes the text stream first: with text-side-stream (text_beside.py) its GEMMs start
-    on a second CUDA stream before the image stream's kernels of the same stage; the order changes no value."""
-    beside = getattr(self, "text_side_stream", False)
+    (text, image)."""
+    if pending is not None:
+        image, text = finish(image, text, pending)
     image_mod_attention, image_mod_mlp = self.img_mod(temb).chunk(2, dim=-1)
     text_temb = torch.chunk(temb, 2, dim=0)[0] if modulate_index is not None else temb
     text_mod_attention, text_mod_mlp = self.txt_mod(text_temb).chunk(2, dim=-1)
 
-    if pending is not None:
-        image_gate, image_update, text_gate, text_update = pending
-        text = text + text_gate * text_update
-    text_in, text_gate = self._modulate(self.txt_norm1(text), text_mod_attention)
-    text_qkv = {"text_qkv": text_beside.start_linear(self.attn.add_qkv, text_in)} if beside else {}
-    if pending is not None:
-        image = image + image_gate * image_update
     image_in, image_gate = self._modulate(self.img_norm1(image), image_mod_attention, index=modulate_index)
+    text_in, text_gate = self._modulate(self.txt_norm1(text), text_mod_attention)
     image_attention, text_attention = self.attn(
         image=image_in, text=text_in, image_rotary_emb=image_rotary_emb, attention_mask=attention_mask,
-        enable_fp8_attention=enable_fp8_attention, kv_cache=kv_cache, **text_qkv)
-
-    text = text + text_gate * text_attention
-    text_in, text_gate = self._modulate(self.txt_norm2(text), text_mod_mlp)
-    text_update = text_beside.start_feed_forward(self.txt_mlp, text_in) if beside else None
+        enable_fp8_attention=enable_fp8_attention, kv_cache=kv_cache)
     image = image + image_gate * image_attention
+    text = text + text_gate * text_attention
+
     image_in, image_gate = self._modulate(self.img_norm2(image), image_mod_mlp, index=modulate_index)
-    image_update = self.img_mlp(image_in)
-    text_update = text_beside.finish(text_update, after=image_update) if beside else self.txt_mlp(text_in)
-    left = (image_gate if modulate_index is not None else _own(image_gate), image_update, _own(text_gate), text_update)
+    text_in, text_gate = self._modulate(self.txt_norm2(text), text_mod_mlp)
+    left = (image_gate if modulate_index is not None else _own(image_gate), self.img_mlp(image_in),
+            _own(text_gate), self.txt_mlp(text_in))
     if pending is None:
         image, text = finish(image, text, left)
         return text, image

@@ -25,8 +25,6 @@ fused-gelu-quant  With fp8=torchao: each feed-forward layer's GELU and its outpu
               Triton kernel of GhostEdit's (ghostedit/optimize/fp8_mlp.py).
 carried-residual  Each block's last residual addition done by the next block, inside its first LayerNorm's kernel
               (ghostedit/optimize/carried_residual.py).
-text-side-stream  The text stream's q/k/v projection and feed-forward on a second CUDA stream, beside the image
-              stream's LayerNorms and GELU quantization (ghostedit/optimize/text_beside.py).
 Each is measured alone by the bench and offered only as a toggle; none changes the model's function beyond
 floating-point rounding.
 """
@@ -37,7 +35,7 @@ from diffsynth.models import qwen_image_dit
 
 from ..diffsynth_patches import check_version, replace
 from ..parallel import ulysses
-from . import attention, fp8_attention, fp8_qk, text_beside
+from . import attention, fp8_attention, fp8_qk
 from .fp8 import is_torchao_fp8
 
 check_version()  # JointAttention below builds on DiffSynth's attention class ("joint attention layers")
@@ -207,20 +205,17 @@ class JointAttention(qwen_image_dit.QwenDoubleStreamAttention):
     fused_qk_norm_rope = False
     fp8_attention_out = False
 
-    def _projections(self, image, text, text_qkv=None):
-        if text_qkv is not None:  # begun on a second stream (text-side-stream): waited for after the image's GEMM
-            image_qkv = self.to_qkv(image)
-            return image_qkv.chunk(3, -1), text_beside.finish(text_qkv, after=image_qkv).chunk(3, -1)
+    def _projections(self, image, text):
         if hasattr(self, "to_qkv"):
             return self.to_qkv(image).chunk(3, -1), self.add_qkv(text).chunk(3, -1)
         return ((self.to_q(image), self.to_k(image), self.to_v(image)),
                 (self.add_q_proj(text), self.add_k_proj(text), self.add_v_proj(text)))
 
     def forward(self, image, text, image_rotary_emb=None, attention_mask=None, enable_fp8_attention=False,
-                kv_cache=None, text_qkv=None):
+                kv_cache=None):
         if kv_cache is not None:
             raise RuntimeError("GhostEdit's joint attention does not support DiffSynth's KV cache")
-        image_qkv, text_qkv = self._projections(image, text, text_qkv)
+        image_qkv, text_qkv = self._projections(image, text)
         img_q, img_k, img_v = (t.unflatten(-1, (self.num_heads, -1)) for t in image_qkv)
         txt_q, txt_k, txt_v = (t.unflatten(-1, (self.num_heads, -1)) for t in text_qkv)
         seq_txt = txt_q.shape[1]
