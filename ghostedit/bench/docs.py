@@ -978,21 +978,22 @@ def cudnn_version() -> str:
 FA3 = "fa3-fp8"
 
 
-def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], str]:
-    """The attention probe's FP8 rows at each prompt length (the kernels alone and as compiled blocks run them), and
-    where and when it ran, in words."""
+def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], str, dict]:
+    """The attention probe's FP8 rows at each prompt length (the kernels alone and as compiled blocks run them),
+    where and when it ran, in words, and its first shape."""
     path = RESULTS / FA3 / folder / "attention.json"
     found = json.loads(path.read_text())
     rows = []
     for length in [found, *found.get("lengths", [])]:
         tokens, timed = length["shape"]["tokens"], length["backends"]
-        rows.append({"text": tokens - 8192, "aligned": "yes" if tokens % 128 == 0 else "no",
+        # the probe's files name their image tokens since the FA3 runs; those ran 8192 (a 1024x1024 edit)
+        rows.append({"text": tokens - length["shape"].get("image_tokens", 8192), "aligned": "yes" if tokens % 128 == 0 else "no",
                      "cudnn": timed["cudnn-fp8 kernel alone"]["ms"], "fa3": timed["fa3-fp8 kernel alone"]["ms"],
                      "cudnn compiled": timed["cudnn-fp8 compiled"]["ms"],
                      "fa3 compiled": timed["fa3-fp8 compiled"]["ms"],
                      "cudnn error": timed["cudnn-fp8"]["rel_error_vs_fp32"],
                      "fa3 error": timed["fa3-fp8"]["rel_error_vs_fp32"], "bf16": timed["sdpa-cudnn"]["ms"]})
-    return rows, _ran_on(found, committed=path)
+    return rows, _ran_on(found, committed=path), found["shape"]
 
 
 def _e2e_alternating() -> str:
@@ -1013,8 +1014,8 @@ def _e2e_alternating() -> str:
 def fa3_fp8() -> str:
     """Section 6: FlashAttention-3's FP8 kernel against cuDNN's: alone at three prompt lengths, in the DiT forward at
     the bench's and an edit's prompt length, and in whole edits."""
-    rows, probe_ran_on = _fa3_kernel_rows()
-    again_rows, again_ran_on = _fa3_kernel_rows("attention-script-wheel")
+    rows, probe_ran_on, shape = _fa3_kernel_rows()
+    again_rows, again_ran_on, _ = _fa3_kernel_rows("attention-script-wheel")
     again = "; ".join(f"{row['text']} text tokens: cuDNN {row['cudnn']:.3f} ms, FA3 {row['fa3']:.3f} ms"
                       for row in again_rows)
     table = markdown_table(rows, {"text": "text tokens", "aligned": "multiple of 128", "cudnn": "cuDNN FP8 kernel ms",
@@ -1026,7 +1027,8 @@ def fa3_fp8() -> str:
     edits_ran_on = _ran_on(results(f"{FA3}/e2e-4")["environment"])
     forwards = "; ".join(f"{shape}: {section_1['best', shape]['ms_per_forward']:.1f} and {row['ms_per_forward']:.1f} ms"
                          for (config, shape), row in _named_shape_rows(f"{FA3}/dit").items() if config == "best-fa3")
-    return (f"The FP8 attention alone, 24 heads of 128, 8192 image tokens, median of CUDA-event timings "
+    return (f"The FP8 attention alone, {shape['heads']} heads of {shape['head_dim']}, "
+            f"{shape.get('image_tokens', 8192)} image tokens, median of CUDA-event timings "
             f"(`scripts/gpu/attention_probe.py --text-tokens 256 214 300`, {probe_ran_on}, "
             f"`docs/benchmarks/{FA3}/attention/`). The kernel alone takes FP8 inputs in the engine's "
             "layout; the compiled path quantizes bf16 q, k and v and gives bf16 out (cuDNN's output dequantized):\n\n"

@@ -56,7 +56,8 @@ def probe(tokens: int) -> dict:
         print(f"{name:28s} {ms:7.3f} ms  {entry['tflops']:6.0f} TFLOP/s  rel. error {error:.4f}", flush=True)
         return entry
 
-    results = {"shape": {"heads": HEADS, "head_dim": HEAD_DIM, "tokens": tokens}, "backends": {}, "unavailable": {}}
+    results = {"shape": {"heads": HEADS, "head_dim": HEAD_DIM, "tokens": tokens, "image_tokens": IMAGE_TOKENS},
+               "backends": {}, "unavailable": {}}
     for backend in attention.CONCRETE_BACKENDS:
         available = attention.availability(backend, "cuda")
         if not available.ok:
