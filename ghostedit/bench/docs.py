@@ -656,12 +656,17 @@ def attention_io() -> str:
 def _alternating(folder: str) -> str:
     """An A/B of scripts/gpu/alternate.sh in `docs/benchmarks/<folder>/` (a results.json per process, in run order),
     in words: where and how it ran, and each process's configuration and forward."""
-    processes = [json.loads((run / "results.json").read_text()) for run in sorted((RESULTS / folder).iterdir())]
+    processes = _alternate_processes(folder)
     runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
                      for process in processes)
     environment = processes[0]["environment"]
     return (f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
             f"alternating (`scripts/gpu/alternate.sh`, {_ran_on(environment)}, `docs/benchmarks/{folder}/`): {runs}")
+
+
+def _alternate_processes(folder: str) -> list[dict]:
+    """The results.json of each process of scripts/gpu/alternate.sh in `docs/benchmarks/<folder>/`, in run order."""
+    return [json.loads((run / "results.json").read_text()) for run in sorted((RESULTS / folder).iterdir())]
 
 
 def _profiled(folder: str) -> dict:
@@ -812,15 +817,14 @@ def text_side_stream() -> str:
                                   "image": "image stream alone", "text": "text stream alone",
                                   "start": "text on a second stream from the start",
                                   "after": "text on a second stream after the image's first GEMM"})
-    processes = [json.loads((run / "results.json").read_text())
-                 for run in sorted((RESULTS / TEXT_SIDE / "alternating").iterdir())]
+    processes = _alternate_processes(f"{TEXT_SIDE}/alternating")
     forwards = ", ".join(f"{'with' if TEXT_SIDE in found['rows'][0]['config'] else 'without'} it "
                          f"{found['rows'][0]['ms_per_forward']:.1f} ms" for found in processes)
     checked = json.loads((RESULTS / TEXT_SIDE / "graph-check" / "graph-check.json").read_text())["runs"]
     equal = ", ".join(f"{run}: {sum(found['equal_to_same_as'])} of {len(found['equal_to_same_as'])}"
                       for run, found in checked.items())
     without, with_it = (_profiled(f"{TEXT_SIDE}/profile-{variant}") for variant in ("best", "side"))
-    streams = _second_stream(RESULTS / TEXT_SIDE / "profile-side" / "trace.json.gz")
+    streams = _second_stream(RESULTS / TEXT_SIDE / "profile-side" / "trace.json.gz", with_it["total_kernel_ms"])
     return (f"One block's layers at 1024x1024 (8192 image rows; the engine's kernels: rowwise FP8 GEMMs, GhostEdit's "
             f"GELU quantization, a LayerNorm with its FP8 cast), 60 times over in one CUDA graph, ms "
             f"(`scripts/gpu/overlap_probe.py`, {_ran_on(probe, committed=path)}, "
@@ -835,14 +839,16 @@ def text_side_stream() -> str:
             f"stream's GEMMs and {streams['other']:.1f} ms beside its other kernels.\n")
 
 
-def _second_stream(trace: Path) -> dict:
-    """Per forward (the profile's three), ms of kernels on the second stream of a profile_dit.py trace, and how much
-    of that ran beside the main stream's GEMMs and beside its other kernels."""
+def _second_stream(trace: Path, kernel_ms_per_forward: float) -> dict:
+    """Per forward, ms of the kernels on the second stream of a profile_dit.py trace, and how much of that ran beside
+    the main stream's GEMMs and beside its other kernels. The trace holds the profile's forwards, whose count is its
+    GPU time over the profile's kernel time per forward."""
     events = [event for event in json.loads(gzip.open(trace).read())["traceEvents"]
-              if event.get("cat") in ("kernel", "gpu_memset")]
+              if event.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
     busy = {}
     for event in events:
-        busy[event["tid"]] = busy.get(event["tid"], 0) + event["dur"]
+        busy[event["tid"]] = busy.get(event["tid"], 0) + event["dur"] / 1000
+    forwards = round(sum(busy.values()) / kernel_ms_per_forward)
     main = max(busy, key=busy.get)
     beside = {"gemm": 0.0, "other": 0.0}
     main_events = sorted((event for event in events if event["tid"] == main), key=lambda event: event["ts"])
@@ -854,10 +860,9 @@ def _second_stream(trace: Path) -> dict:
         for event in main_events[max(bisect.bisect_right(starts, start) - 1, 0):bisect.bisect_left(starts, end)]:
             overlap = min(end, event["ts"] + event["dur"]) - max(start, event["ts"])
             if overlap > 0:
-                beside["gemm" if re.search(r"nvjet|gemm", event["name"]) else "other"] += overlap
-    forwards, us_per_ms = 3, 1000
-    side_us = sum(value for stream, value in busy.items() if stream != main)
-    return {"side": side_us / forwards / us_per_ms, **{kind: us / forwards / us_per_ms for kind, us in beside.items()}}
+                beside["gemm" if re.search(r"nvjet|gemm", event["name"]) else "other"] += overlap / 1000
+    side_ms = sum(ms for stream, ms in busy.items() if stream != main)
+    return {"side": side_ms / forwards, **{kind: ms / forwards for kind, ms in beside.items()}}
 
 
 def profile_edit() -> str:
@@ -987,7 +992,8 @@ def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], str, dict]:
     for length in [found, *found.get("lengths", [])]:
         tokens, timed = length["shape"]["tokens"], length["backends"]
         # the probe's files name their image tokens since the FA3 runs; those ran 8192 (a 1024x1024 edit)
-        rows.append({"text": tokens - length["shape"].get("image_tokens", 8192), "aligned": "yes" if tokens % 128 == 0 else "no",
+        rows.append({"text": tokens - length["shape"].get("image_tokens", 8192),
+                     "aligned": "yes" if tokens % 128 == 0 else "no",
                      "cudnn": timed["cudnn-fp8 kernel alone"]["ms"], "fa3": timed["fa3-fp8 kernel alone"]["ms"],
                      "cudnn compiled": timed["cudnn-fp8 compiled"]["ms"],
                      "fa3 compiled": timed["fa3-fp8 compiled"]["ms"],
@@ -1189,7 +1195,8 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "step-cache": step_cache,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph, "whole-forward-graph": whole_forward_graph,
-            "stream-gemm": stream_gemm, "text-side-stream": text_side_stream, "pdl": pdl, "carried-residual": carried_residual,
+            "stream-gemm": stream_gemm, "text-side-stream": text_side_stream, "pdl": pdl,
+            "carried-residual": carried_residual,
             "fused-qkv": fused_qkv,
             "e2e-order": e2e_order,
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,

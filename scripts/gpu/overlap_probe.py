@@ -1,15 +1,15 @@
-"""The text stream's feed-forward beside the image stream's memory-bound kernels, on a second CUDA stream: does the
-GPU hide the text stream's small GEMMs (256 rows, below the FP8 ceiling) behind the image stream's GELU and
+"""The text stream's GEMMs beside the image stream's memory-bound kernels, on a second CUDA stream: does the GPU
+hide the text stream's small GEMMs (a few hundred rows, below the FP8 ceiling) behind the image stream's GELU and
 LayerNorm, which wait on memory rather than on the tensor cores?
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 scripts/gpu/overlap_probe.py [--out DIR]
-One block's feed-forward part, and its q/k/v projection with the LayerNorm before it, of both streams at 1024x1024 (8192 image rows, TEXT text rows, width 3072, hidden
-12288), as the engine's kernels run it (torch._scaled_mm rowwise FP8, GhostEdit's GELU-and-quantize kernel, the
-LayerNorm with its FP8 cast before the up projection), 60 times over in one CUDA graph, timed by CUDA events around
-the replay (median of 10 after warm-up). Variants: one after the other; the text stream's whole feed-forward on a
-second stream from the block's start; the same, started once the image stream's up projection is done (beside the
-image GELU); each at the side stream's default and high priority. Outputs are checked equal to one after the other.
-Writes overlap.json.
+One block's feed-forward part, and its q/k/v projection with the LayerNorm before it, of both streams at 1024x1024
+(8192 image rows, each --text-tokens of text rows, width 3072, hidden 12288), as the engine's kernels run it
+(torch._scaled_mm rowwise FP8, GhostEdit's GELU-and-quantize kernel, the LayerNorm with its FP8 cast before the
+up projection; the LayerNorm in eager PyTorch), 60 times over in one CUDA graph, timed by CUDA events around the
+replay (median of 10 after warm-up). Variants: one after the other; the text stream's part on a second stream from
+the block's start; the same, started once the image stream's up projection is done; each at the side stream's
+default and high priority. Outputs are checked equal to one after the other. Writes overlap.json.
 """
 from __future__ import annotations
 
@@ -23,20 +23,7 @@ import torch.nn.functional as F
 
 from ghostedit.optimize.fp8_mlp import gelu_rowwise_fp8_launch
 from ghostedit.telemetry import median_ms
-
-FP8 = torch.float8_e4m3fn
-IMAGE, WIDTH, HIDDEN, BLOCKS = 8192, 3072, 12288, 60
-
-
-def fp8_rows(rows: int, columns: int):
-    values = torch.randn(rows, columns, device="cuda")
-    scale = values.abs().amax(1, keepdim=True) / 448
-    return (values / scale).to(FP8), scale
-
-
-def scaled_mm(a, scale_a, weight, scale_weight, bias):
-    return torch._scaled_mm(a, weight.t(), scale_a=scale_a, scale_b=scale_weight.t(), bias=bias,
-                            out_dtype=torch.bfloat16, use_fast_accum=True)
+from stream_gemm_probe import BLOCKS, FP8, HIDDEN, IMAGE, WIDTH, fp8_rows, scaled_mm  # beside this file
 
 
 def quantized_norm(x):
@@ -53,20 +40,19 @@ class Stream:
     def __init__(self, rows: int, up_width: int = HIDDEN, down: bool = True):
         self.hidden = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
         self.up, self.up_scale = fp8_rows(up_width, WIDTH)
-        self.down, self.down_scale = fp8_rows(WIDTH, HIDDEN)
-        self.has_down = down
         self.up_bias = torch.randn(up_width, device="cuda", dtype=torch.bfloat16) * 0.1
-        self.down_bias = torch.randn(WIDTH, device="cuda", dtype=torch.bfloat16) * 0.1
+        self.down = fp8_rows(WIDTH, HIDDEN) + (torch.randn(WIDTH, device="cuda", dtype=torch.bfloat16) * 0.1,) \
+            if down else None  # (weight, its row scales, bias)
 
     def up_projection(self):
         a, scale = quantized_norm(self.hidden)
         return scaled_mm(a, scale, self.up, self.up_scale, self.up_bias)
 
     def rest(self, up):
-        if not self.has_down:
+        if self.down is None:
             return up
         activation, scale = gelu_rowwise_fp8_launch(up)
-        return scaled_mm(activation, scale, self.down, self.down_scale, self.down_bias)
+        return scaled_mm(activation, scale, *self.down)
 
     def whole(self):
         return self.rest(self.up_projection())

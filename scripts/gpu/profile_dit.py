@@ -16,7 +16,6 @@ import gc
 import json
 import os
 import re
-import subprocess
 import time
 import warnings
 from collections import defaultdict
@@ -115,9 +114,8 @@ def kernel_breakdown(call, forwards: int = 3, trace: Path | None = None) -> dict
         for _ in range(forwards):
             call()
         torch.cuda.synchronize()
-    if trace is not None:  # the kernels on their streams, for a timeline viewer (Perfetto)
+    if trace is not None:  # the kernels on their streams, for a timeline viewer (Perfetto); torch gzips a .gz path
         prof.export_chrome_trace(str(trace))
-        subprocess.run(["gzip", "-f", str(trace)], check=True)
     kernels = defaultdict(lambda: [0.0, 0])
     spans = []
     for event in prof.events():
@@ -211,7 +209,7 @@ def main() -> None:
         with running(prepared, config, inputs, "cuda", RunRecorder("cuda")) as (call, _):
             result = report["variants"][name] = time_variant(call)
             print(name, json.dumps(result), flush=True)
-            result.update(kernel_breakdown(call, trace=out / "trace.json" if args.trace else None))
+            result.update(kernel_breakdown(call, trace=out / "trace.json.gz" if args.trace else None))
             if args.python_profile:
                 result["python_profile"] = python_profile(call)
                 print("\n".join(result["python_profile"]))
