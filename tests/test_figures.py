@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ghostedit.bench import docs
+from lab.docs import render as docs
 
 ROOT = Path(__file__).resolve().parent.parent
 # A number with the unit of a measurement: milliseconds, seconds (per step), GiB, TFLOP/s, or a speedup
@@ -20,7 +20,7 @@ def test_every_block_is_what_the_results_say(path):
     assert found, f"{path.name} has no figure block"
     for name, body in found:
         assert body == docs.SECTIONS[name](), (
-            f"the '{name}' block of {path.name} differs from the committed results: run python -m ghostedit.bench.docs")
+            f"the '{name}' block of {path.name} differs from the committed results: run python -m lab.docs")
 
 
 @pytest.mark.parametrize("path", docs.FILES, ids=lambda path: path.name)

@@ -1,10 +1,12 @@
-"""The measured-figure blocks of README.md and docs/benchmarks.md, generated from the committed bench results
-(docs/benchmarks/<part>/results.json and the profile and attention JSONs), each with its device, torch, date and
-command. `python -m ghostedit.bench.docs` rewrites the blocks after a bench run; tests/test_figures.py fails when a
-block differs from what the results say or when a figure appears outside a block."""
+"""The measured-figure blocks of README.md, docs/benchmarks.md and lab/LOG.md, generated from the committed bench
+results (docs/benchmarks/<part>/results.json and the experiments' results under lab/results/), each with its device,
+torch, date and command; and the figures the app reads at run time (ghostedit/data/figures.json). `python -m lab.docs`
+rewrites the blocks and the package data after a bench run; tests/test_figures.py fails when a block or the package
+data differs from what the results say or when a figure appears outside a block."""
 from __future__ import annotations
 
 import bisect
+import functools
 import gzip
 import json
 import re
@@ -12,14 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..config import OptimizationConfig
-from ..figures import RESULTS, results
-from ..optimize import registry
-from ..optimize.presets import PRESETS
-from ..telemetry import STAGE_ORDER
-from .output import markdown_table
+from ghostedit.bench.output import markdown_table
+from ghostedit.config import OptimizationConfig
+from ghostedit.optimize import registry
+from ghostedit.optimize.presets import PRESETS
+from ghostedit.telemetry import STAGE_ORDER
 
-ROOT = RESULTS.parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "benchmarks"   # the current figures' results: what the product's pages and the app read
+LAB = ROOT / "lab" / "results"           # the experiments' results: what lab/LOG.md reads
 FILES = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 # The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
@@ -30,6 +33,15 @@ READY = {"ready-never-compiled": "a process that never compiled it (empty compil
          "ready-package-only": "a new machine given its package (`ghostedit compiled install`)",
          "ready-restart": "a restarted process (compile cache on disk)"}
 
+
+
+@functools.cache
+def results(part: str) -> dict:
+    """The committed results.json of a bench part: a folder under docs/benchmarks/ or under lab/results/."""
+    found = [root / part / "results.json" for root in (RESULTS, LAB) if (root / part / "results.json").exists()]
+    if len(found) != 1:
+        raise FileNotFoundError(f"{part}/results.json is in {len(found)} of docs/benchmarks/ and lab/results/")
+    return json.loads(found[0].read_text())
 
 def _ran_on(environment: dict, committed: Path | None = None) -> str:
     """Where and when a result was measured, in words: the GPU, torch and the date (with `committed`, the day that
@@ -1063,7 +1075,7 @@ def fa3_fp8() -> str:
 
 def vae_norm() -> str:
     """Section 6: the VAE's RMS norm and SiLU as released against GhostEdit's kernel (scripts/gpu/vae_norm_probe.py)."""
-    from ..optimize import vae_frames
+    from ghostedit.optimize import vae_frames
     found = results("vae-norm")
     engine_setting = f"chunks, {vae_frames.ROW_VALUES} values, {vae_frames.WARPS} warps"
     by_shape: dict = {}
