@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ghostedit import figures
 from ghostedit.bench.output import markdown_table
 from ghostedit.config import OptimizationConfig
 from ghostedit.optimize import registry
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "benchmarks"   # the current figures' results: what the product's pages and the app read
 LAB = ROOT / "lab" / "results"           # the experiments' results: what lab/LOG.md reads
 FILES = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+PACKAGE_DATA = ROOT / "ghostedit" / figures.PACKAGE_DATA  # what the app reads at run time
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 # The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
 PHASES = {"dit": "dit", "ready-never-compiled": "ready", "ready-package-only": "ready", "ready-restart": "ready",
@@ -1217,6 +1219,18 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-sha
             "parallel": parallel}
 
 
+def package_data() -> str:
+    """ghostedit/data/figures.json: what the app reads at run time of the committed results (figures.READS)."""
+    data = {}
+    for part, (keys, row_keys) in figures.READS.items():
+        found = results(part)
+        data[part] = {"environment": {key: value for key, value in found["environment"].items()
+                                      if key in figures.ENVIRONMENT},
+                      **{key: found[key] for key in keys},
+                      "rows": [{key: row[key] for key in row_keys if key in row} for row in found["rows"]]}
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
 def blocks(text: str) -> list[tuple[str, str]]:
     """(name, body) of each generated block in a document."""
     return [(match["name"], match["body"]) for match in BLOCK.finditer(text)]
@@ -1230,6 +1244,8 @@ def main() -> None:
     for path in FILES:
         path.write_text(rewrite(path.read_text()))
         print(f"wrote the figure blocks of {path.relative_to(ROOT)}", file=sys.stderr)
+    PACKAGE_DATA.write_text(package_data())
+    print(f"wrote {PACKAGE_DATA.relative_to(ROOT)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
