@@ -40,10 +40,16 @@ READY = {"ready-never-compiled": "a process that never compiled it (empty compil
 @functools.cache
 def results(part: str) -> dict:
     """The committed results.json of a bench part: a folder under docs/benchmarks/ or under lab/results/."""
-    found = [root / part / "results.json" for root in (RESULTS, LAB) if (root / part / "results.json").exists()]
+    return json.loads(located(f"{part}/results.json").read_text())
+
+
+def located(path: str) -> Path:
+    """A file or folder of the committed results: under docs/benchmarks/ (the current figures) or lab/results/ (the
+    experiments), never both."""
+    found = [root / path for root in (RESULTS, LAB) if (root / path).exists()]
     if len(found) != 1:
-        raise FileNotFoundError(f"{part}/results.json is in {len(found)} of docs/benchmarks/ and lab/results/")
-    return json.loads(found[0].read_text())
+        raise FileNotFoundError(f"{path} is in {len(found)} of docs/benchmarks/ and lab/results/")
+    return found[0]
 
 def _ran_on(environment: dict, committed: Path | None = None) -> str:
     """Where and when a result was measured, in words: the GPU, torch and the date (with `committed`, the day that
@@ -187,8 +193,8 @@ def dit_shapes() -> str:
 
 
 def _ready_rows(folder: str = "") -> list[dict]:
-    """The ready phase's three rows (READY's order), from `docs/benchmarks/<folder>/<part>/` (the table's without a
-    folder)."""
+    """The ready phase's three rows (READY's order), from `lab/results/<folder>/<part>/` (the table's without a
+    folder: docs/benchmarks/<part>/)."""
     return [results(f"{folder}/{part}" if folder else part)["rows"][0] for part in READY]
 
 
@@ -204,19 +210,19 @@ def ready() -> str:
 
 
 def _ready_runs(folder: str) -> str:
-    """The ready phase's three rows in `docs/benchmarks/<folder>/`, in words."""
+    """The ready phase's three rows in `lab/results/<folder>/`, in words."""
     return ", ".join(f"{what.split(' (')[0]} {row['prepare_s'] + row['first_call_s']:.2f} s (prepare "
                      f"{row['prepare_s']:.2f} s, first forward {row['first_call_s']:.2f} s)"
                      for what, row in zip(READY.values(), _ready_rows(folder)))
 
 
 def _ready_source(folder: str) -> str:
-    """Where and when the ready phase in `docs/benchmarks/<folder>/` ran, and the folder, in words."""
-    return f"{_ran_on(results(f'{folder}/ready-restart')['environment'])}, `docs/benchmarks/{folder}/`"
+    """Where and when the ready phase in `lab/results/<folder>/` ran, and the folder, in words."""
+    return f"{_ran_on(results(f'{folder}/ready-restart')['environment'])}, `lab/results/{folder}/`"
 
 
 def _copy_steps(folders: list[str]) -> str:
-    """The preparation's copy step over every process of the ready phases in `docs/benchmarks/<folder>/`, as a range
+    """The preparation's copy step over every process of the ready phases in `lab/results/<folder>/`, as a range
     of seconds."""
     copies = [row["prepare_steps_s"]["copy"] for folder in folders for row in _ready_rows(folder)]
     return f"{min(copies):.2f}-{max(copies):.2f}"
@@ -226,16 +232,16 @@ COLD_REPEATS = "ready-cold-repeats"
 
 
 def _cold_repeats() -> str:
-    """Never-compiled processes of one code one after another on one machine (docs/benchmarks/ready-cold-repeats/),
+    """Never-compiled processes of one code one after another on one machine (lab/results/ready-cold-repeats/),
     in words."""
-    in_run_order = sorted((RESULTS / COLD_REPEATS).iterdir(), key=lambda run: int(run.name.removeprefix("cold-")))
+    in_run_order = sorted((LAB / COLD_REPEATS).iterdir(), key=lambda run: int(run.name.removeprefix("cold-")))
     processes = [results(f"{COLD_REPEATS}/{run.name}") for run in in_run_order]
     ready_s = ", ".join(f"{row['prepare_s'] + row['first_call_s']:.2f} s" for row in
                         (process["rows"][0] for process in processes))
     return (f"This code's first use in {len(processes)} processes that never compiled it, one after another on a "
             f"third machine, each emptying the compile caches as the table's first row does (`ghostedit bench "
             f"--level dit --repeats 3 --configs best` each, the processes `scripts/gpu/bench.sh cold` runs, "
-            f"{_ran_on(processes[0]['environment'])}, `docs/benchmarks/{COLD_REPEATS}/`): ready in {ready_s}.")
+            f"{_ran_on(processes[0]['environment'])}, `lab/results/{COLD_REPEATS}/`): ready in {ready_s}.")
 
 
 def ready_again() -> str:
@@ -262,7 +268,7 @@ def _inductor_codegen_s(first_call: dict) -> float:
 
 
 RESTART_AB = "restart-ab"
-# Each A/B's folder under docs/benchmarks/restart-ab/: what it compared, and its variants' folders in words
+# Each A/B's folder under lab/results/restart-ab/: what it compared, and its variants' folders in words
 RESTART_VARIANTS = {
     "whole-forward-graph": ("before and after the whole forward's graph", {
         "old": "block loop's graph (5841561)", "new": "whole forward's graph (0fc9dcd)"}),
@@ -279,7 +285,7 @@ RESTART_VARIANTS = {
 
 
 def _first_call_rows(folder: str, variants: dict, labels, columns) -> list[dict]:
-    """One row per profile_first_call.py output of each A/B's variants under `docs/benchmarks/<folder>/` (`variants`:
+    """One row per profile_first_call.py output of each A/B's variants under `lab/results/<folder>/` (`variants`:
     {A/B folder: (what it compared, {variant folder: words})}), for the labels `labels(calls)` picks in order, with
     `columns(call)`."""
     rows = []
@@ -298,8 +304,8 @@ def _collections_s(first_call: dict) -> str:
 
 
 def _probe_ran_on(folder: str) -> str:
-    """Where and when the profile_first_call.py outputs under `docs/benchmarks/<folder>/` were measured."""
-    first = next((RESULTS / folder).rglob("first-call-*.json"))
+    """Where and when the profile_first_call.py outputs under `lab/results/<folder>/` were measured."""
+    first = next((LAB / folder).rglob("first-call-*.json"))
     return _ran_on(json.loads(first.read_text()), committed=first)
 
 
@@ -318,11 +324,11 @@ def restart_ab() -> str:
                                   "collections": "of it garbage collections s"})
     return (f"A restarted process's first forward of best at 1024x1024 (`scripts/gpu/profile_first_call.py restart`, "
             f"variants in processes of their own, alternating, each A/B on one machine, "
-            f"{_probe_ran_on(f'{RESTART_AB}/compile-keys')}, `docs/benchmarks/{RESTART_AB}/`):\n\n{table}\n")
+            f"{_probe_ran_on(f'{RESTART_AB}/compile-keys')}, `lab/results/{RESTART_AB}/`):\n\n{table}\n")
 
 
 HEAD_START = "head-start"
-# The compile head start's A/Bs under docs/benchmarks/head-start/ (its code: c5e6cf6, taken out in 51b6323): what
+# The compile head start's A/Bs under lab/results/head-start/ (its code: c5e6cf6, taken out in 51b6323): what
 # each compared, and its variants' folders in words
 HEAD_START_VARIANTS = {
     "on-off": ("head start off and on", {"off": "off", "on": "on"}),
@@ -348,15 +354,15 @@ def head_start() -> str:
     return (f"The best configuration's first use at 1024x1024 with the compile head start (c5e6cf6) and without "
             f"(`scripts/gpu/head_start_ab.sh` of that commit, processes of their own, each A/B on one machine: a "
             f"process that never compiled per variant, the variant without first, then restarts alternating; "
-            f"{_probe_ran_on(f'{HEAD_START}/on-off')}, `docs/benchmarks/{HEAD_START}/`):\n\n"
+            f"{_probe_ran_on(f'{HEAD_START}/on-off')}, `lab/results/{HEAD_START}/`):\n\n"
             f"{table}\n\nThe ready phase on its code (`scripts/gpu/bench.sh ready`), on two machines: {runs}. The "
             f"24 GiB card's edit on its code peaked at {card['peak_gib']:.2f} GiB "
-            f"(`docs/benchmarks/earlier/cards-head-start/`).\n")
+            f"(`lab/results/earlier/cards-head-start/`).\n")
 
 
 def multi_kernel() -> str:
     """Section 2: what inductor-multi-kernel costs a never-compiled first call and gains a forward, each measured
-    both ways (docs/benchmarks/multi-kernel/)."""
+    both ways (lab/results/multi-kernel/)."""
     found = results("multi-kernel")
     with_it, without = _with_and_without(found["rows"], "inductor-multi-kernel")
     calls = _first_calls("multi-kernel")
@@ -370,15 +376,15 @@ def multi_kernel() -> str:
             f"cold`, empty compile caches each; Inductor's code "
             f"generation {_inductor_codegen_s(cold['best']):.1f} s against "
             f"{_inductor_codegen_s(cold['without-multi-kernel']):.1f}); in one process (`{environment['command']}`, "
-            f"`docs/benchmarks/multi-kernel/`) the forward took {with_it['ms_per_forward']:.1f} ms with it and "
+            f"`lab/results/multi-kernel/`) the forward took {with_it['ms_per_forward']:.1f} ms with it and "
             f"{without['ms_per_forward']:.1f} ms without "
             f"({without['ms_per_forward'] / with_it['ms_per_forward']:.3f}x).\n")
 
 
 def _first_calls(folder: str) -> dict[str, dict]:
-    """The profile_first_call.py outputs in `docs/benchmarks/<folder>/`, by label."""
+    """The profile_first_call.py outputs in `lab/results/<folder>/`, by label."""
     return {path.stem.removeprefix("first-call-"): json.loads(path.read_text())
-            for path in (RESULTS / folder).glob("first-call-*.json")}
+            for path in (LAB / folder).glob("first-call-*.json")}
 
 
 def _label_named(label: str) -> str:
@@ -401,16 +407,16 @@ def persistent_rows() -> str:
         return f"{kinds['persistent']} persistent and {kinds['looped']} looped"
     return (f"The first forward of a process that never compiled (`scripts/gpu/profile_first_call.py cold`, empty "
             f"compile caches each, the compile workers started as preparation begins; "
-            f"`docs/benchmarks/persistent-rows/first-call/`): {calls['cold-best']['first_call_s']:.1f} s with "
+            f"`lab/results/persistent-rows/first-call/`): {calls['cold-best']['first_call_s']:.1f} s with "
             f"inductor-multi-kernel, {calls['cold-rows']['first_call_s']:.1f} s with inductor-persistent-rows "
             f"(reduction kernels generated: {reductions('cold-best')}, against {reductions('cold-rows')}); after a "
             f"restart {calls['restart-best-2']['first_call_s']:.1f} s and {calls['restart-rows-2']['first_call_s']:.1f}"
             f" s. Before the workers started with preparation, in a process of the same configuration that never "
-            f"compiled (`docs/benchmarks/persistent-rows/warm-pool/`): {pool['cold-rows']['first_call_s']:.1f} s "
+            f"compiled (`lab/results/persistent-rows/warm-pool/`): {pool['cold-rows']['first_call_s']:.1f} s "
             f"with the workers started by torch, {pool['cold-rows-warm-pool']['first_call_s']:.1f} s with them "
             f"started before preparing (the probe's `--warm-pool` flag in commit 37bd46b; the engine's start replaced "
             f"it). After a restart, in turns on one machine after one process that never compiled "
-            f"(`docs/benchmarks/early-workers/`, {_label_named(restarts['cold']['config'])}): the first forward took "
+            f"(`lab/results/early-workers/`, {_label_named(restarts['cold']['config'])}): the first forward took "
             f"{restarted('early')} with the workers started as preparation begins, {restarted('late')} with them "
             f"started by torch at the first compile (the probe's `--workers-at-first-compile`). "
             f"{_alternating('persistent-rows/alternating')}.\n")
@@ -451,7 +457,7 @@ PROCESS_WALL = re.compile(r"^== [\w-]+: process wall (\d+) s", re.M)
 
 def process_wall(part: str) -> int:
     """The wall seconds bench.sh logged around the process that wrote `part` first (its folder keeps the log)."""
-    return int(PROCESS_WALL.search((RESULTS / part / f"{Path(part).name}.log").read_text())[1])
+    return int(PROCESS_WALL.search(located(f"{part}/{Path(part).name}.log").read_text())[1])
 
 
 def processes(parts) -> list[list[str]]:
@@ -544,13 +550,14 @@ def lora_switch() -> str:
 
 
 def _committed_on(path: Path) -> str:
-    """The date a result without its own date was committed (the profile and attention scripts write none)."""
-    return subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path)], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    """The date a result without its own date was committed (the profile and attention scripts write none): its
+    last commit that added or changed it, through renames (the move from docs/benchmarks/ to lab/results/ is none)."""
+    return subprocess.run(["git", "log", "-1", "--follow", "--diff-filter=AM", "--format=%cs", "--", str(path)],
+                          cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def profile() -> str:
-    path = RESULTS / "profile" / "profile.json"
+    path = LAB / "profile" / "profile.json"
     found = json.loads(path.read_text())
     variant = next(iter(found["variants"].values()))
     families = variant["families_ms"]
@@ -569,7 +576,7 @@ def profile() -> str:
                                   "ideal": "at the ceiling ms (the FP8 GEMM and bf16 attention rates of the brief)"})
     top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
     return (f"torch.profiler over three forwards of {_label_named(found['config'])} at 1024x1024 "
-            f"(`scripts/gpu/profile_dit.py`, {_ran_on(found, committed=path)}, `docs/benchmarks/profile/`). "
+            f"(`scripts/gpu/profile_dit.py`, {_ran_on(found, committed=path)}, `lab/results/profile/`). "
             f"The CPU hands one forward to the GPU in "
             f"{variant['cpu_launch_ms']:.1f} ms, and the forward makes it wait for the GPU "
             f"{variant['synchronizing_calls']} time(s).\n\n{table}\n\nLargest kernels:\n{top}\n")
@@ -603,7 +610,7 @@ def fused_gelu() -> str:
     """Section 6: the feed-forward layers' GELU and FP8 quantization in one kernel (ghostedit/optimize/fp8_mlp.py):
     the kernel alone against Inductor's and other layouts (scripts/gpu/gelu_quant_probe.py), then the feed-forward
     layer and the DiT forward with and without it."""
-    path = RESULTS / "gelu-quant" / "gelu-quant.json"
+    path = LAB / "gelu-quant" / "gelu-quant.json"
     found = json.loads(path.read_text())
     rows = []
     for stream, kernels in found["kernels"].items():
@@ -625,13 +632,13 @@ def fused_gelu() -> str:
     fused, without = _with_and_without(results("fused-gelu")["rows"], "fused-gelu-quant")
     environment = results("fused-gelu")["environment"]
     return (f"The GELU and its quantization alone at 1024x1024, 12288 values a row (`scripts/gpu/gelu_quant_probe.py`, "
-            f"{_ran_on(found, committed=path)}, `docs/benchmarks/gelu-quant/`; "
+            f"{_ran_on(found, committed=path)}, `lab/results/gelu-quant/`; "
             f"the reference: torchao's quantization of the GELU computed in float32):\n\n{table}\n\n"
             f"One image-stream feed-forward layer, compiled: {layer['torchao + inductor']['ms'] * 1000:.0f} us with "
             f"torchao and Inductor, {layer['fused GELU quantization']['ms'] * 1000:.0f} us with the fused kernel "
             f"(output {layer['fused GELU quantization']['rel_error_vs_torchao']:.4f} relative to torchao's). "
             f"One DiT forward at 1024x1024 in one process ({environment['gpu']}, {environment['date']}, "
-            f"`{environment['command']}`, `docs/benchmarks/fused-gelu/`): {name(without)} "
+            f"`{environment['command']}`, `lab/results/fused-gelu/`): {name(without)} "
             f"{without['ms_per_forward']:.1f} ms, with the rewrite {fused['ms_per_forward']:.1f} ms "
             f"({fused['speedup']:.3f}x), "
             f"one block's output {fused['block_rel_error']:.4f} relative to the run without it.\n")
@@ -640,7 +647,7 @@ def fused_gelu() -> str:
 def attention_io() -> str:
     """Section 6: the FP8 attention's q/k kernel alone (scripts/gpu/qk_norm_rope_probe.py), then best with and
     without its two attention rewrites in processes of their own, alternating (scripts/gpu/alternate.sh)."""
-    path = RESULTS / "qk-norm-rope" / "qk-norm-rope.json"
+    path = LAB / "qk-norm-rope" / "qk-norm-rope.json"
     found = json.loads(path.read_text())
     variants = found["variants"]
     engine = f"ghostedit tokens={found['engine_tokens']} warps={found['engine_warps']}"
@@ -661,31 +668,31 @@ def attention_io() -> str:
     before, after = (_profiled(f"earlier/profile-{when}-attention-io") for when in ("before", "after"))
     return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
             f"(`scripts/gpu/qk_norm_rope_probe.py`, {_ran_on(found, committed=path)}, "
-            f"`docs/benchmarks/qk-norm-rope/`):\n\n{table}\n\n"
+            f"`lab/results/qk-norm-rope/`):\n\n{table}\n\n"
             f"{_alternating('attention-io')}. The kernels of one forward (`scripts/gpu/profile_dit.py`) summed to "
             f"{before['total_kernel_ms']:.1f} ms before the two rewrites and {after['total_kernel_ms']:.1f} ms with "
             "them.\n")
 
 
 def _alternating(folder: str) -> str:
-    """An A/B of scripts/gpu/alternate.sh in `docs/benchmarks/<folder>/` (a results.json per process, in run order),
+    """An A/B of scripts/gpu/alternate.sh in `lab/results/<folder>/` (a results.json per process, in run order),
     in words: where and how it ran, and each process's configuration and forward."""
     processes = _alternate_processes(folder)
     runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
                      for process in processes)
     environment = processes[0]["environment"]
     return (f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
-            f"alternating (`scripts/gpu/alternate.sh`, {_ran_on(environment)}, `docs/benchmarks/{folder}/`): {runs}")
+            f"alternating (`scripts/gpu/alternate.sh`, {_ran_on(environment)}, `lab/results/{folder}/`): {runs}")
 
 
 def _alternate_processes(folder: str) -> list[dict]:
-    """The results.json of each process of scripts/gpu/alternate.sh in `docs/benchmarks/<folder>/`, in run order."""
-    return [json.loads((run / "results.json").read_text()) for run in sorted((RESULTS / folder).iterdir())]
+    """The results.json of each process of scripts/gpu/alternate.sh in `lab/results/<folder>/`, in run order."""
+    return [json.loads((run / "results.json").read_text()) for run in sorted((LAB / folder).iterdir())]
 
 
 def _profiled(folder: str) -> dict:
-    """The first variant of the profile_dit.py profile in `docs/benchmarks/<folder>/`."""
-    return next(iter(json.loads((RESULTS / folder / "profile.json").read_text())["variants"].values()))
+    """The first variant of the profile_dit.py profile in `lab/results/<folder>/`."""
+    return next(iter(json.loads((LAB / folder / "profile.json").read_text())["variants"].values()))
 
 
 def e2e_order() -> str:
@@ -700,7 +707,7 @@ def e2e_order() -> str:
     return (f"The best configuration's edit at 1024x1024, 4 steps, CFG 1, median of {found['repeats']} after warm-up, "
             f"each in a process of its own ({_ran_on(environment)}, `ghostedit bench ... --configs best`, "
             "`baseline best` and `best baseline`, "
-            f"`docs/benchmarks/e2e-order/`): {', '.join(runs)}.\n")
+            f"`lab/results/e2e-order/`): {', '.join(runs)}.\n")
 
 
 def carried_residual() -> str:
@@ -710,8 +717,8 @@ def carried_residual() -> str:
                                                                                   "persistent-rows"))
     return (f"{_alternating('carried-residual/alternating')}. The kernels of one forward "
             f"(`scripts/gpu/profile_dit.py`, before it and with it: "
-            f"`docs/benchmarks/earlier/profile-before-carried-residual/` and "
-            f"`docs/benchmarks/earlier/profile-before-persistent-rows/`): Inductor's kernels "
+            f"`lab/results/earlier/profile-before-carried-residual/` and "
+            f"`lab/results/earlier/profile-before-persistent-rows/`): Inductor's kernels "
             f"{before['families_ms']['inductor']:.1f} ms before, {after['families_ms']['inductor']:.1f} ms with it; "
             f"all kernels {before['total_kernel_ms']:.1f} ms and {after['total_kernel_ms']:.1f} ms.\n")
 
@@ -724,7 +731,7 @@ def fused_qkv() -> str:
     recompiled = sum(row["new_compiled_frames"] for row in switched["rows"])
     return (f"{_alternating('fused-qkv/alternating')}. Fused LoRA switches on {name(switched)} "
             f"(`BEST=... scripts/gpu/bench.sh lora-switch`, {_ran_on(switched['environment'])}, "
-            f"`docs/benchmarks/fused-qkv/lora-switch/`): {len(seconds)} switches of rank {switched['rank']} in "
+            f"`lab/results/fused-qkv/lora-switch/`): {len(seconds)} switches of rank {switched['rank']} in "
             f"{min(seconds):.2f}-{max(seconds):.2f} s, {recompiled} frames recompiled.\n")
 
 
@@ -739,7 +746,7 @@ def cuda_graph() -> str:
         checks.append(f"{name(graphed)} {graphed['ms_per_forward']:.1f} ms after {name(looped)} "
                       f"{looped['ms_per_forward']:.1f} ms, output {compared}")
     return (f"{_alternating('cuda-graph/alternating')}. In one process each "
-            f"(`docs/benchmarks/cuda-graph/same-process-*/`), the configuration without it first and so the reference: "
+            f"(`lab/results/cuda-graph/same-process-*/`), the configuration without it first and so the reference: "
             f"{'; '.join(checks)}.\n")
 
 
@@ -750,7 +757,7 @@ GRAPHS = {"block-loop-graph": "the block loop's graph (before)", "whole-forward-
 def whole_forward_graph() -> str:
     """Section 1: the block loop's CUDA graph against the whole forward's, in processes of their own, alternating
     (profile_dit.py --engine-only on the code before and after), and graph_check.py's bit-for-bit comparison."""
-    folder = RESULTS / WHOLE_FORWARD
+    folder = LAB / WHOLE_FORWARD
     rows = []
     for run in sorted(path for path in folder.iterdir() if path.name[0].isdigit()):
         variant = _profiled(f"{WHOLE_FORWARD}/{run.name}")
@@ -772,14 +779,14 @@ def whole_forward_graph() -> str:
     return (f"One DiT forward of {_label_named(found['config'])} at 1024x1024 in four processes on one machine, "
             f"alternating the code before and after (`scripts/gpu/profile_dit.py --engine-only`, "
             f"{_ran_on(found, committed=first)}, "
-            f"`docs/benchmarks/{WHOLE_FORWARD}/`):\n\n{table}\n\n"
+            f"`lab/results/{WHOLE_FORWARD}/`):\n\n{table}\n\n"
             f"Replayed against run from Python, four forwards of varied inputs each (`scripts/gpu/graph_check.py`, "
             f"same machine): {runs}.\n")
 
 
 def stream_gemm() -> str:
     """Section 6: the text stream's GEMMs and the modulation GEMVs laid out other ways (stream_gemm_probe.py)."""
-    path = RESULTS / "stream-gemm" / "stream-gemm.json"
+    path = LAB / "stream-gemm" / "stream-gemm.json"
     found = json.loads(path.read_text())
     rows = [{"layer": layer, "image": row["image alone"], "text": row["text alone"],
              "both": row["one after the other"], "side": row["text on a second stream"],
@@ -790,7 +797,7 @@ def stream_gemm() -> str:
     modulation = found["modulation"]
     return (f"A block's GEMMs at 1024x1024 (8192 image rows, 256 text rows), each 60 times over in one CUDA graph, "
             f"ms (`scripts/gpu/stream_gemm_probe.py`, {_ran_on(found, committed=path)}, "
-            f"`docs/benchmarks/stream-gemm/`):\n\n{table}\n\nThe 120 modulation GEMVs of a forward: "
+            f"`lab/results/stream-gemm/`):\n\n{table}\n\nThe 120 modulation GEMVs of a forward: "
             f"{modulation['layer by layer ms']:.2f} ms one by one ({modulation['GB/s layer by layer']:.0f} GB/s), "
             f"{modulation['joined ms']:.2f} ms as one GEMV over their weights joined "
             f"({modulation['GB/s joined']:.0f} GB/s).\n")
@@ -802,7 +809,7 @@ PDL_AB = "pdl-ab"
 def pdl() -> str:
     """Section 6: Inductor's programmatic dependent launch off and on (TORCHINDUCTOR_ENABLE_PDL), best's forward in
     processes of their own, alternating (folders <round>-pdl<0|1>)."""
-    runs = sorted((RESULTS / PDL_AB).iterdir(), key=lambda run: run.name)
+    runs = sorted((LAB / PDL_AB).iterdir(), key=lambda run: run.name)
     processes = [(run.name.endswith("pdl1"), results(f"{PDL_AB}/{run.name}")) for run in runs]
     forwards = ", ".join(f"{'on' if on else 'off'} {found['rows'][0]['ms_per_forward']:.1f} ms"
                          for on, found in processes)
@@ -810,7 +817,7 @@ def pdl() -> str:
     return (f"One DiT forward of {name(first['rows'][0])} at 1024x1024, 256 text tokens, Inductor's programmatic "
             f"dependent launch off and on, each in {len(processes) // 2} processes of its own, alternating "
             f"(`TORCHINDUCTOR_ENABLE_PDL=0|1 ghostedit bench --level dit --repeats 10 --configs best`, "
-            f"{_ran_on(first['environment'])}, `docs/benchmarks/{PDL_AB}/`): {forwards}.\n")
+            f"{_ran_on(first['environment'])}, `lab/results/{PDL_AB}/`): {forwards}.\n")
 
 
 TEXT_SIDE = "text-side-stream"
@@ -820,7 +827,7 @@ def text_side_stream() -> str:
     """Section 6: the text stream's GEMMs on a second CUDA stream (the rewrite of 6bd063c, taken out again): the
     probe of one block's layers (overlap_probe.py), the forward A/B, its outputs against best's, and where its
     second stream's kernels ran in a profile of it."""
-    path = RESULTS / TEXT_SIDE / "overlap" / "overlap.json"
+    path = LAB / TEXT_SIDE / "overlap" / "overlap.json"
     probe = json.loads(path.read_text())
     beside = "text on a second stream {}, default priority ms"
     rows = [{"part": row["part"], "rows": row["text rows"], "turns": row["one after the other ms"],
@@ -834,18 +841,18 @@ def text_side_stream() -> str:
     processes = _alternate_processes(f"{TEXT_SIDE}/alternating")
     forwards = ", ".join(f"{'with' if TEXT_SIDE in found['rows'][0]['config'] else 'without'} it "
                          f"{found['rows'][0]['ms_per_forward']:.1f} ms" for found in processes)
-    checked = json.loads((RESULTS / TEXT_SIDE / "graph-check" / "graph-check.json").read_text())["runs"]
+    checked = json.loads((LAB / TEXT_SIDE / "graph-check" / "graph-check.json").read_text())["runs"]
     equal = ", ".join(f"{run}: {sum(found['equal_to_same_as'])} of {len(found['equal_to_same_as'])}"
                       for run, found in checked.items())
     without, with_it = (_profiled(f"{TEXT_SIDE}/profile-{variant}") for variant in ("best", "side"))
-    streams = _second_stream(RESULTS / TEXT_SIDE / "profile-side" / "trace.json.gz", with_it["total_kernel_ms"])
+    streams = _second_stream(LAB / TEXT_SIDE / "profile-side" / "trace.json.gz", with_it["total_kernel_ms"])
     return (f"One block's layers at 1024x1024 (8192 image rows; the engine's kernels: rowwise FP8 GEMMs, GhostEdit's "
             f"GELU quantization, a LayerNorm with its FP8 cast), 60 times over in one CUDA graph, ms "
             f"(`scripts/gpu/overlap_probe.py`, {_ran_on(probe, committed=path)}, "
-            f"`docs/benchmarks/{TEXT_SIDE}/overlap/`):\n\n{table}\n\n"
+            f"`lab/results/{TEXT_SIDE}/overlap/`):\n\n{table}\n\n"
             f"One DiT forward of best at 1024x1024, 256 text tokens, without and with the rewrite, each in "
             f"{len(processes) // 2} processes of its own, alternating (`scripts/gpu/alternate.sh`, "
-            f"{_ran_on(processes[0]['environment'])}, `docs/benchmarks/{TEXT_SIDE}/alternating/`): {forwards}. "
+            f"{_ran_on(processes[0]['environment'])}, `lab/results/{TEXT_SIDE}/alternating/`): {forwards}. "
             f"Its replayed outputs equal to best's, four inputs each (`scripts/gpu/graph_check.py --same-as best`): "
             f"{equal}. The kernels of one forward (`scripts/gpu/profile_dit.py --trace`, same machine): without it "
             f"{without['total_kernel_ms']:.1f} ms, all on one stream; with it {with_it['total_kernel_ms']:.1f} ms, "
@@ -889,7 +896,7 @@ def profile_edit() -> str:
     environment = found["environment"]
     return (f"One warm edit of {name(found)} at {found['side']}x{found['side']}, {found['steps']} steps, CFG "
             f"{found['cfg']:g}, {found['total_s']:.2f} s; its kernels from a torch.profiler trace of the next edit "
-            f"(`scripts/gpu/profile_edit.py`, {_ran_on(environment)}, `docs/benchmarks/profile-edit/`).\n\n{table}\n")
+            f"(`scripts/gpu/profile_edit.py`, {_ran_on(environment)}, `lab/results/profile-edit/`).\n\n{table}\n")
 
 
 def run_toggles() -> str:
@@ -916,7 +923,7 @@ def run_toggles() -> str:
              f"warmed up and captured every layer: {graphed_first:.3f} s of text encoding.\n")
     return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x"
             f"{found['side']}, {found['steps']} steps, CFG {found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
-            f"(`scripts/gpu/run_toggles_probe.py`, {_ran_on(environment)}, `docs/benchmarks/run-toggles/`). "
+            f"(`scripts/gpu/run_toggles_probe.py`, {_ran_on(environment)}, `lab/results/run-toggles/`). "
             "The base's own row compares two of its warm "
             f"images.\n\n{markdown_table(rows, columns)}\n{after}")
 
@@ -924,7 +931,7 @@ def run_toggles() -> str:
 def attention_lengths() -> str:
     """Section 6: cuDNN's FP8 attention at prompt lengths that make the joint sequence a multiple of 128 or not
     (scripts/gpu/attention_plans_probe.py), and a DiT forward at the bench's and an edit's prompt length."""
-    folder = RESULTS / "attention-lengths"
+    folder = LAB / "attention-lengths"
     path = folder / "attention-plans.json"
     found = json.loads(path.read_text())
     rows = []
@@ -947,10 +954,10 @@ def attention_lengths() -> str:
             f"{found['shape']['image_tokens']} image tokens and three prompt lengths, cuDNN's first plan (the "
             f"engine's), per call over calls back to back (`scripts/gpu/attention_plans_probe.py --text-tokens 256 "
             f"214 300`, {_ran_on(found, committed=path)}, "
-            f"`docs/benchmarks/attention-lengths/`):\n\n{table}\n\nOne DiT forward of "
+            f"`lab/results/attention-lengths/`):\n\n{table}\n\nOne DiT forward of "
             f"{name(forwards[214]['rows'][0])} at 1024x1024 in processes of its own: {forward} ({environment['gpu']}, "
             f"{environment['date']}, `ghostedit bench --level dit --text-tokens N`, "
-            "`docs/benchmarks/attention-lengths/dit-*/`).\n")
+            "`lab/results/attention-lengths/dit-*/`).\n")
 
 
 CUDNN_AB = "cudnn-version"
@@ -964,7 +971,7 @@ def _cudnn_words(version: int) -> str:
 def cudnn_version() -> str:
     """Section 6: cuDNN's FP8 attention and the best forward on torch's pinned cuDNN and a newer one
     (scripts/gpu/library_ab.sh: the attention plans probe per version, then DiT processes alternating)."""
-    folder = RESULTS / CUDNN_AB
+    folder = LAB / CUDNN_AB
     rows = []
     for variant in ("pinned", "newer"):
         path = folder / f"attention-{variant}" / "attention-plans.json"
@@ -988,7 +995,7 @@ def cudnn_version() -> str:
                          f"{process['rows'][0]['ms_per_forward']:.1f} ms" for process in processes)
     return (f"cuDNN's FP8 attention alone, 24 heads of 128, 8192 image tokens, per call over calls back to back, on "
             f"torch's pinned cuDNN and on a newer one (`scripts/gpu/library_ab.sh`, "
-            f"{_ran_on(found, committed=path)}, `docs/benchmarks/{CUDNN_AB}/`):\n\n{table}\n\n"
+            f"{_ran_on(found, committed=path)}, `lab/results/{CUDNN_AB}/`):\n\n{table}\n\n"
             f"One DiT forward of {name(processes[0]['rows'][0])} at 1024x1024, each cuDNN in "
             f"{len(processes) // 2} processes of its own, alternating ({_ran_on(processes[0]['environment'])}): "
             f"{forwards}.\n")
@@ -1000,7 +1007,7 @@ FA3 = "fa3-fp8"
 def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], str, dict]:
     """The attention probe's FP8 rows at each prompt length (the kernels alone and as compiled blocks run them),
     where and when it ran, in words, and its first shape."""
-    path = RESULTS / FA3 / folder / "attention.json"
+    path = LAB / FA3 / folder / "attention.json"
     found = json.loads(path.read_text())
     rows = []
     for length in [found, *found.get("lengths", [])]:
@@ -1020,7 +1027,7 @@ def _e2e_alternating() -> str:
     """Whole edits of best and best-fa3 in processes of their own (scripts/gpu/alternate.sh with LEVEL=e2e), the
     order swapped in the second round."""
     runs = []
-    for folder in sorted((RESULTS / FA3).glob("e2e-ab-*")):
+    for folder in sorted((LAB / FA3).glob("e2e-ab-*")):
         for process in sorted(run for run in folder.iterdir() if not run.name.endswith("-40")):
             four, forty = results(f"{FA3}/{folder.name}/{process.name}"), \
                 results(f"{FA3}/{folder.name}/{process.name}-40")
@@ -1028,7 +1035,7 @@ def _e2e_alternating() -> str:
                         f"{forty['rows'][0]['end_to_end_s']:.2f} s")
     return (f"Whole edits at 1024x1024 (4 steps CFG 1, median of {four['repeats']}; then 40 steps CFG 4, one run), "
             f"each configuration in two processes of its own, in turns ({_ran_on(four['environment'])}, "
-            f"`LEVEL=e2e scripts/gpu/alternate.sh`, `docs/benchmarks/{FA3}/e2e-ab-*/`): {'; '.join(runs)}.")
+            f"`LEVEL=e2e scripts/gpu/alternate.sh`, `lab/results/{FA3}/e2e-ab-*/`): {'; '.join(runs)}.")
 
 
 def fa3_fp8() -> str:
@@ -1050,11 +1057,11 @@ def fa3_fp8() -> str:
     return (f"The FP8 attention alone, {shape['heads']} heads of {shape['head_dim']}, "
             f"{shape.get('image_tokens', 8192)} image tokens, median of CUDA-event timings "
             f"(`scripts/gpu/attention_probe.py --text-tokens 256 214 300`, {probe_ran_on}, "
-            f"`docs/benchmarks/{FA3}/attention/`). The kernel alone takes FP8 inputs in the engine's "
+            f"`lab/results/{FA3}/attention/`). The kernel alone takes FP8 inputs in the engine's "
             "layout; the compiled path quantizes bf16 q, k and v and gives bf16 out (cuDNN's output dequantized):\n\n"
             f"{table}\n\nThe kernels alone again, with the wheel `scripts/gpu/build_fa3_wheel.sh` builds (the table's "
             f"was built by hand before the script, from the same sources and flags; {again_ran_on}, "
-            f"`docs/benchmarks/{FA3}/attention-script-wheel/`): {again}.\n\n"
+            f"`lab/results/{FA3}/attention-script-wheel/`): {again}.\n\n"
             f"{_alternating(f'{FA3}/dit-256')}, 256 text tokens. "
             f"{_alternating(f'{FA3}/dit-214')}, 214 text tokens (an edit's prompt).\n\n"
             f"{_e2e_alternating()}\n\n"
@@ -1070,7 +1077,7 @@ def fa3_fp8() -> str:
             f"`docs/benchmarks/{FA3}/dit/`): {forwards}.\n\n"
             f"The DiT's output against stock's at 1024x1024 and 214 text tokens, in one process "
             f"(`ghostedit bench --level dit --text-tokens 214 --configs baseline best best-fa3`, "
-            f"`docs/benchmarks/{FA3}/error-214/`): best {error['best']['rel_error']:.4f} (one block "
+            f"`lab/results/{FA3}/error-214/`): best {error['best']['rel_error']:.4f} (one block "
             f"{error['best']['block_rel_error']:.4f}), best-fa3 {error['best-fa3']['rel_error']:.4f} (one block "
             f"{error['best-fa3']['block_rel_error']:.4f}).\n")
 
@@ -1098,11 +1105,11 @@ def vae_norm() -> str:
     environment = found["environment"]
     return (f"The VAE's RMS norm and the SiLU after it on a channels-last bf16 input, as released and in "
             f"GhostEdit's kernel as the engine runs it ({engine_setting}), beside PyTorch's copy of the same bytes "
-            f"(`scripts/gpu/vae_norm_probe.py`, {_ran_on(environment)}, `docs/benchmarks/vae-norm/`):\n\n{table}\n")
+            f"(`scripts/gpu/vae_norm_probe.py`, {_ran_on(environment)}, `lab/results/vae-norm/`):\n\n{table}\n")
 
 
 def attention() -> str:
-    path = RESULTS / "attention" / "attention.json"
+    path = LAB / "attention" / "attention.json"
     found = json.loads(path.read_text())
     rows = [{"backend": backend, "ms": row["ms"], "tflops": row["tflops"], "error": row["rel_error_vs_fp32"]}
             for backend, row in found["backends"].items()]
@@ -1111,7 +1118,7 @@ def attention() -> str:
     shape = found["shape"]
     return (f"Attention alone, {shape['heads']} heads x {shape['head_dim']}, {shape['tokens']} tokens "
             f"(`scripts/gpu/attention_probe.py`, {_ran_on(found, committed=path)}, "
-            f"`docs/benchmarks/attention/`).\n\n{table}\n")
+            f"`lab/results/attention/`).\n\n{table}\n")
 
 
 # Section 8's runs, newest first: the same script on two kinds of 2-GPU machine
