@@ -24,7 +24,7 @@ from ghostedit.telemetry import STAGE_ORDER
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "benchmarks"   # the current figures' results: what the product's pages and the app read
 LAB = ROOT / "lab" / "results"           # the experiments' results: what lab/LOG.md reads
-FILES = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+FILES = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "lab" / "LOG.md")
 PACKAGE_DATA = ROOT / "ghostedit" / figures.PACKAGE_DATA  # what the app reads at run time
 BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 # The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
@@ -61,9 +61,12 @@ def _ran_on(environment: dict, committed: Path | None = None) -> str:
 
 
 def source(part: str) -> str:
+    """Where, when and by which command a current figure's part was measured (best-fa3's runs under fa3-fp8/ are
+    bench.sh's with BEST=best-fa3)."""
     environment = results(part)["environment"]
+    preset = "BEST=best-fa3 " if part.startswith(f"{FA3}/") else ""
     return (f"{_ran_on(environment)}, "
-            f"`scripts/gpu/bench.sh {PHASES[part]}` (`docs/benchmarks/{part}/`)")
+            f"`{preset}scripts/gpu/bench.sh {PHASES[Path(part).name]}` (`docs/benchmarks/{part}/`)")
 
 
 def name(row: dict) -> str:
@@ -533,7 +536,15 @@ def memory() -> str:
             f"configuration the page offers, one after another in one process on the whole card (memory mode "
             f"auto). Measured on {source('card-full')}.\n\n{table}\n\nOn smaller cards (configuration in the table), "
             f"emulated with `--gpu-memory` (`torch.cuda.set_per_process_memory_fraction`), 4 steps, CFG 1. Measured "
-            f"on {source('card-24')}.\n\n{cards_table}\n")
+            f"on {_cards_source()}.\n\n{cards_table}\n")
+
+
+def _cards_source() -> str:
+    """Where, when and by which command the smaller cards were measured: one sentence where both ran in one run."""
+    ran_on = {_ran_on(results(part)["environment"]) for part in ("card-48", "card-24")}
+    if len(ran_on) > 1:
+        return "; ".join(source(part) for part in ("card-48", "card-24"))
+    return f"{ran_on.pop()}, `scripts/gpu/bench.sh cards` (`docs/benchmarks/card-48/`, `docs/benchmarks/card-24/`)"
 
 
 def lora_switch() -> str:
@@ -1163,7 +1174,8 @@ def headline() -> str:
     return "\n".join([
         f"Full-size synthetic model, {results('dit')['environment']['gpu']}, torch "
         f"{results('dit')['environment']['torch']}, {results('dit')['environment']['date']} "
-        "([docs/benchmarks.md](docs/benchmarks.md) has every table and command):",
+        "([docs/benchmarks.md](docs/benchmarks.md) has the tables and commands, [lab/LOG.md](lab/LOG.md) the "
+        "experiments behind them):",
         f"- one DiT forward at {big}: stock {dit['stock', big]['ms_per_forward']:.0f} ms, best "
         f"{dit['best', big]['ms_per_forward']:.0f} ms ({dit['best', big]['speedup']:.2f}x);",
         f"- a 4-step edit (CFG 1) end to end: stock {e2e4['stock']['end_to_end_s']:.2f} s, best "
@@ -1172,11 +1184,41 @@ def headline() -> str:
         f"- the best configuration ready in {ready_new['prepare_s'] + ready_new['first_call_s']:.1f} s on a machine "
         f"that never compiled it, {ready_packaged['prepare_s'] + ready_packaged['first_call_s']:.1f} s on one given "
         f"its compiled package, {ready_restart['prepare_s'] + ready_restart['first_call_s']:.1f} s after a restart;",
-        f"- with FlashAttention-3's FP8 attention in place of cuDNN's (best-fa3, section 6): a 4-step edit "
+        f"- with FlashAttention-3's FP8 attention in place of cuDNN's (best-fa3, lab/LOG.md section 6): a 4-step edit "
         f"{fa3_e2e4['best-fa3']['end_to_end_s']:.2f} s, 40 steps {fa3_e2e40['best-fa3']['end_to_end_s']:.1f} s;",
         f"- switching fused LoRAs on {name(results('lora-switch'))}: {min(switches):.2f}-{max(switches):.2f} s, "
         "nothing recompiled.", ""])
 
+
+def current() -> str:
+    """docs/benchmarks.md's headline table: each figure of the targets, for best and best-fa3 against stock where
+    stock has one, with the run that measured it (device, torch, date, command, results folder)."""
+    rows = []
+
+    def add(figure: str, part: str, configuration: str, measured: float, stock: float | None = None) -> None:
+        rows.append({"figure": figure, "configuration": configuration, "measured": measured,
+                     "stock": stock or "", "speedup": stock / measured if stock else "", "run": source(part)})
+
+    big = "1024x1024"
+    for folder, preset in (("", "best"), (f"{FA3}/", "best-fa3")):
+        dit = _named_shape_rows(f"{folder}dit")
+        add(f"one DiT forward at {big} (ms)", f"{folder}dit", preset, dit[preset, big]["ms_per_forward"],
+            dit["stock", big]["ms_per_forward"])
+        for part in ("e2e-4", "e2e-40"):
+            found, e2e = results(f"{folder}{part}"), _named_rows(f"{folder}{part}")
+            add(f"{found['steps']} steps CFG {found['cfg_scale']:g} end to end (s)", f"{folder}{part}", preset,
+                e2e[preset]["end_to_end_s"], e2e["stock"]["end_to_end_s"])
+    for part, words in READY.items():
+        row = results(part)["rows"][0]
+        add(f"ready, {words.split(' (')[0]} (s)", part, name(row), row["prepare_s"] + row["first_call_s"])
+    switches = results("lora-switch")
+    add("slowest fused LoRA switch (s)", "lora-switch", name(switches), max(row["switch_s"] for row in switches["rows"]))
+    for part in ("card-48", "card-24"):
+        found = results(part)
+        add(f"{found['gpu_memory_gib']:g} GiB card: load and edit peak (GiB)", part, name(found["rows"][0]),
+            max(found["load_peak_gib"], found["rows"][0]["peak_gib"]))
+    return markdown_table(rows, {"figure": "figure", "configuration": "configuration", "measured": "measured",
+                                 "stock": "stock", "speedup": "speedup", "run": "measured on"}) + "\n"
 
 def targets() -> str:
     """Issue 16's and 17's targets against what the committed results measured."""
@@ -1210,7 +1252,7 @@ def targets() -> str:
                                  "configuration": "measured on"}) + "\n"
 
 
-SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
+SECTIONS = {"current": current, "targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
             "ready-again": ready_again, "restart-ab": restart_ab, "head-start": head_start,
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,
