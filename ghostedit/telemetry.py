@@ -385,7 +385,7 @@ class RunRecorder:
         synchronize(self.device)
         start = time.perf_counter()
         try:
-            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):  # for scripts/gpu/profile_edit.py
+            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):  # for lab/probes/profile_edit.py
                 yield
         finally:
             synchronize(self.device)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 
 from pathlib import Path
@@ -52,31 +51,6 @@ STEP_CACHE = "step-cache"
 
 # What a first run does once, before the edit itself
 ONE_TIME_STAGES = ("load", "prepare", "LoRA switch", "compile warm-up")
-
-
-def add_edit_probe_arguments(parser, config: str = "best") -> None:
-    """The options the whole-edit probes of scripts/gpu share: where results go, the configuration, and the edit's
-    steps, CFG and size (the full-size synthetic model on the GPU; `--model tiny --device cpu` rehearses)."""
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--config", default=config)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--cfg", type=float, default=1.0)
-    parser.add_argument("--side", type=int, default=1024)
-    parser.add_argument("--model", default="synthetic", help="tiny with --device cpu rehearses the script")
-    parser.add_argument("--device", default="cuda")
-
-
-def edit_probe(args):
-    """A whole-edit probe's engine (its --model on its --device) and the bench's edit (its image and default prompt)
-    at the probe's size, steps and CFG: (engine, request)."""
-    from PIL import Image
-
-    from ..arguments import DEFAULT_PROMPT
-    from ..config import EditRequest
-    from ..engine import Engine
-    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt=DEFAULT_PROMPT, width=args.side,
-                          height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
-    return Engine(args.model, device=args.device), request
 
 
 def stage_medians(summaries: list[dict], stages) -> dict[str, float]:

@@ -325,7 +325,7 @@ def restart_ab() -> str:
                                   "first": "first forward s", "trace": "of it Dynamo's trace s",
                                   "compiler": "of it the compile cache's lookups and loads s",
                                   "collections": "of it garbage collections s"})
-    return (f"A restarted process's first forward of best at 1024x1024 (`scripts/gpu/profile_first_call.py restart`, "
+    return (f"A restarted process's first forward of best at 1024x1024 (`lab/probes/profile_first_call.py restart`, "
             f"variants in processes of their own, alternating, each A/B on one machine, "
             f"{_probe_ran_on(f'{RESTART_AB}/compile-keys')}, `lab/results/{RESTART_AB}/`):\n\n{table}\n")
 
@@ -375,7 +375,7 @@ def multi_kernel() -> str:
             f"on {name(with_it)} at 1024x1024 on "
             f"{_ran_on(environment)}: the first forward of a "
             f"process that never compiled took {cold['best']['first_call_s']:.1f} s with it and "
-            f"{cold['without-multi-kernel']['first_call_s']:.1f} s without (`scripts/gpu/profile_first_call.py "
+            f"{cold['without-multi-kernel']['first_call_s']:.1f} s without (`lab/probes/profile_first_call.py "
             f"cold`, empty compile caches each; Inductor's code "
             f"generation {_inductor_codegen_s(cold['best']):.1f} s against "
             f"{_inductor_codegen_s(cold['without-multi-kernel']):.1f}); in one process (`{environment['command']}`, "
@@ -408,7 +408,7 @@ def persistent_rows() -> str:
     def reductions(label: str) -> str:
         kinds = calls[label]["generated_reductions"]
         return f"{kinds['persistent']} persistent and {kinds['looped']} looped"
-    return (f"The first forward of a process that never compiled (`scripts/gpu/profile_first_call.py cold`, empty "
+    return (f"The first forward of a process that never compiled (`lab/probes/profile_first_call.py cold`, empty "
             f"compile caches each, the compile workers started as preparation begins; "
             f"`lab/results/persistent-rows/first-call/`): {calls['cold-best']['first_call_s']:.1f} s with "
             f"inductor-multi-kernel, {calls['cold-rows']['first_call_s']:.1f} s with inductor-persistent-rows "
@@ -587,7 +587,7 @@ def profile() -> str:
                                   "ideal": "at the ceiling ms (the FP8 GEMM and bf16 attention rates of the brief)"})
     top = "\n".join(f"- {kernel['name'][:90]}: {kernel['ms']:.1f} ms" for kernel in variant["top_kernels"][:6])
     return (f"torch.profiler over three forwards of {_label_named(found['config'])} at 1024x1024 "
-            f"(`scripts/gpu/profile_dit.py`, {_ran_on(found, committed=path)}, `lab/results/profile/`). "
+            f"(`lab/probes/profile_dit.py`, {_ran_on(found, committed=path)}, `lab/results/profile/`). "
             f"The CPU hands one forward to the GPU in "
             f"{variant['cpu_launch_ms']:.1f} ms, and the forward makes it wait for the GPU "
             f"{variant['synchronizing_calls']} time(s).\n\n{table}\n\nLargest kernels:\n{top}\n")
@@ -619,7 +619,7 @@ def _fastest(kernels: dict, prefix: str, timing: str = "ms") -> tuple[str, dict]
 
 def fused_gelu() -> str:
     """Section 6: the feed-forward layers' GELU and FP8 quantization in one kernel (ghostedit/optimize/fp8_mlp.py):
-    the kernel alone against Inductor's and other layouts (scripts/gpu/gelu_quant_probe.py), then the feed-forward
+    the kernel alone against Inductor's and other layouts (gelu_quant_probe.py (retired)), then the feed-forward
     layer and the DiT forward with and without it."""
     path = LAB / "gelu-quant" / "gelu-quant.json"
     found = json.loads(path.read_text())
@@ -642,7 +642,7 @@ def fused_gelu() -> str:
     layer = found["feed_forward"]
     fused, without = _with_and_without(results("fused-gelu")["rows"], "fused-gelu-quant")
     environment = results("fused-gelu")["environment"]
-    return (f"The GELU and its quantization alone at 1024x1024, 12288 values a row (`scripts/gpu/gelu_quant_probe.py`, "
+    return (f"The GELU and its quantization alone at 1024x1024, 12288 values a row (`gelu_quant_probe.py` (retired), "
             f"{_ran_on(found, committed=path)}, `lab/results/gelu-quant/`; "
             f"the reference: torchao's quantization of the GELU computed in float32):\n\n{table}\n\n"
             f"One image-stream feed-forward layer, compiled: {layer['torchao + inductor']['ms'] * 1000:.0f} us with "
@@ -656,8 +656,8 @@ def fused_gelu() -> str:
 
 
 def attention_io() -> str:
-    """Section 6: the FP8 attention's q/k kernel alone (scripts/gpu/qk_norm_rope_probe.py), then best with and
-    without its two attention rewrites in processes of their own, alternating (scripts/gpu/alternate.sh)."""
+    """Section 6: the FP8 attention's q/k kernel alone (qk_norm_rope_probe.py (retired)), then best with and
+    without its two attention rewrites in processes of their own, alternating (lab/probes/alternate.sh)."""
     path = LAB / "qk-norm-rope" / "qk-norm-rope.json"
     found = json.loads(path.read_text())
     variants = found["variants"]
@@ -678,26 +678,26 @@ def attention_io() -> str:
                                   "differing": "share of FP8 values unlike the compiled code's"})
     before, after = (_profiled(f"earlier/profile-{when}-attention-io") for when in ("before", "after"))
     return (f"The FP8 attention's q and k prepared at 1024x1024, both streams, 24 heads of 128 "
-            f"(`scripts/gpu/qk_norm_rope_probe.py`, {_ran_on(found, committed=path)}, "
+            f"(`qk_norm_rope_probe.py` (retired), {_ran_on(found, committed=path)}, "
             f"`lab/results/qk-norm-rope/`):\n\n{table}\n\n"
-            f"{_alternating('attention-io')}. The kernels of one forward (`scripts/gpu/profile_dit.py`) summed to "
+            f"{_alternating('attention-io')}. The kernels of one forward (`lab/probes/profile_dit.py`) summed to "
             f"{before['total_kernel_ms']:.1f} ms before the two rewrites and {after['total_kernel_ms']:.1f} ms with "
             "them.\n")
 
 
 def _alternating(folder: str) -> str:
-    """An A/B of scripts/gpu/alternate.sh in `lab/results/<folder>/` (a results.json per process, in run order),
+    """An A/B of lab/probes/alternate.sh in `lab/results/<folder>/` (a results.json per process, in run order),
     in words: where and how it ran, and each process's configuration and forward."""
     processes = _alternate_processes(folder)
     runs = ", ".join(f"{name(process['rows'][0])} {process['rows'][0]['ms_per_forward']:.1f} ms"
                      for process in processes)
     environment = processes[0]["environment"]
     return (f"One DiT forward at 1024x1024, each configuration in {len(processes) // 2} processes of its own, "
-            f"alternating (`scripts/gpu/alternate.sh`, {_ran_on(environment)}, `lab/results/{folder}/`): {runs}")
+            f"alternating (`lab/probes/alternate.sh`, {_ran_on(environment)}, `lab/results/{folder}/`): {runs}")
 
 
 def _alternate_processes(folder: str) -> list[dict]:
-    """The results.json of each process of scripts/gpu/alternate.sh in `lab/results/<folder>/`, in run order."""
+    """The results.json of each process of lab/probes/alternate.sh in `lab/results/<folder>/`, in run order."""
     return [json.loads((run / "results.json").read_text()) for run in sorted((LAB / folder).iterdir())]
 
 
@@ -723,11 +723,11 @@ def e2e_order() -> str:
 
 def carried_residual() -> str:
     """Section 6: best with and without carried-residual in processes of their own, alternating
-    (scripts/gpu/alternate.sh), and the kernels of a forward before and after (scripts/gpu/profile_dit.py)."""
+    (lab/probes/alternate.sh), and the kernels of a forward before and after (lab/probes/profile_dit.py)."""
     before, after = (_profiled(f"earlier/profile-before-{change}") for change in ("carried-residual",
                                                                                   "persistent-rows"))
     return (f"{_alternating('carried-residual/alternating')}. The kernels of one forward "
-            f"(`scripts/gpu/profile_dit.py`, before it and with it: "
+            f"(`lab/probes/profile_dit.py`, before it and with it: "
             f"`lab/results/earlier/profile-before-carried-residual/` and "
             f"`lab/results/earlier/profile-before-persistent-rows/`): Inductor's kernels "
             f"{before['families_ms']['inductor']:.1f} ms before, {after['families_ms']['inductor']:.1f} ms with it; "
@@ -735,7 +735,7 @@ def carried_residual() -> str:
 
 
 def fused_qkv() -> str:
-    """Section 6: best with and without fused-qkv in processes of their own, alternating (scripts/gpu/alternate.sh),
+    """Section 6: best with and without fused-qkv in processes of their own, alternating (lab/probes/alternate.sh),
     and fused LoRA switches on best + fused-qkv (bench.sh lora-switch with it as BEST)."""
     switched = results("fused-qkv/lora-switch")
     seconds = [row["switch_s"] for row in switched["rows"]]
@@ -747,7 +747,7 @@ def fused_qkv() -> str:
 
 
 def cuda_graph() -> str:
-    """Section 1: best with and without cuda-graph in processes of their own, alternating (scripts/gpu/alternate.sh),
+    """Section 1: best with and without cuda-graph in processes of their own, alternating (lab/probes/alternate.sh),
     and in one process each of best and exact after the same configuration without it, where the outputs compare."""
     checks = []
     for preset in ("best", "exact"):
@@ -788,10 +788,10 @@ def whole_forward_graph() -> str:
     first = folder / "1-block-loop-graph" / "profile.json"
     found = json.loads(first.read_text())
     return (f"One DiT forward of {_label_named(found['config'])} at 1024x1024 in four processes on one machine, "
-            f"alternating the code before and after (`scripts/gpu/profile_dit.py --engine-only`, "
+            f"alternating the code before and after (`lab/probes/profile_dit.py --engine-only`, "
             f"{_ran_on(found, committed=first)}, "
             f"`lab/results/{WHOLE_FORWARD}/`):\n\n{table}\n\n"
-            f"Replayed against run from Python, four forwards of varied inputs each (`scripts/gpu/graph_check.py`, "
+            f"Replayed against run from Python, four forwards of varied inputs each (`tests/gpu/graph_check.py`, "
             f"same machine): {runs}.\n")
 
 
@@ -807,7 +807,7 @@ def stream_gemm() -> str:
                                   "side": "text on a second stream", "grouped": "one grouped GEMM, no bias"})
     modulation = found["modulation"]
     return (f"A block's GEMMs at 1024x1024 (8192 image rows, 256 text rows), each 60 times over in one CUDA graph, "
-            f"ms (`scripts/gpu/stream_gemm_probe.py`, {_ran_on(found, committed=path)}, "
+            f"ms (`stream_gemm_probe.py` (retired), {_ran_on(found, committed=path)}, "
             f"`lab/results/stream-gemm/`):\n\n{table}\n\nThe 120 modulation GEMVs of a forward: "
             f"{modulation['layer by layer ms']:.2f} ms one by one ({modulation['GB/s layer by layer']:.0f} GB/s), "
             f"{modulation['joined ms']:.2f} ms as one GEMV over their weights joined "
@@ -859,13 +859,13 @@ def text_side_stream() -> str:
     streams = _second_stream(LAB / TEXT_SIDE / "profile-side" / "trace.json.gz", with_it["total_kernel_ms"])
     return (f"One block's layers at 1024x1024 (8192 image rows; the engine's kernels: rowwise FP8 GEMMs, GhostEdit's "
             f"GELU quantization, a LayerNorm with its FP8 cast), 60 times over in one CUDA graph, ms "
-            f"(`scripts/gpu/overlap_probe.py`, {_ran_on(probe, committed=path)}, "
+            f"(`overlap_probe.py` (retired), {_ran_on(probe, committed=path)}, "
             f"`lab/results/{TEXT_SIDE}/overlap/`):\n\n{table}\n\n"
             f"One DiT forward of best at 1024x1024, 256 text tokens, without and with the rewrite, each in "
-            f"{len(processes) // 2} processes of its own, alternating (`scripts/gpu/alternate.sh`, "
+            f"{len(processes) // 2} processes of its own, alternating (`lab/probes/alternate.sh`, "
             f"{_ran_on(processes[0]['environment'])}, `lab/results/{TEXT_SIDE}/alternating/`): {forwards}. "
-            f"Its replayed outputs equal to best's, four inputs each (`scripts/gpu/graph_check.py --same-as best`): "
-            f"{equal}. The kernels of one forward (`scripts/gpu/profile_dit.py --trace`, same machine): without it "
+            f"Its replayed outputs equal to best's, four inputs each (`tests/gpu/graph_check.py --same-as best`): "
+            f"{equal}. The kernels of one forward (`lab/probes/profile_dit.py --trace`, same machine): without it "
             f"{without['total_kernel_ms']:.1f} ms, all on one stream; with it {with_it['total_kernel_ms']:.1f} ms, "
             f"{streams['side']:.1f} ms of them on the second stream, {streams['gemm']:.1f} ms of that beside the image "
             f"stream's GEMMs and {streams['other']:.1f} ms beside its other kernels.\n")
@@ -898,7 +898,7 @@ def _second_stream(trace: Path, kernel_ms_per_forward: float) -> dict:
 
 
 def profile_edit() -> str:
-    """Where a whole edit's time goes: each stage's wall time against its GPU kernels (scripts/gpu/profile_edit.py)."""
+    """Where a whole edit's time goes: each stage's wall time against its GPU kernels (lab/probes/profile_edit.py)."""
     found = results("profile-edit")
     rows = [{"stage": row["stage"], "wall": row["wall_s"], "gpu": row["gpu_s"], "idle": row["idle_s"],
              "top": row["top"][0]["name"][:60] if row["top"] else ""} for row in found["rows"]]
@@ -907,12 +907,12 @@ def profile_edit() -> str:
     environment = found["environment"]
     return (f"One warm edit of {name(found)} at {found['side']}x{found['side']}, {found['steps']} steps, CFG "
             f"{found['cfg']:g}, {found['total_s']:.2f} s; its kernels from a torch.profiler trace of the next edit "
-            f"(`scripts/gpu/profile_edit.py`, {_ran_on(environment)}, `lab/results/profile-edit/`).\n\n{table}\n")
+            f"(`lab/probes/profile_edit.py`, {_ran_on(environment)}, `lab/results/profile-edit/`).\n\n{table}\n")
 
 
 def run_toggles() -> str:
     """Section 6: the encoders' run-time toggles A/B'd on one prepared pipeline, in rotating turns
-    (scripts/gpu/run_toggles_probe.py): each stage's median per variant, and its image against the base's."""
+    (run_toggles_probe.py (retired)): each stage's median per variant, and its image against the base's."""
     found = results("run-toggles")
     base = next(row for row in found["rows"] if row["variant"] == "base")
     rows = []
@@ -934,14 +934,14 @@ def run_toggles() -> str:
              f"warmed up and captured every layer: {graphed_first:.3f} s of text encoding.\n")
     return (f"The base is {name(base)}, the text encoder and VAE as released: whole edits at {found['side']}x"
             f"{found['side']}, {found['steps']} steps, CFG {found['cfg']:g}, {found['rounds']} warm edits of each variant in turns whose order rotates, medians "
-            f"(`scripts/gpu/run_toggles_probe.py`, {_ran_on(environment)}, `lab/results/run-toggles/`). "
+            f"(`run_toggles_probe.py` (retired), {_ran_on(environment)}, `lab/results/run-toggles/`). "
             "The base's own row compares two of its warm "
             f"images.\n\n{markdown_table(rows, columns)}\n{after}")
 
 
 def attention_lengths() -> str:
     """Section 6: cuDNN's FP8 attention at prompt lengths that make the joint sequence a multiple of 128 or not
-    (scripts/gpu/attention_plans_probe.py), and a DiT forward at the bench's and an edit's prompt length."""
+    (attention_plans_probe.py (retired)), and a DiT forward at the bench's and an edit's prompt length."""
     folder = LAB / "attention-lengths"
     path = folder / "attention-plans.json"
     found = json.loads(path.read_text())
@@ -963,8 +963,8 @@ def attention_lengths() -> str:
                         for tokens, found_dit in forwards.items())
     return (f"cuDNN's FP8 attention alone, {found['shape']['heads']} heads of {found['shape']['head_dim']}, "
             f"{found['shape']['image_tokens']} image tokens and three prompt lengths, cuDNN's first plan (the "
-            f"engine's), per call over calls back to back (`scripts/gpu/attention_plans_probe.py --text-tokens 256 "
-            f"214 300`, {_ran_on(found, committed=path)}, "
+            f"engine's), per call over calls back to back (`attention_plans_probe.py --text-tokens 256 "
+            f"214 300` (retired), {_ran_on(found, committed=path)}, "
             f"`lab/results/attention-lengths/`):\n\n{table}\n\nOne DiT forward of "
             f"{name(forwards[214]['rows'][0])} at 1024x1024 in processes of its own: {forward} ({environment['gpu']}, "
             f"{environment['date']}, `ghostedit bench --level dit --text-tokens N`, "
@@ -981,7 +981,7 @@ def _cudnn_words(version: int) -> str:
 
 def cudnn_version() -> str:
     """Section 6: cuDNN's FP8 attention and the best forward on torch's pinned cuDNN and a newer one
-    (scripts/gpu/library_ab.sh: the attention plans probe per version, then DiT processes alternating)."""
+    (library_ab.sh (retired): the attention plans probe per version, then DiT processes alternating)."""
     folder = LAB / CUDNN_AB
     rows = []
     for variant in ("pinned", "newer"):
@@ -1005,7 +1005,7 @@ def cudnn_version() -> str:
     forwards = ", ".join(f"cuDNN {_cudnn_words(process['environment']['cudnn'])} "
                          f"{process['rows'][0]['ms_per_forward']:.1f} ms" for process in processes)
     return (f"cuDNN's FP8 attention alone, 24 heads of 128, 8192 image tokens, per call over calls back to back, on "
-            f"torch's pinned cuDNN and on a newer one (`scripts/gpu/library_ab.sh`, "
+            f"torch's pinned cuDNN and on a newer one (`library_ab.sh` (retired), "
             f"{_ran_on(found, committed=path)}, `lab/results/{CUDNN_AB}/`):\n\n{table}\n\n"
             f"One DiT forward of {name(processes[0]['rows'][0])} at 1024x1024, each cuDNN in "
             f"{len(processes) // 2} processes of its own, alternating ({_ran_on(processes[0]['environment'])}): "
@@ -1035,7 +1035,7 @@ def _fa3_kernel_rows(folder: str = "attention") -> tuple[list[dict], str, dict]:
 
 
 def _e2e_alternating() -> str:
-    """Whole edits of best and best-fa3 in processes of their own (scripts/gpu/alternate.sh with LEVEL=e2e), the
+    """Whole edits of best and best-fa3 in processes of their own (lab/probes/alternate.sh with LEVEL=e2e), the
     order swapped in the second round."""
     runs = []
     for folder in sorted((LAB / FA3).glob("e2e-ab-*")):
@@ -1046,7 +1046,7 @@ def _e2e_alternating() -> str:
                         f"{forty['rows'][0]['end_to_end_s']:.2f} s")
     return (f"Whole edits at 1024x1024 (4 steps CFG 1, median of {four['repeats']}; then 40 steps CFG 4, one run), "
             f"each configuration in two processes of its own, in turns ({_ran_on(four['environment'])}, "
-            f"`LEVEL=e2e scripts/gpu/alternate.sh`, `lab/results/{FA3}/e2e-ab-*/`): {'; '.join(runs)}.")
+            f"`LEVEL=e2e lab/probes/alternate.sh`, `lab/results/{FA3}/e2e-ab-*/`): {'; '.join(runs)}.")
 
 
 def fa3_fp8() -> str:
@@ -1067,7 +1067,7 @@ def fa3_fp8() -> str:
                          for (config, shape), row in _named_shape_rows(f"{FA3}/dit").items() if config == "best-fa3")
     return (f"The FP8 attention alone, {shape['heads']} heads of {shape['head_dim']}, "
             f"{shape.get('image_tokens', 8192)} image tokens, median of CUDA-event timings "
-            f"(`scripts/gpu/attention_probe.py --text-tokens 256 214 300`, {probe_ran_on}, "
+            f"(`lab/probes/attention_probe.py --text-tokens 256 214 300`, {probe_ran_on}, "
             f"`lab/results/{FA3}/attention/`). The kernel alone takes FP8 inputs in the engine's "
             "layout; the compiled path quantizes bf16 q, k and v and gives bf16 out (cuDNN's output dequantized):\n\n"
             f"{table}\n\nThe kernels alone again, with the wheel `scripts/gpu/build_fa3_wheel.sh` builds (the table's "
@@ -1094,7 +1094,7 @@ def fa3_fp8() -> str:
 
 
 def vae_norm() -> str:
-    """Section 6: the VAE's RMS norm and SiLU as released against GhostEdit's kernel (scripts/gpu/vae_norm_probe.py)."""
+    """Section 6: the VAE's RMS norm and SiLU as released against GhostEdit's kernel (vae_norm_probe.py (retired))."""
     from ghostedit.optimize import vae_frames
     found = results("vae-norm")
     engine_setting = f"chunks, {vae_frames.ROW_VALUES} values, {vae_frames.WARPS} warps"
@@ -1116,7 +1116,7 @@ def vae_norm() -> str:
     environment = found["environment"]
     return (f"The VAE's RMS norm and the SiLU after it on a channels-last bf16 input, as released and in "
             f"GhostEdit's kernel as the engine runs it ({engine_setting}), beside PyTorch's copy of the same bytes "
-            f"(`scripts/gpu/vae_norm_probe.py`, {_ran_on(environment)}, `lab/results/vae-norm/`):\n\n{table}\n")
+            f"(`vae_norm_probe.py` (retired), {_ran_on(environment)}, `lab/results/vae-norm/`):\n\n{table}\n")
 
 
 def attention() -> str:
@@ -1128,7 +1128,7 @@ def attention() -> str:
                                   "error": "rel. error vs fp32"})
     shape = found["shape"]
     return (f"Attention alone, {shape['heads']} heads x {shape['head_dim']}, {shape['tokens']} tokens "
-            f"(`scripts/gpu/attention_probe.py`, {_ran_on(found, committed=path)}, "
+            f"(`lab/probes/attention_probe.py`, {_ran_on(found, committed=path)}, "
             f"`lab/results/attention/`).\n\n{table}\n")
 
 
@@ -1212,7 +1212,8 @@ def current() -> str:
         row = results(part)["rows"][0]
         add(f"ready, {words.split(' (')[0]} (s)", part, name(row), row["prepare_s"] + row["first_call_s"])
     switches = results("lora-switch")
-    add("slowest fused LoRA switch (s)", "lora-switch", name(switches), max(row["switch_s"] for row in switches["rows"]))
+    add("slowest fused LoRA switch (s)", "lora-switch", name(switches),
+        max(row["switch_s"] for row in switches["rows"]))
     for part in ("card-48", "card-24"):
         found = results(part)
         add(f"{found['gpu_memory_gib']:g} GiB card: load and edit peak (GiB)", part, name(found["rows"][0]),
@@ -1252,7 +1253,8 @@ def targets() -> str:
                                  "configuration": "measured on"}) + "\n"
 
 
-SECTIONS = {"current": current, "targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
+SECTIONS = {"current": current, "targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes,
+            "ready": ready,
             "ready-again": ready_again, "restart-ab": restart_ab, "head-start": head_start,
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,

@@ -10,7 +10,7 @@
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
 #     e2e     whole edits at 1024x1024: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning schedule, a fused
 #             LoRA costing no time per step), then e2e-40, 40 steps CFG 4 (stock, best, best + $STEP_CACHE); stock
-#             in one process, best in another. The compiled text encoder was measured once (docs/benchmarks.md,
+#             in one process, best in another. The compiled text encoder was measured once (lab/LOG.md,
 #             section 3), not in every run
 #   scripts/gpu/bench.sh cold      the never-compiled first use of ready again in five new processes one after
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
@@ -97,8 +97,8 @@ cold() {  # the never-compiled first use again in $COLD_PROCESSES new processes 
 }
 
 # Stock and best each in a process of their own (configurations measured one after another in one process measured
-# slower the later they came: docs/benchmarks.md, section 3), each process running e2e-4 and then e2e-40 (the
-# weights built once: the process-time block of docs/benchmarks.md says what a process costs). Best's process reads
+# slower the later they came: lab/LOG.md, section 3), each process running e2e-4 and then e2e-40 (the
+# weights built once: the process-time block of lab/LOG.md says what a process costs). Best's process reads
 # stock's rows and images as every row's reference (--baseline-from).
 E2E_4=(--steps 4 --cfg 1 --repeats 6)
 E2E_40=(--steps 40 --cfg 4 --repeats 0 ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"})

@@ -1,6 +1,6 @@
 """Toggle `text-encoder`: how the 7B text encoder runs. `compiled`: torch.compile of each of its decoder layers and
 vision blocks (regional, dynamic shapes), for a text encoder that an H100 profile showed idle most of its stage
-while Python launched its small kernels one by one (docs/benchmarks.md, section 6). The text encoder is shared by
+while Python launched its small kernels one by one (lab/LOG.md, section 6). The text encoder is shared by
 every configuration, so the compiled layers are set for the run and put back after it; Dynamo keeps their code, so
 only the first run compiles (inside its text-encoding stage). `joined-windows`: the vision tower's windowed
 attention in one call per block (optimize/vision_windows.py), also set for the run only. `graphed`: the windows

@@ -1,4 +1,4 @@
-"""Python's garbage-collection pauses, timed per generation through gc.callbacks: for the probes of scripts/gpu that
+"""Python's garbage-collection pauses, timed per generation through gc.callbacks: for the probes of lab/probes that
 ask whether collections explain a stage's time (a warm edit's stages, a first call's preparation and trace)."""
 from __future__ import annotations
 

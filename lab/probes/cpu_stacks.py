@@ -1,9 +1,9 @@
 """Where the CPU's time goes in warm edits: reads a sampling profile (py-spy's raw format: one stack per line, its
-frames joined by ';', then its sample count) of `scripts/gpu/profile_edit.py --cpu-runs N` and keeps the samples
+frames joined by ';', then its sample count) of `lab/probes/profile_edit.py --cpu-runs N` and keeps the samples
 under cpu_sampled_runs.
 
-    py-spy record --rate 500 --format raw -o stacks.txt -- python3 scripts/gpu/profile_edit.py --cpu-runs 10
-    python3 scripts/gpu/cpu_stacks.py stacks.txt [--top 40] [--json FILE]
+    py-spy record --rate 500 --format raw -o stacks.txt -- python3 lab/probes/profile_edit.py --cpu-runs 10
+    python3 lab/probes/cpu_stacks.py stacks.txt [--top 40] [--json FILE]
 Prints, per function, the share of those samples it was on the stack for (inclusive) and at the top of (own).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Attention alone at the DiT's shape: every backend available here, exact and lossy, timed and checked.
 
-On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 scripts/gpu/attention_probe.py [--out DIR]
+On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 lab/probes/attention_probe.py [--out DIR]
 A 1024x1024 edit: 24 heads of 128, 8192 image + 256 text tokens (or each length of --text-tokens), q and k of unit
 RMS per head (as after the DiT's RMSNorm) and v of unit variance. Per backend: the median of CUDA-event timings
 after warm-up, TFLOP/s, and the relative error against float32 attention. For each FP8 attention also the kernel

@@ -2,7 +2,7 @@
 then in a new process that finds the cache on disk (a restart).
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):
-    python3 scripts/gpu/profile_first_call.py cold [CONFIG]; python3 scripts/gpu/profile_first_call.py restart --cprofile [CONFIG]
+    python3 lab/probes/profile_first_call.py cold [CONFIG]; python3 lab/probes/profile_first_call.py restart --cprofile [CONFIG]
 Builds the full-size synthetic DiT alone, prepares the configuration (default: the bench's best), and runs its
 first forward (with --cprofile, the preparation and the first forward under cProfile, which slows Python-heavy
 work). Writes first-call-<label>.json:
@@ -28,11 +28,12 @@ from pathlib import Path
 import torch
 
 from ghostedit.bench.dit import dit_inputs, running
-from ghostedit.bench.gc_pauses import CollectorPauses
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.optimize import compile as compile_blocks
 from ghostedit.telemetry import RunRecorder
+
+from gc_pauses import CollectorPauses  # beside this script
 
 
 def top_functions(profile: cProfile.Profile, key: str, count: int = 40) -> list[str]:

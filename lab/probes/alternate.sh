@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # An A/B of two configurations' DiT forward at 1024x1024, each measured in a process of its own, alternating
 # A, B, A, B: configurations prepared one after another in one process measured slower the later they came
-# (docs/benchmarks.md, section 6), so an A/B inside one process favours whichever runs first.
-#   scripts/gpu/alternate.sh NAME CONFIG_A CONFIG_B [ROUNDS]     (default 2 rounds; the first of each compiles)
+# (lab/LOG.md, section 6), so an A/B inside one process favours whichever runs first.
+#   lab/probes/alternate.sh NAME CONFIG_A CONFIG_B [ROUNDS]     (default 2 rounds; the first of each compiles)
 # TEXT_TOKENS (default 256) sets the prompt's length: 214 is an edit's. LEVEL=e2e measures whole edits instead, as
 # `bench.sh e2e` does: e2e-4 then e2e-40 (in <round>-<a|b>-40/) in each process, at the edit's own prompt length.
 # Results: $RESULTS/NAME/<round>-<a|b>/results.json; with $OUT set (the device tool's folder), $OUT/NAME.tar.gz.

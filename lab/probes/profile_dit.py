@@ -1,7 +1,7 @@
 """Where the time of one DiT forward goes, for the best configuration, and what compile settings change it.
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):
-    python3 scripts/gpu/profile_dit.py [--config CONFIG] [--engine-only] [--out DIR]
+    python3 lab/probes/profile_dit.py [--config CONFIG] [--engine-only] [--out DIR]
 Builds the full-size synthetic DiT alone, times the configuration's forward (CUDA events, median after warm-up,
 first call apart; and the CPU's time to hand a forward to the GPU, with the calls that make it wait) with its blocks
 compiled two ways: as the engine compiles them (dynamic shapes) and for static

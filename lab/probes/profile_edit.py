@@ -2,8 +2,8 @@
 what runs outside the named stages. For issue 17's second target (4 steps, CFG 1, at most 0.9 s end to end).
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):
-    python3 scripts/gpu/profile_edit.py [--config best] [--steps 4] [--cfg 1] [--side 1024] [--out DIR]
-    py-spy record --format raw -o stacks.txt -- python3 scripts/gpu/profile_edit.py --cpu-runs 10 (see cpu_stacks.py)
+    python3 lab/probes/profile_edit.py [--config best] [--steps 4] [--cfg 1] [--side 1024] [--out DIR]
+    py-spy record --format raw -o stacks.txt -- python3 lab/probes/profile_edit.py --cpu-runs 10 (see cpu_stacks.py)
 Loads the full-size synthetic model (`--model tiny --device cpu` rehearses on a CPU), runs the edit twice (load, prepare and compile; then warm), then profiles a
 third run with torch.profiler. The stages are the ranges RunRecorder.stage names in the trace; a kernel belongs to
 the stage its launch falls in. Wall times are the warm run's, kernel times the profiled run's. Writes DIR/profile-edit/results.json and prints the table.
@@ -19,8 +19,9 @@ import torch
 
 from ghostedit import OptimizationConfig
 from ghostedit.bench.output import environment, markdown_table
-from ghostedit.bench.pipeline import add_edit_probe_arguments, edit_probe
 from ghostedit.telemetry import STAGE_RANGE
+
+from edit_probe import add_edit_probe_arguments, edit_probe  # beside this script
 
 OUTSIDE = "outside the named stages"
 
@@ -71,7 +72,7 @@ def main() -> None:
                         "function's own and cumulative seconds (the profiler's overhead included), the largest kept in "
                         "DIR/profile-edit/python.json")
     parser.add_argument("--cpu-runs", type=int, default=0, help="then this many warm edits in cpu_sampled_runs, for a "
-                        "sampling profiler run around the script (scripts/gpu/cpu_stacks.py reads its samples)")
+                        "sampling profiler run around the script (lab/probes/cpu_stacks.py reads its samples)")
     args = parser.parse_args()
     engine, request = edit_probe(args)
     config = OptimizationConfig.parse(args.config)
@@ -124,7 +125,7 @@ def python_profile(engine, request, config, path: Path, keep: int = 120) -> None
 
 
 def cpu_sampled_runs(engine, request, config, runs: int) -> None:
-    """Warm edits whose samples scripts/gpu/cpu_stacks.py keeps: they are the samples under this function."""
+    """Warm edits whose samples lab/probes/cpu_stacks.py keeps: they are the samples under this function."""
     for _ in range(runs):
         engine.run(request, config)
 
