@@ -6,7 +6,7 @@ capture makes from pinned constants), each output compared with torch.equal, and
 With --same-as CONFIG, a second configuration prepared beside it (a lossless rewrite's configuration without the
 rewrite): its replayed outputs are compared with the first's, input by input.
 
-On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 scripts/gpu/graph_check.py [--out DIR]
+On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 tests/gpu/graph_check.py [--out DIR]
 Writes graph-check.json.
 """
 from __future__ import annotations

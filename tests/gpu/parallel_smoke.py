@@ -4,7 +4,7 @@ compared), through CFG parallel and Ulysses in turn, with a configuration's togg
 trace and compile inside the compiled blocks, that the attention backends (the FP8 one included) take the
 redistributed heads, and how long a step takes on half of the work (a bound, not a measurement of a real mesh).
 
-  python scripts/gpu/parallel_smoke.py --model synthetic --device cuda --config best --side 1024 --steps 3
+  python tests/gpu/parallel_smoke.py --model synthetic --device cuda --config best --side 1024 --steps 3
 """
 from __future__ import annotations
 

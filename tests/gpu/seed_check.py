@@ -1,11 +1,11 @@
 """Do the synthetic model's text encoder and VAE get the same weights whatever the process did before? (The 2-GPU run
-of docs/benchmarks.md section 8 found they did not: only the DiT was seeded.) On one GPU, after setup.sh:
+of lab/LOG.md section 8 found they did not: only the DiT was seeded.) On one GPU, after setup.sh:
     for mode in seeded unseeded; do for history in plain disturbed; do
-      python3 scripts/gpu/seed_check.py $mode $history; done; done
+      python3 tests/gpu/seed_check.py $mode $history; done; done
 seeded: the code as it is; unseeded: each component's seed taken away (the code before the fix). disturbed: the
 process first draws random numbers on the GPU and the CPU and opens an NCCL group with a device mesh, as a torchrun
 rank does. Prints each component's weight fingerprint (the DiT is a stand-in: it was always seeded); the seeded
-lines must agree. The run of 2026-11-24 is in docs/benchmarks/parallel/seed-check.txt."""
+lines must agree. The run of 2026-11-24 is in lab/results/parallel/seed-check.txt."""
 import contextlib
 import json
 import sys
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "gpu"))
 from parallel_bench import weights_fingerprint  # noqa: E402
 
 from ghostedit.models import synthetic  # noqa: E402
