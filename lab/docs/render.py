@@ -1253,11 +1253,11 @@ def targets() -> str:
                                  "configuration": "measured on"}) + "\n"
 
 
-SECTIONS = {"current": current, "targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes,
-            "ready": ready,
+SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
             "ready-again": ready_again, "restart-ab": restart_ab, "head-start": head_start,
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,
+            "current": current,
             "process-time": process_time, "lora-switch": lora_switch, "profile": profile, "fused-gelu": fused_gelu,
             "attention-io": attention_io, "cuda-graph": cuda_graph, "whole-forward-graph": whole_forward_graph,
             "stream-gemm": stream_gemm, "text-side-stream": text_side_stream, "pdl": pdl,
@@ -1270,6 +1270,15 @@ SECTIONS = {"current": current, "targets": targets, "headline": headline, "memor
             "parallel": parallel}
 
 
+def blocks(text: str) -> list[tuple[str, str]]:
+    """(name, body) of each generated block in a document."""
+    return [(match["name"], match["body"]) for match in BLOCK.finditer(text)]
+
+
+def rewrite(text: str) -> str:
+    return BLOCK.sub(lambda match: match[1] + SECTIONS[match["name"]]() + match[4], text)
+
+
 def package_data() -> str:
     """ghostedit/data/figures.json: what the app reads at run time of the committed results (figures.READS)."""
     data = {}
@@ -1280,15 +1289,6 @@ def package_data() -> str:
                       **{key: found[key] for key in keys},
                       "rows": [{key: row[key] for key in row_keys if key in row} for row in found["rows"]]}
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
-
-
-def blocks(text: str) -> list[tuple[str, str]]:
-    """(name, body) of each generated block in a document."""
-    return [(match["name"], match["body"]) for match in BLOCK.finditer(text)]
-
-
-def rewrite(text: str) -> str:
-    return BLOCK.sub(lambda match: match[1] + SECTIONS[match["name"]]() + match[4], text)
 
 
 def main() -> None:
