@@ -28,7 +28,10 @@ from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.optimize import kernels, registry
 from ghostedit.optimize.compile import compile_regions
-from ghostedit.telemetry import RunRecorder, back_to_back_ms, median_ms
+from ghostedit.telemetry import RunRecorder, median_ms
+
+from timing import back_to_back_ms  # beside this script
+
 # Kernel families by name, first match wins: GhostEdit's own Triton kernels (ghostedit/optimize/kernels.py) by their
 # function names; Inductor names its kernels after the ops they fuse ("scaled_mm" when one quantizes a GEMM's
 # input), and FlashAttention-4's kernels are CUTLASS kernels
