@@ -360,6 +360,13 @@ class EditRequest:
         """Whether the edit starts from its first image (a mask or a strength below 1), not from noise alone."""
         return self.mask is not None or self.strength < 1.0
 
+    def start_settings(self) -> dict:
+        """How the edit starts from its first image, for its telemetry: {} for a plain edit."""
+        if not self.starts_from_image:
+            return {}
+        return {"mask": None if self.mask is None else list(self.mask.size), "strength": self.strength,
+                "padding_mask_crop": self.padding_mask_crop, "paste_back": self.paste_back}
+
 
 def first_step(steps: int, strength: float) -> int:
     """The step a strength starts at, as diffusers' get_timesteps counts it (strength 1: the first)."""

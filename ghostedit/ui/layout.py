@@ -17,6 +17,7 @@ from .live import stage_words
 from ..telemetry import STAGE_ORDER
 from ..optimize import registry
 from . import api, tools
+from .mask_inputs import add_mask_inputs
 from .settings import (ASPECT_PRESETS, DEFAULT_VARIANTS, FROM_INPUT, LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA,
                        lora_parameter, lora_parameters, setting_parameter, toggle_parameters, variants)
 
@@ -140,7 +141,7 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
                                                                       for setting in registry.settings()]
     ui.request = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
                   ui.width, ui.height, ui.count]
-    ui.panel = ui.request + ui.toggles  # the order of api.edit_parameters()
+    ui.panel = ui.request + ui.toggles + ui.start  # the order of api.edit_parameters()
     return ui
 
 
@@ -157,6 +158,7 @@ def _inputs(ui: SimpleNamespace) -> None:
     ui.negative_prompt = gr.Textbox(label="Negative prompt (optional)", elem_id="negative_prompt")
     gr.Examples([[str(ASSETS / "examples" / name), prompt] for name, prompt in EXAMPLES],
                 inputs=[ui.image, ui.prompt], label="Examples (images made by the project)")
+    add_mask_inputs(ui)
 
 
 def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
