@@ -16,7 +16,7 @@ from .tables import column_widths
 from .live import stage_words
 from ..telemetry import STAGE_ORDER
 from ..optimize import registry
-from . import api, tools
+from . import api, openai_api, tools
 from .mask_inputs import add_mask_inputs
 from .settings import (ASPECT_PRESETS, DEFAULT_VARIANTS, FROM_INPUT, LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA,
                        lora_parameter, lora_parameters, setting_parameter, toggle_parameters, variants)
@@ -92,6 +92,7 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
         _wire_hub(demo, HubControls(handlers), handlers, edit, concurrency)
         _wire_system(demo, handlers, system, system_tab)
         tools.add_tools(handlers, on_gpu, dict(concurrency_limit=concurrency, **GPU_QUEUE))
+        openai_api.add_queue_endpoint(demo, handlers, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
     return demo
 
