@@ -62,6 +62,8 @@ def crop_region(mask: Image.Image, width: int, height: int, pad: int) -> tuple[i
     grey = np.array(mask.convert("L"))
     h, w = grey.shape
     columns, rows = np.flatnonzero(grey.any(axis=0)), np.flatnonzero(grey.any(axis=1))
+    if not columns.size:
+        raise InputImageError("the mask marks nothing at the output's size: paint a larger area")
     x1, x2 = max(int(columns[0]) - pad, 0), min(int(columns[-1]) + 1 + pad, w)
     y1, y2 = max(int(rows[0]) - pad, 0), min(int(rows[-1]) + 1 + pad, h)
     if (x2 - x1) / (y2 - y1) > width / height:

@@ -236,3 +236,28 @@ def test_a_masked_edit_after_a_plain_one_of_the_same_size_compiles_nothing(house
         result = engine.run(EditRequest(**request, **start), config)
         assert "compile warm-up" not in result.telemetry.summary()["stages_s"], start
     assert counters["frames"]["total"] == frames, dict(counters["frames"])
+
+
+@pytest.mark.parametrize("settings", ["fp8=storage", "lora-fused", "lora-runtime"])
+def test_a_masked_edit_runs_under_each_toggle_a_cpu_can_run(engine, house, settings):
+    """FP8 weights and fused or runtime LoRAs change the DiT, never what a mask keeps (compile: the test above; CUDA
+    graphs replay model_fn's own inputs, which a mask leaves as a plain edit's: the GPU bench's e2e-4-mask row runs
+    the best configuration, graphs included)."""
+    from ghostedit.config import LoraChoice
+    from ghostedit.models.tiny import ensure_tiny_lora
+
+    if settings.startswith("lora-"):
+        config = OptimizationConfig(loras=[LoraChoice.from_file(ensure_tiny_lora("peft"), 0.7,
+                                                                settings.removeprefix("lora-"))])
+    else:
+        config = OptimizationConfig.parse(settings)
+    mask = _box(house.size, (0.25, 0.3, 0.75, 0.7))
+    result = engine.run(EditRequest(images=[house], prompt="x", steps=2, seed=2, width=128, height=128, mask=mask,
+                                    strength=0.8, paste_back=True), config)
+    plain = engine.run(EditRequest(images=[house], prompt="x", steps=2, seed=2, width=128, height=128, mask=mask,
+                                   strength=0.8, paste_back=True))
+    grey = np.asarray(mask.resize((128, 128), Image.LANCZOS))
+    original = np.asarray(house.resize((128, 128), Image.LANCZOS))
+    for edited in (result.image, plain.image):
+        assert np.array_equal(np.asarray(edited)[grey == 0], original[grey == 0])
+    assert not np.array_equal(np.asarray(result.image)[grey == 255], np.asarray(plain.image)[grey == 255])
