@@ -128,6 +128,9 @@ def test_requests_it_cannot_run_get_openais_error_shape(server, api):
         api.images.generate(prompt="a ghost in a library")
     assert "cannot generate one without an input image" in _error(generation.value)["message"]
     assert _error(generation.value)["param"] == "model"
+    stray = httpx.post(f"{server.url}v1/images/edits", headers={"Authorization": f"Bearer {KEY}"},
+                       files={"image": HOUSE.read_bytes(), "picture": HOUSE.read_bytes()}, data={"prompt": PROMPT})
+    assert stray.status_code == 400 and stray.json()["error"]["param"] == "picture"
     with open(HOUSE, "rb") as image, pytest.raises(openai.NotFoundError) as model:
         api.images.edit(image=image, prompt=PROMPT, model="gpt-image-1")
     assert _error(model.value)["code"] == "model_not_found"

@@ -62,7 +62,6 @@ from .api import edit_parameters, parameter_types
 from .gpu import on_gpu
 from .settings import MAX_IMAGES_PER_RUN, edit_request, panel_config, seeded_requests, setting_parameter
 
-API_KEY_VARIABLE = "GHOSTEDIT_API_KEY"
 QUEUE_ENDPOINT = "openai_images"
 # OpenAI's fields GhostEdit answers as OpenAI does; those it takes and leaves (their words are GhostEdit's own)
 OPENAI_FIELDS = ("prompt", "n", "size", "response_format", "model", "output_format", "output_compression",
@@ -104,7 +103,7 @@ def add_queue_endpoint(demo: gr.Blocks, handlers, queue_settings: dict) -> None:
     images = ImagesAPI(handlers)
 
     def openai_images(edits: list, config: typing.Any, values: dict, job: str, request: gr.Request) -> typing.Any:
-        return images.run(edits, config, job)
+        return images.run(edits, config, job)  # `values`: /edit's, for ZeroGPU's duration (gpu.gpu_seconds)
 
     gr.api(on_gpu(openai_images, handlers.engine.spec, runs_for=lambda arguments: len(arguments["edits"]),
                   arguments_of=lambda arguments: arguments["values"]),
@@ -184,6 +183,10 @@ class ImagesAPI:
         form = await request.form()
         files = {name: [await item.read() for item in form.getlist(name) if hasattr(item, "read")]
                  for name in ("image", "image[]", "mask")}
+        stray = sorted({name for name, value in form.multi_items() if hasattr(value, "read")} - set(files))
+        if stray:
+            raise OpenAIError(400, f"a file in {stray[0]!r}: the files are `image` (or `image[]`) and `mask`",
+                              param=stray[0])
         fields = {name: [value for value in form.getlist(name) if isinstance(value, str)]
                   for name in form.keys() if name not in files}
         images = files["image"] + files["image[]"]
