@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from diffsynth.configs import VRAM_MANAGEMENT_MODULE_MAPS
 from diffsynth.diffusion import FlowMatchScheduler
-from diffsynth.diffusion.base_pipeline import PipelineUnit
 from diffsynth.models import qwen_image_dit, qwen_image_vae
 from diffsynth.pipelines.qwen_image import (QwenImagePipeline, QwenImageUnit_EditImageEmbedder,
                                             QwenImageUnit_InputImageEmbedder, QwenImageUnit_NoiseInitializer,

@@ -54,7 +54,6 @@ from starlette.concurrency import run_in_threadpool
 from ..config import InvalidRequestError, OptimizationConfig
 from ..device import UnavailableOptionError
 from ..errors import GhostEditError, InputImageError
-from ..optimize import registry
 from ..optimize.presets import LIGHTNING
 from ..telemetry import RunCancelled
 from . import live
