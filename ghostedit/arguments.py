@@ -49,12 +49,25 @@ def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool 
                         help="output width, a multiple of 16 (default: the first image's aspect ratio at the "
                              "model's default area; give both or neither)")
     parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16")
+    parser.add_argument("--mask", default=None, metavar="FILE",
+                        help="an inpainting mask for the first --image (white = change; in a file with transparency, "
+                             "transparent = change), of its aspect ratio: the edit keeps the rest, and the output "
+                             "takes the first image's aspect ratio")
+    parser.add_argument("--strength", type=float, default=1.0,
+                        help="how much of the first --image to redo, above 0 to 1: the edit starts from it noised to "
+                             "that point and runs that share of the steps (default 1: from noise)")
+    parser.add_argument("--padding-mask-crop", type=int, default=None, metavar="PIXELS",
+                        help="with --mask: edit only the box around the mask widened by PIXELS, then lay the result "
+                             "over the image")
+    parser.add_argument("--paste-back", action="store_true",
+                        help="with --mask: the first image's own pixels outside the mask, exactly")
 
 
 def request_from_args(args, default_steps: int, default_cfg: float = DEFAULT_CFG) -> EditRequest:
     return EditRequest(images=args.image, prompt=args.prompt, negative_prompt=args.negative_prompt,
                        steps=args.steps or default_steps, cfg_scale=default_cfg if args.cfg is None else args.cfg,
-                       seed=args.seed, width=args.width, height=args.height)
+                       seed=args.seed, width=args.width, height=args.height, mask=args.mask, strength=args.strength,
+                       padding_mask_crop=args.padding_mask_crop, paste_back=args.paste_back)
 
 
 def add_preset_argument(parser: argparse.ArgumentParser) -> None:

@@ -182,3 +182,28 @@ def test_the_lora_switch_level_runs_as_bench_sh_runs_it(tmp_path):
         "first LoRA (none to A)", "A to B", "B to A + B stacked", "back to none", "none to A again"]
     assert all(row["switch_s"] > 0 and row["new_compiled_frames"] == 0 for row in results["rows"])
     assert results["runtime_scale"]["cache_hit"]
+
+
+def test_the_masked_row_runs_as_bench_sh_chains_it(tmp_path, monkeypatch):
+    """bench.sh e2e's best process ends with the same edit under the house's mask, without the unmasked baseline
+    it inherits (`--baseline-from ""`); a masked baseline is refused for an unmasked run, and the mask is for whole
+    edits only."""
+    from ghostedit.bench.pipeline import DEFAULT_IMAGE
+    mask = str(DEFAULT_IMAGE.with_name("house-mask.png"))
+    request = ("--level", "pipeline", "--steps", "2", "--width", "64", "--height", "64", "--repeats", "1")
+    from ghostedit.engine import Engine
+    runs, run = [], Engine.run
+
+    def recorded_run(self, edit, *args, **kwargs):
+        runs.append(edit)
+        return run(self, edit, *args, **kwargs)
+    monkeypatch.setattr(Engine, "run", recorded_run)
+    bench(tmp_path / "plain", *request, "--configs", "baseline",
+          "--then", "--out-dir", str(tmp_path / "mask"), "--baseline-from", "", "--mask", mask, "--strength", "0.8")
+    masked = json.loads((tmp_path / "mask" / "results.json").read_text())
+    assert masked["start"] == {"mask": "house-mask.png", "strength": 0.8} and "baseline_from" not in masked
+    assert [edit.mask is not None for edit in runs] == [False, False, True, True]
+    with pytest.raises(SystemExit, match="differs from this one in start"):
+        bench(tmp_path / "refused", *request, "--baseline-from", str(tmp_path / "mask"), "--configs", "baseline")
+    with pytest.raises(SystemExit, match="for --level pipeline"):
+        bench(tmp_path / "dit", "--level", "dit", "--shapes", "64", "--mask", mask)

@@ -61,6 +61,8 @@ def test_tools_are_listed_with_their_arguments_described(mcp_app):
     assert properties["compile"]["enum"] == ["off", "regional", "max-autotune"]
     assert properties["rewrites"]["items"]["enum"][0] == "joint-layout"
     assert "fused (into the weights) or runtime" in properties["lora_mode"]["description"]
+    assert "white = change" in properties["mask"]["description"] and properties["strength"]["default"] == 1.0
+    assert properties["paste_back"]["type"] == "boolean" and "above 0 to 1" in properties["strength"]["description"]
     assert "available" in tools["options"].description and "GPU" in tools["system"].description
 
 

@@ -4,6 +4,12 @@ model_index.json (CPU), both in float32 (and one case both in bf16), with the sa
 and CFG. Every stage is compared (prompt embeddings, condition latents, each step's guided prediction, the decoded
 image), so a failure says where.
 
+An edit that starts from its image (a mask, a strength) is held the same way against diffusers'
+QwenImageEditInpaintPipeline on the Qwen-Image-Edit checkpoint (its only model), strength alone as that pipeline
+with an all-white mask (the same computation: its blend then keeps nothing); each stage also compares the latents
+the denoising starts from. For 2509/2511 with several images diffusers has no pipeline with a mask:
+tests/test_masks.py holds that rule's pieces against the inpaint pipeline's own functions.
+
 The reference is the model as released, on transformers 4.x: there the prompt's image tokens get 3-D rotary
 positions, which transformers 5 gives only when `mm_token_type_ids` is passed, so the reference's text encoder call
 gets it added. Both sides resize by the same areas (1024x1024 for the VAE, 384x384 for the text encoder in 2509 and
@@ -28,7 +34,7 @@ MAX_LEVELS, MEAN_LEVELS = 2, 1.0  # the target: what a person cannot see
 # and every pixel identical, in float32 and in bf16); each difference found between DiffSynth and the reference
 # exceeds them (1-D positions for the prompt's image tokens 2e-3, the sigmoid activation 9e-3 and DiffSynth's own
 # sigmas 8e-5 in the predictions, the unscaled CFG 0.1, truncated 8-bit output 0.5 levels on average)
-STAGE_TOLERANCE = {"prompt embedding": 1e-5, "condition latents": 1e-5, "prediction": 1e-5}
+STAGE_TOLERANCE = {"prompt embedding": 1e-5, "latents": 1e-5, "prediction": 1e-5}
 ROUNDING_MEAN_LEVELS = 0.05
 
 # (model, input images, CFG scale, output size or None for the model's default, dtype of both sides)
@@ -107,13 +113,14 @@ class AreaRecorder:
         monkeypatch.setattr(module, name, scaled)
 
 
-def _ghostedit(engine, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set]:
+def _ghostedit(engine, images, cfg, size, monkeypatch, divisor, steps=STEPS, **start) -> tuple[dict, set]:
+    """GhostEdit's stages and image; `start`: the request's mask, strength and padding_mask_crop."""
     from ghostedit.config import EditRequest
     from ghostedit.models import exact, family
 
     areas = AreaRecorder(monkeypatch, exact, "dimensions", divisor)
     default_areas = AreaRecorder(monkeypatch, family, "dimensions", divisor)
-    stages = {"prompt": [], "condition": None, "predictions": []}
+    stages = {"prompt": [], "condition": None, "predictions": [], "start": None}
 
     def recorded(cls, name, keep):
         original = getattr(cls, name)
@@ -128,19 +135,25 @@ def _ghostedit(engine, images, cfg, size, monkeypatch, divisor) -> tuple[dict, s
     recorded(exact.EditImageEmbedder, "process", lambda out: stages.__setitem__(
         "condition", torch.cat([_packed(latents) for latents in out["edit_latents"]], dim=1)))
     recorded(exact.ExactPipeline, "cfg_guided_model_fn", lambda out: stages["predictions"].append(_packed(out)))
+    recorded(exact.StartEmbedder, "process", lambda out: stages.__setitem__(  # a plain edit's start is its noise
+        "start", _packed(out["latents"]) if "inpainting" in out else None))
     width, height = size or (None, None)
-    result = engine.run(EditRequest(images=images, prompt=PROMPT, steps=STEPS, cfg_scale=cfg, seed=7, width=width,
-                                    height=height))
+    result = engine.run(EditRequest(images=images, prompt=PROMPT, steps=steps, cfg_scale=cfg, seed=7, width=width,
+                                    height=height, **start))
     stages["image"] = np.asarray(result.image)
     return stages, areas.asked | default_areas.asked, engine.spec.family
 
 
-def _reference(pipe, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set]:
-    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
+def _reference(pipe, images, cfg, size, monkeypatch, divisor, steps=STEPS, **call) -> tuple[dict, set]:
+    """The reference's stages and image; `call`: the inpaint pipeline's mask_image, strength, padding_mask_crop."""
+    from diffusers.pipelines.qwenimage import (pipeline_qwenimage_edit, pipeline_qwenimage_edit_inpaint,
+                                               pipeline_qwenimage_edit_plus)
 
-    module = pipeline_qwenimage_edit_plus if "Plus" in type(pipe).__name__ else pipeline_qwenimage_edit
+    name = type(pipe).__name__
+    module = (pipeline_qwenimage_edit_plus if "Plus" in name else
+              pipeline_qwenimage_edit_inpaint if "Inpaint" in name else pipeline_qwenimage_edit)
     areas = AreaRecorder(monkeypatch, module, "calculate_dimensions", divisor)
-    stages = {"prompt": [], "condition": None, "predictions": []}
+    stages = {"prompt": [], "condition": None, "predictions": [], "start": None}
     encode_prompt, prepare_latents, step = pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step
 
     def recorded_encode(*args, **kwargs):
@@ -150,7 +163,9 @@ def _reference(pipe, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set
 
     def recorded_latents(*args, **kwargs):
         output = prepare_latents(*args, **kwargs)
-        stages["condition"] = output[1]
+        stages["condition"] = output[-1]  # the inpaint pipeline's start latents, noise, condition; the others'
+        if len(output) == 3:              # start and condition
+            stages["start"] = output[0]
         return output
 
     def recorded_step(model_output, *args, **kwargs):
@@ -162,7 +177,8 @@ def _reference(pipe, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set
     width, height = size or (None, None)
     image = pipe(image=images if len(images) > 1 or module is pipeline_qwenimage_edit_plus else images[0],
                  prompt=PROMPT, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg, width=width,
-                 height=height, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(7)).images[0]
+                 height=height, num_inference_steps=steps, generator=torch.Generator().manual_seed(7),
+                 **call).images[0]
     stages["image"] = np.asarray(image)
     return stages, areas.asked
 
@@ -193,21 +209,28 @@ def test_edit_matches_reference(engines, references, repo, count, cfg, size, dty
     theirs, their_areas = _reference(references(repo, dtype), images, cfg, size, monkeypatch, divisor)
     assert family.name == repo
     assert our_areas == their_areas, "the two sides resize to different areas"
+    if size is None:  # the default size follows the aspect ratio of the last image (square), not the first one
+        assert ours["image"].shape[0] == ours["image"].shape[1]
+    _assert_same(ours, theirs, cfg, STEPS, f"{repo} {dtype} {count} image(s) cfg {cfg:g} {size}")
 
+
+def _assert_same(ours: dict, theirs: dict, cfg: float, steps: int, case: str) -> None:
+    """Every stage within float32 rounding of the reference's, the image within MAX_LEVELS and MEAN_LEVELS."""
     report = {}
     assert len(ours["prompt"]) == len(theirs["prompt"]) == (2 if cfg > 1 else 1)
     for which, (a, b) in zip(("positive", "negative"), zip(ours["prompt"], theirs["prompt"])):
         report[f"{which} prompt embedding"] = _difference(f"{which} prompt embedding", a, b)
     report["condition latents"] = _difference("condition latents", ours["condition"], theirs["condition"])
-    assert len(ours["predictions"]) == len(theirs["predictions"]) == STEPS
+    assert (ours["start"] is None) == (theirs["start"] is None)
+    if ours["start"] is not None:
+        report["start latents"] = _difference("start latents", ours["start"], theirs["start"])
+    assert len(ours["predictions"]) == len(theirs["predictions"]) == steps
     for step, (a, b) in enumerate(zip(ours["predictions"], theirs["predictions"])):
         report[f"step {step} prediction"] = _difference(f"step {step} prediction", a, b)
     assert ours["image"].shape == theirs["image"].shape, "output sizes differ"
-    if size is None:  # the default size follows the aspect ratio of the last image (square), not the first one
-        assert ours["image"].shape[0] == ours["image"].shape[1]
     levels = np.abs(ours["image"].astype(np.int16) - theirs["image"].astype(np.int16))
     words = ", ".join(f"{stage} {value:.1e}" for stage, value in report.items())
-    print(f"\n{repo} {dtype} {count} image(s) cfg {cfg:g} {size}: {words}; image max {levels.max()} mean {levels.mean():.4f}")
+    print(f"\n{case}: {words}; image max {levels.max()} mean {levels.mean():.4f}")
     for stage, value in report.items():  # the first stage that differs beyond float32 rounding is the cause
         tolerance = next(t for kind, t in STAGE_TOLERANCE.items() if stage.endswith(kind))
         assert value < tolerance, f"{stage} differs from the reference by {value:.1e} (relative); stages: {words}"
@@ -215,6 +238,141 @@ def test_edit_matches_reference(engines, references, repo, count, cfg, size, dty
         f"image differs by {levels.max()} levels at most, {levels.mean():.3f} on average; stages: {words}"
     assert levels.mean() <= ROUNDING_MEAN_LEVELS, f"image differs by {levels.mean():.3f} levels on average: more "\
         f"than float32 rounding leaves (8-bit rounding?); stages: {words}"
+
+
+# ---- starting from the image: masks and strength, against QwenImageEditInpaintPipeline ----
+
+START_SIZE = (288, 224)  # the Qwen-Image-Edit output size of this aspect ratio at 1/16 of the area: not resized
+# (mask: "box" binary, "soft" RGB with grey edges, None: strength alone; mask size: "output", "half" of it;
+# strength; steps; CFG; padding_mask_crop)
+START_CASES = [
+    ("box", "output", 1.0, 2, 4.0, None),
+    ("soft", "half", 0.6, 4, 1.0, None),     # starts at step int(4 - 2.4) = 1: three steps
+    (None, None, 0.5, 4, 4.0, None),         # strength alone (img2img): two steps
+    ("box", "output", 0.8, 4, 1.0, 12),      # the crop around the mask, laid over the image
+]
+
+
+def _mask(kind: str, size: tuple[int, int]) -> Image.Image:
+    """A box over a third of the image: binary in L, or in RGB with a grey ramp at its edges."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    inside = np.minimum.reduce([x - width * 0.4, width * 0.75 - x, y - height * 0.3, height * 0.7 - y])
+    if kind == "box":
+        return Image.fromarray(np.where(inside >= 0, 255, 0).astype(np.uint8), "L")
+    ramp = np.clip(inside / (width * 0.05) * 255 + 128, 0, 255).astype(np.uint8)
+    return Image.fromarray(np.stack([ramp, ramp, np.flipud(ramp)], -1), "RGB")
+
+
+@pytest.mark.parametrize("mask_kind, mask_size, strength, steps, cfg, crop", START_CASES,
+                         ids=[f"{m or 'no'}-mask-{s:g}-{n}steps-cfg{c:g}" + (f"-crop{p}" if p is not None else "")
+                              for m, _, s, n, c, p in START_CASES])
+def test_start_matches_inpaint_reference(engines, references, mask_kind, mask_size, strength, steps, cfg, crop,
+                                         monkeypatch):
+    import copy
+
+    from diffusers import QwenImageEditInpaintPipeline
+
+    repo, divisor = "Qwen-Image-Edit", AREA_DIVISOR["float32"]
+    image = _images(1)[0].resize(START_SIZE, Image.LANCZOS)
+    mask = None
+    if mask_kind is not None:
+        mask = _mask(mask_kind, START_SIZE if mask_size == "output" else (START_SIZE[0] // 2, START_SIZE[1] // 2))
+    ours, our_areas, _ = _ghostedit(engines(repo, "float32"), [image], cfg, None, monkeypatch, divisor, steps=steps,
+                                    mask=mask, strength=strength, padding_mask_crop=crop)
+    components = references(repo, "float32").components
+    pipe = QwenImageEditInpaintPipeline(**{**components, "scheduler": copy.deepcopy(components["scheduler"])})
+    pipe.set_progress_bar_config(disable=True)
+    white = Image.new("L", START_SIZE, 255)  # strength alone: a blend that keeps nothing
+    theirs, their_areas = _reference(pipe, [image], cfg, None, monkeypatch, divisor, steps=steps,
+                                     mask_image=white if mask is None else mask, strength=strength,
+                                     padding_mask_crop=crop)
+    assert our_areas == their_areas, "the two sides resize to different areas"
+    assert ours["image"].shape[:2] == START_SIZE[::-1]
+    ran = len(theirs["predictions"])
+    assert ran == steps - int(max(steps - steps * strength, 0))
+    _assert_same(ours, theirs, cfg, ran, f"{repo} mask {mask_kind} strength {strength:g} crop {crop}")
+
+
+@pytest.mark.parametrize("repo", ["Qwen-Image-Edit-2509", "Qwen-Image-Edit-2511"])
+def test_a_masked_edit_of_three_images_holds_the_inpaint_pipelines_pieces(engines, references, repo, monkeypatch):
+    """2509 and 2511 with three images and a mask on the first: no diffusers pipeline computes it, so the rule's
+    pieces are held against QwenImageEditInpaintPipeline's own functions on the checkpoint's VAE and scheduler:
+    the output size (the first image's aspect ratio), the start (prepare_latents after get_timesteps: the first
+    image encoded as a posterior sample, the noise, their mix at the first sigma), the mask on the latents' grid
+    (prepare_mask_latents), the first image's condition (the start's latents), and after every step the latents
+    outside the mask (the start's noised by scale_noise to the next sigma, its own after the last)."""
+    import copy
+
+    from diffusers import QwenImageEditInpaintPipeline
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_inpaint as inpaint
+
+    from ghostedit.config import EditRequest
+    from ghostedit.models import exact, family
+
+    steps, strength, divisor = 4, 0.75, AREA_DIVISOR["float32"]
+    images = _images(3)
+    mask = _mask("soft", images[0].size)
+    AreaRecorder(monkeypatch, exact, "dimensions", divisor)
+    AreaRecorder(monkeypatch, family, "dimensions", divisor)
+    ours = {"steps": []}
+    start_process, step, embed = exact.StartEmbedder.process, exact.ExactPipeline.step, exact.EditImageEmbedder.process
+
+    def recorded_start(self, *args, **kwargs):
+        output = start_process(self, *args, **kwargs)
+        ours.update(output)
+        return output
+
+    def recorded_step(self, *args, **kwargs):
+        ours["steps"].append(step(self, *args, **kwargs))
+        return ours["steps"][-1]
+
+    def recorded_embed(self, *args, **kwargs):
+        output = embed(self, *args, **kwargs)
+        ours["condition"] = output["edit_latents"]
+        return output
+    monkeypatch.setattr(exact.StartEmbedder, "process", recorded_start)
+    monkeypatch.setattr(exact.ExactPipeline, "step", recorded_step)
+    monkeypatch.setattr(exact.EditImageEmbedder, "process", recorded_embed)
+    result = engines(repo, "float32").run(EditRequest(images=images, prompt=PROMPT, steps=steps, cfg_scale=1.0,
+                                                      seed=7, mask=mask, strength=strength))
+
+    components = references(repo, "float32").components
+    pipe = QwenImageEditInpaintPipeline(**{**components, "scheduler": copy.deepcopy(components["scheduler"])})
+    width, height, _ = inpaint.calculate_dimensions(1024 * 1024 // divisor, images[0].width / images[0].height)
+    assert (result.width, result.height) == (width // 16 * 16, height // 16 * 16), "not the first image's ratio"
+    width, height = result.width, result.height
+    image = pipe.image_processor.preprocess(pipe.image_processor.resize(images[0], height, width), height=height,
+                                            width=width).to(torch.float32)
+    sequence = (height // 16) * (width // 16)
+    config = pipe.scheduler.config
+    inpaint.retrieve_timesteps(pipe.scheduler, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps),
+                               mu=inpaint.calculate_shift(sequence, config.base_image_seq_len,
+                                                          config.max_image_seq_len, config.base_shift,
+                                                          config.max_shift))
+    timesteps, ran = pipe.get_timesteps(steps, strength, "cpu")
+    generator = torch.Generator().manual_seed(7)
+    start, noise, start_latents = pipe.prepare_latents(image, timesteps[:1], 1, 16, height, width, torch.float32,
+                                                       "cpu", generator)
+    condition = pipe.mask_processor.preprocess(mask, height=height, width=width)
+    packed_mask, _ = pipe.prepare_mask_latents(condition, image * (condition < 0.5), 1, 16, 1, height, width,
+                                               torch.float32, "cpu", generator)
+    inpainting = ours["inpainting"]
+    assert torch.equal(_packed(ours["latents"]), start) and torch.equal(_packed(ours["noise"]), noise)
+    assert torch.equal(_packed(inpainting.latents), start_latents)
+    assert torch.equal(_packed(inpainting.mask.repeat(1, 16, 1, 1)), packed_mask)
+    assert torch.equal(ours["condition"][0], inpainting.latents) and len(ours["condition"]) == 3
+    assert len(ours["steps"]) == ran == 3
+    first = steps - ran
+    for index, latents in enumerate(ours["steps"]):
+        if index == ran - 1:
+            kept = start_latents
+        else:
+            pipe.scheduler._step_index = first + index + 1  # where the reference's loop has it after this step
+            kept = pipe.scheduler.scale_noise(start_latents, torch.tensor([timesteps[index + 1]]), noise)
+        outside = packed_mask == 0
+        assert torch.equal(_packed(latents)[outside], kept[outside]), f"step {index}: the mask's outside"
+        assert not torch.equal(_packed(latents)[~outside], kept[~outside])
 
 
 # ---- recognising a model from its own files ----

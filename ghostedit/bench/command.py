@@ -124,7 +124,17 @@ def runs_of(args) -> list[argparse.Namespace]:
     out_dirs = [Path(run.out_dir).resolve() for run in runs]
     if len(set(out_dirs)) < len(out_dirs):
         raise SystemExit("--then: give each run its own --out-dir")
+    if any(run.level != "pipeline" and start_of(run) for run in runs):
+        raise SystemExit("--mask, --strength, --padding-mask-crop and --paste-back are for --level pipeline: one DiT "
+                         "forward of a masked edit has a plain edit's inputs")
     return runs
+
+
+def start_of(args) -> dict:
+    """The masked or partial edit the pipeline level runs, for results.json (empty for a plain edit)."""
+    given = {"mask": args.mask and Path(args.mask).name, "strength": args.strength if args.strength != 1.0 else None,
+             "padding_mask_crop": args.padding_mask_crop, "paste_back": args.paste_back or None}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def cmd_bench(args) -> int:
@@ -250,12 +260,12 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
     context.update(step_cache_threshold_override=args.step_cache_threshold, cold_rows_after=cold_rows_after)
     baseline = None
     if args.baseline_from:
-        baseline = pipeline.earlier_baseline(Path(args.baseline_from), request, args.repeats)
+        baseline = pipeline.earlier_baseline(Path(args.baseline_from), request, args.repeats, start_of(args))
         context.update(baseline_from=Path(args.baseline_from).name)
     with threshold_override(args.step_cache_threshold):
         rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row, baseline)
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
-                   repeats=args.repeats)
+                   repeats=args.repeats, start=start_of(args))
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
                            context)
     print(pipeline.table(rows))

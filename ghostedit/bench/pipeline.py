@@ -173,12 +173,13 @@ def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, 
     return rows
 
 
-def earlier_baseline(folder: Path, request, repeats: int) -> dict:
+def earlier_baseline(folder: Path, request, repeats: int, start: dict) -> dict:
     """The first row of the run whose results are in `folder` (results.json, output-0.png), made by another process
-    with this request's steps, CFG, size and repeats (refused otherwise: its figures would compare other work)."""
+    with this request's steps, CFG, size, mask and strength (`start`) and repeats (refused otherwise: its figures
+    would compare other work)."""
     from PIL import Image
-    found = json.loads((folder / "results.json").read_text())
-    asked = {"steps": request.steps, "cfg_scale": request.cfg_scale, "repeats": repeats}
+    found = {"start": {}, **json.loads((folder / "results.json").read_text())}
+    asked = {"steps": request.steps, "cfg_scale": request.cfg_scale, "repeats": repeats, "start": start}
     differing = {key: (found.get(key), value) for key, value in asked.items() if found.get(key) != value}
     if request.width is not None and found["size"] != [request.width, request.height]:
         differing["size"] = (found["size"], [request.width, request.height])

@@ -23,7 +23,8 @@ from ..telemetry import RunRecorder, RunTelemetry
 from .prepare import PreparedPipeline
 
 # DiffSynth pipeline units whose time is a stage of its own
-UNIT_STAGES = {"PromptEmbedder": "text encoding", "EditImageEmbedder": "image encoding"}
+UNIT_STAGES = {"PromptEmbedder": "text encoding", "EditImageEmbedder": "image encoding",
+               "StartEmbedder": "image encoding"}
 # Text tokens assumed for the sequence length of a DiT forward before the prompt is encoded ("auto" attention)
 TEXT_TOKENS_ESTIMATE = 256
 
@@ -89,13 +90,16 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
     sequence_length = sum(w * h // 256 for w, h in [(width, height), *condition_sizes])
     contexts, ran = dit_contexts(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder)
     recorder.telemetry.parallel = parallel.describe()
+    start = exact.Start.of(request, (width, height))  # None: a plain edit
     with contexts, _Instrumented(prepared, recorder), parallel.edit_context(prepared.pipe, prepared.dit,
                                                                              request.cfg_scale):
         image = prepared.pipe(prompt=request.prompt, negative_prompt=request.negative_prompt,
                               cfg_scale=request.cfg_scale, edit_image=list(request.images),
                               edit_image_auto_resize=False, zero_cond_t=family.zero_cond_t,
                               height=height, width=width, seed=request.seed, num_inference_steps=request.steps,
+                              input_image=start, denoising_strength=request.strength,
                               progress_bar_cmd=lambda timesteps: recorder.timed_steps(on_device(timesteps, device)))
+        image = start.finished(image) if start else image
         recorder.decoding_done()
     return EditResult(image, family, request, config, width, height, ran.get("attention", "diffsynth"),
                       {**prepared.report, **ran.get("words", {})}, recorder.finish())
@@ -110,17 +114,20 @@ def on_device(timesteps: torch.Tensor, device: str) -> torch.Tensor:
 
 def fit_inputs(request: EditRequest, family):
     """The output size (the request's, else the family's default: its area at the aspect ratio of the input image
-    the reference takes it from, at most SIZE_RANGE's side) and the sizes of the condition images the VAE encodes
-    (each input resized once from its original by the family's rule, as the reference does, in the pipeline)."""
+    the reference takes it from, or of the first where the edit starts from it, at most SIZE_RANGE's side) and the
+    sizes of the condition images the VAE encodes (each input resized once from its original by the family's rule,
+    as the reference does, in the pipeline)."""
     if len(request.images) > family.max_images:
         raise InvalidRequestError(f"{family.name} edits {family.max_images} image(s) at a time; got {len(request.images)}")
     if request.width:
         width, height = request.width, request.height
     else:
-        width, height = family.default_size([image.size for image in request.images])
+        sized_by = request.images[:1] if request.starts_from_image else request.images
+        width, height = family.default_size([image.size for image in sized_by])
         if max(width, height) > SIZE_RANGE[1]:
             width, height = image_utils.size_for_area(width, height, width * height, SIZE_RANGE[1])
-    return width, height, exact.condition_sizes(family, request.images)
+    return width, height, exact.condition_sizes(family, request.images,
+                                                (width, height) if request.starts_from_image else None)
 
 
 def package_compiled_code(prepared: PreparedPipeline, device: str) -> None:

@@ -11,6 +11,7 @@ from gradio.data_classes import FileData
 
 from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from ..optimize import registry
+from .mask_inputs import START_PARAMETERS, start_types
 from .settings import (LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA, lora_parameter, lora_parameters,
                        setting_parameter, variants)
 
@@ -47,13 +48,14 @@ def parameter_descriptions() -> dict[str, str]:
             toggle = registry.get(setting)
             described[setting_parameter(setting)] = (f"{toggle.help}. One of: " + "; ".join(
                 f"{choice.value} ({choice.label})" for choice in toggle.choices) + f". Default {toggle.default}")
-    return described
+    return {**described, **START_PARAMETERS}
 
 
 def edit_parameters() -> list[str]:
-    """The parameters of /edit in order: the request, the LoRA slots, then one per setting of the registry."""
+    """The parameters of /edit in order: the request, the LoRA slots, one per setting of the registry, then the
+    mask and strength (last: a caller passing the others by position is not moved)."""
     return list(REQUEST_PARAMETERS) + lora_parameters() + [setting_parameter(setting)
-                                                           for setting in registry.settings()]
+                                                           for setting in registry.settings()] + list(START_PARAMETERS)
 
 
 def parameter_types(default_steps: int) -> dict[str, tuple[object, object]]:
@@ -75,7 +77,7 @@ def parameter_types(default_steps: int) -> dict[str, tuple[object, object]]:
         else:
             toggle = registry.get(setting)
             types[setting_parameter(setting)] = (Literal[toggle.values], toggle.default)
-    return types
+    return {**types, **start_types()}
 
 
 def typed_tool(body: Callable, name: str, summary: str, names: list[str], default_steps: int,

@@ -22,6 +22,7 @@ from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live
 from .history import COMPARISON_RULE, History
+from .mask_inputs import start_values
 from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
                        seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
                        variants)
@@ -137,7 +138,8 @@ class Handlers:
     def _edit_request(self, values: dict):
         images = uploaded_images([values.get(name) for name in ("image", "image_2", "image_3")], self.upload_folder)
         return edit_request(images, values.get("prompt"), values.get("negative_prompt"), values.get("steps"),
-                            values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"))
+                            values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"),
+                            **start_values(values, self.upload_folder))
 
     def _stream(self, edit, config, request: gr.Request, progress, heading: str):
         """Yields the live view while the engine runs; returns the result, or None when the run was cancelled."""

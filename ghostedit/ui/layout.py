@@ -16,7 +16,8 @@ from .tables import column_widths
 from .live import stage_words
 from ..telemetry import STAGE_ORDER
 from ..optimize import registry
-from . import api, tools
+from . import api, openai_api, tools
+from .mask_inputs import add_mask_inputs
 from .settings import (ASPECT_PRESETS, DEFAULT_VARIANTS, FROM_INPUT, LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA,
                        lora_parameter, lora_parameters, setting_parameter, toggle_parameters, variants)
 
@@ -91,6 +92,7 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
         _wire_hub(demo, HubControls(handlers), handlers, edit, concurrency)
         _wire_system(demo, handlers, system, system_tab)
         tools.add_tools(handlers, on_gpu, dict(concurrency_limit=concurrency, **GPU_QUEUE))
+        openai_api.add_queue_endpoint(demo, handlers, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
     return demo
 
@@ -140,7 +142,7 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
                                                                       for setting in registry.settings()]
     ui.request = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
                   ui.width, ui.height, ui.count]
-    ui.panel = ui.request + ui.toggles  # the order of api.edit_parameters()
+    ui.panel = ui.request + ui.toggles + ui.start  # the order of api.edit_parameters()
     return ui
 
 
@@ -157,6 +159,7 @@ def _inputs(ui: SimpleNamespace) -> None:
     ui.negative_prompt = gr.Textbox(label="Negative prompt (optional)", elem_id="negative_prompt")
     gr.Examples([[str(ASSETS / "examples" / name), prompt] for name, prompt in EXAMPLES],
                 inputs=[ui.image, ui.prompt], label="Examples (images made by the project)")
+    add_mask_inputs(ui)
 
 
 def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:

@@ -154,12 +154,13 @@ def _uploaded_image(payload, upload_folder: Path) -> str | bytes:
     raise InvalidRequestError("an input image must be an uploaded file or a data URL")
 
 
-def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, seed, width, height) -> EditRequest:
-    """Width and height 0 mean: the input's aspect ratio at the model's default area. EditRequest checks every value
-    (API callers can send anything)."""
+def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, seed, width, height,
+                 **start) -> EditRequest:
+    """Width and height 0 mean: the input's aspect ratio at the model's default area; `start`: the mask and strength
+    (mask_inputs.start_values). EditRequest checks every value (API callers can send anything)."""
     return EditRequest(images=[image for image in images if image is not None], prompt=prompt or "",
                        negative_prompt=negative_prompt or "", steps=steps, cfg_scale=cfg_scale, seed=seed,
-                       width=width or None, height=height or None)
+                       width=width or None, height=height or None, **start)
 
 
 def reused_values(library: LoraLibrary, params: dict, toggles: dict) -> dict:

@@ -10,7 +10,8 @@
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
 #     e2e     whole edits at 1024x1024: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning schedule, a fused
 #             LoRA costing no time per step), then e2e-40, 40 steps CFG 4 (stock, best, best + $STEP_CACHE); stock
-#             in one process, best in another. The compiled text encoder was measured once (lab/LOG.md,
+#             in one process, best in another, which ends with e2e-4-mask: best's e2e-4 edit with $MASK (the
+#             masked row: compare with e2e-4's best). The compiled text encoder was measured once (lab/LOG.md,
 #             section 3), not in every run
 #   scripts/gpu/bench.sh cold      the never-compiled first use of ready again in five new processes one after
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
@@ -31,6 +32,7 @@ PYTHON=${PYTHON:-python3}
 BEST=${BEST:-best}    # ghostedit/optimize/presets.py
 EXACT=${EXACT:-exact}
 STEP_CACHE=${STEP_CACHE-step-cache=fbcache-0.08}  # the 40-step run adds best + it ("" leaves it out)
+MASK=${MASK:-assets/examples/house-mask.png}       # e2e-4-mask's mask, for the bench's image (house.png)
 # random weights never skip a step at the offered thresholds: the cache runs at this one instead, so that the cost
 # and gain of a served step are measured (bench --help, --step-cache-threshold; "" runs the offered threshold)
 STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD-0.95}
@@ -108,7 +110,8 @@ e2e() {
   bench e2e-4 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_4[@]}" \
     --baseline-from "$RESULTS/e2e-4-stock" --configs "$BEST" "$BEST,scheduler=lightning" \
     --then --out-dir "$RESULTS/e2e-40" "${E2E_40[@]}" --baseline-from "$RESULTS/e2e-40-stock" \
-    --configs "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
+    --configs "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"} \
+    --then --out-dir "$RESULTS/e2e-4-mask" "${E2E_4[@]}" --baseline-from "" --mask "$MASK" --configs "$BEST"
 }
 
 speed() { dit; ready; e2e; }
