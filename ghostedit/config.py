@@ -20,7 +20,7 @@ LORA_MODES = ("fused", "runtime")
 MAX_LORAS = 4
 LORA_SPEC = re.compile(r"(?P<path>.+?)(?::(?P<scale>[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)(?::(?P<mode>fused|runtime))?)?")
 
-MAX_INPUT_IMAGES = 3
+MAX_INPUT_IMAGES = 10  # the most any model takes (Qwen-Image-2.1); each family's own limits are checked at run time
 STEPS_RANGE = (1, 100)
 CFG_RANGE = (1.0, 20.0)
 SIZE_RANGE = (64, 2048)
@@ -300,7 +300,9 @@ class EditRequest:
     is refused with InvalidRequestError, never clamped: a clamped value would quietly run something other than
     what was asked, and the app's controls cannot send such values, so only API callers see the message.
     `images` may be PIL images, paths, bytes or binary file objects: each is loaded and checked by
-    images.load_image (InputImageError) and kept as an RGB PIL image."""
+    images.load_image (InputImageError) and kept as an RGB PIL image (`keep_alpha`: RGBA where it has transparency,
+    for a model that reads alpha). No image: text-to-image, for a model that generates (the engine checks the
+    model's own limits)."""
     images: tuple[Image.Image, ...]
     prompt: str
     negative_prompt: str = ""
@@ -309,6 +311,7 @@ class EditRequest:
     seed: int = 0
     width: int | None = None
     height: int | None = None
+    keep_alpha: bool = False
 
     def __post_init__(self):
         self._set("prompt", _checked_prompt("prompt", self.prompt))
@@ -323,7 +326,7 @@ class EditRequest:
         for name in ("width", "height"):
             if getattr(self, name) is not None:
                 self._set(name, _side(name, getattr(self, name)))
-        self._set("images", _checked_images(self.images))  # last: the slowest check
+        self._set("images", _checked_images(self.images, self.keep_alpha))  # last: the slowest check
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)
@@ -372,18 +375,18 @@ def _check_range(name: str, value, bounds):
     return value
 
 
-def _checked_images(images) -> tuple[Image.Image, ...]:
+def _checked_images(images, keep_alpha: bool) -> tuple[Image.Image, ...]:
     if isinstance(images, (Image.Image, str, bytes, os.PathLike)):
         images = [images]
     images = list(images)
-    if not 1 <= len(images) <= MAX_INPUT_IMAGES:
-        raise InvalidRequestError(f"an edit takes 1 to {MAX_INPUT_IMAGES} input images; got {len(images)}")
-    return tuple(_loaded(image, index, len(images)) for index, image in enumerate(images, 1))
+    if len(images) > MAX_INPUT_IMAGES:
+        raise InvalidRequestError(f"a run takes at most {MAX_INPUT_IMAGES} input images; got {len(images)}")
+    return tuple(_loaded(image, index, len(images), keep_alpha) for index, image in enumerate(images, 1))
 
 
-def _loaded(image, index: int, count: int) -> Image.Image:
+def _loaded(image, index: int, count: int, keep_alpha: bool) -> Image.Image:
     try:
-        return load_image(image)
+        return load_image(image, keep_alpha)
     except InputImageError as error:
         if count == 1:
             raise

@@ -1,0 +1,475 @@
+"""Qwen-Image-2.1's DiT, GhostEdit's own, read top to bottom: the single-stream transformer of the released model
+(diffusers' QwenImage21Transformer2DModel and DiffSynth's QwenImage21DiT compute the same; this file computes it
+too, on their state dict: the same parameter names, no conversion).
+
+The sequence is one stream: the prompt's tokens as the text encoder gave them, each reference image's latent tokens
+in the places the text encoder reserved for that image (one image slot there is 2x2 latent tokens), and the target
+image's tokens appended last. Attention is block-causal: a text token sees what comes before it and itself; a
+reference image's tokens see what comes before the image and the whole image; the target's tokens see everything.
+Text and reference tokens are modulated as at t=0 (`causal_condition`), so their keys and values are the same at
+every step: the first step fills a prefix cache with them and later steps compute the target's tokens alone.
+
+The seams, where the run's options (DitOptions, passed into every forward: no module state) and the toggles attach:
+- attention: `attend` dispatches the block-causal structure to a backend: "sdpa" (one scaled-dot-product call per
+  prefix segment and one for the target, exact on any device; a text segment's mask is a lower-right causal bias,
+  which the flash kernels take), "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math" (the same with
+  PyTorch's kernel named) or "flex" (one flex_attention call over the block mask: fast once compiled); a step from
+  the cache is plain attention of the target over every key;
+- linear: every projection is an `nn.Linear` attribute of its module (`to_q`, `img_mlp.proj`, ...), so a quantizer
+  (torchao's FP8) replaces the weights in place and the forward does not change;
+- block loop: `QwenImage21DiT.blocks` runs the blocks in order, each an `nn.Module` of its own (regional compile
+  compiles each one; its two shapes, the cache-filling step and the cached steps, are two graphs, no recompiles);
+- prefix KV cache: `PrefixCache`, one per CFG branch and run, filled at the first step and read at the others.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
+# PyTorch's SDPA kernels by name ("sdpa": its own dispatch)
+SDPA_KERNELS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
+                "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
+ATTENTION_BACKENDS = ("sdpa", *SDPA_KERNELS, "flex")
+FLEX_BLOCK_SIZE = 128      # flex_attention's block mask works in blocks of 128 tokens
+
+
+@dataclass(frozen=True)
+class DitOptions:
+    """How a forward runs (not what it computes): the attention backend and whether the prefix cache is used."""
+    attention: str = "sdpa"
+    prefix_cache: bool = True
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}; got {self.attention!r}")
+
+
+# ---- the sequence's structure ----
+
+@dataclass
+class Layout:
+    """Where everything sits in the joint sequence of one CFG branch, the same at every step of a run."""
+    length: int                        # tokens of the joint sequence
+    image_positions: torch.Tensor      # [N] the latent tokens' positions (references, then the target)
+    text_positions: torch.Tensor       # [L - N] the text tokens' positions
+    vl_text_positions: torch.Tensor    # [L - N] where those are in the text encoder's sequence
+    prefix_length: int                 # text and reference tokens: everything before the target
+    segments: list[tuple[int, int, bool]]  # the prefix as (start, end, is_text) runs of one text stretch or image
+    rotary: torch.Tensor               # [L, head_dim / 2] complex rotary factors
+    key_valid: torch.Tensor | None     # [B, L] False at padded prompt tokens (a batch of prompts of different lengths)
+    block_mask: object = None          # flex_attention's BlockMask, made when that backend first runs
+
+    @property
+    def target_length(self) -> int:
+        return self.length - self.prefix_length
+
+
+def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], prompt_mask: torch.Tensor | None,
+           rope: "Rope", device) -> Layout:
+    """The Layout for a text encoder sequence whose image slots are `image_mask` ([B, S], the target's slots
+    appended; samples share one layout) and images of `img_shapes` (frames, height, width) in latent tokens."""
+    repeats = torch.where(image_mask[0], IMAGE_TOKENS_PER_SLOT, 1)
+    is_image = torch.repeat_interleave(image_mask[0], repeats)
+    image_positions = is_image.nonzero(as_tuple=True)[0]
+    lengths = [math.prod(shape) for shape in img_shapes]
+    if sum(lengths) != image_positions.numel():
+        raise ValueError(f"the images have {sum(lengths)} latent tokens but the text encoder's sequence reserved "
+                         f"{image_positions.numel()}")
+    image_ids = torch.full_like(is_image, -1, dtype=torch.long)
+    image_ids[image_positions] = torch.tensor([block for block, n in enumerate(lengths) for _ in range(n)],
+                                              device=is_image.device)
+    prefix_length = is_image.numel() - lengths[-1]
+    text_positions = (~is_image).nonzero(as_tuple=True)[0]
+    vl_text_positions = (~image_mask[0]).nonzero(as_tuple=True)[0]
+    key_valid = None
+    if prompt_mask is not None:
+        key_valid = torch.ones(prompt_mask.shape[0], is_image.numel(), dtype=torch.bool, device=device)
+        key_valid[:, text_positions] = prompt_mask.bool()[:, vl_text_positions]
+    return Layout(is_image.numel(), image_positions.to(device), text_positions.to(device),
+                  vl_text_positions.to(device), prefix_length, _segments(image_ids[:prefix_length].tolist()),
+                  rope(img_shapes, is_image, device), key_valid)
+
+
+def _segments(image_ids: list[int]) -> list[tuple[int, int, bool]]:
+    """Runs of one text stretch (-1) or one image (its id) as (start, end, is_text)."""
+    segments, start = [], 0
+    for index in range(1, len(image_ids) + 1):
+        if index == len(image_ids) or image_ids[index] != image_ids[start]:
+            segments.append((start, index, image_ids[start] < 0))
+            start = index
+    return segments
+
+
+class Rope:
+    """3-axis (frame, height, width) rotary positions over the joint sequence: text advances one position on every
+    axis; an image holds the frame position the text reached and lays its tokens on a height/width grid centred on
+    zero, then moves the position on by its longer side. No parameters: the tables are made once per device."""
+
+    def __init__(self, axes_dim: list[int], theta: int = 10000):
+        self.axes_dim = axes_dim
+        positive, negative = torch.arange(8192), torch.arange(1024).flip(0) * -1 - 1
+        self._tables = {"cpu": [torch.cat([_frequencies(positive, dim, theta), _frequencies(negative, dim, theta)])
+                                for dim in axes_dim]}
+
+    def tables(self, device) -> list[torch.Tensor]:
+        key = str(device)
+        if key not in self._tables:
+            self._tables[key] = [table.to(device) for table in self._tables["cpu"]]
+        return self._tables[key]
+
+    def __call__(self, img_shapes, is_image: torch.Tensor, device) -> torch.Tensor:
+        frame, image_height, image_width = [], [], []
+        cursor = position = 0
+        flags = is_image.tolist()
+        for _, height, width in img_shapes:
+            start = flags.index(True, cursor)
+            frame.extend(range(position, position + start - cursor))
+            position += start - cursor
+            cursor = start + height * width
+            frame.extend([position] * (height * width))
+            position += max(height, width)
+            image_height.extend(h for h in range(-(height - height // 2), height // 2) for _ in range(width))
+            image_width.extend(w for _ in range(height) for w in range(-(width - width // 2), width // 2))
+        frame.extend(range(position, position + len(flags) - cursor))
+        frame = torch.tensor(frame, dtype=torch.long, device=device)
+        height_index, width_index = frame.clone(), frame.clone()
+        mask = is_image.to(device)
+        height_index[mask] = torch.tensor(image_height, dtype=torch.long, device=device)
+        width_index[mask] = torch.tensor(image_width, dtype=torch.long, device=device)
+        tables = self.tables(device)
+        return torch.cat([tables[0][frame], tables[1][height_index], tables[2][width_index]], dim=-1)
+
+
+def _frequencies(index: torch.Tensor, dim: int, theta: int) -> torch.Tensor:
+    angles = torch.outer(index, 1.0 / torch.pow(theta, torch.arange(0, dim, 2).to(torch.float32).div(dim)))
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rotary(x: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
+    """x [B, S, H, D] rotated by rotary [S, D / 2] (complex), computed in float32."""
+    rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)) * rotary.unsqueeze(1)
+    return torch.view_as_real(rotated).flatten(3).type_as(x)
+
+
+# ---- the prefix cache ----
+
+@dataclass
+class PrefixCache:
+    """One CFG branch's text and reference keys and values, [B, prefix, H, D] per block, from the first step; and
+    its Layout, which does not change from step to step."""
+    blocks: int
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    layout: Layout | None = None
+
+    @property
+    def filled(self) -> bool:
+        return len(self.keys) == self.blocks
+
+    @property
+    def shape_key(self) -> str:
+        """What the cache adds to a forward's shapes (a compiled DiT runs one graph for each)."""
+        return "from the prefix cache" if self.filled else "filling the prefix cache"
+
+    def store(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        # clone: a slice of the step's keys would keep all of them alive for the whole run
+        self.keys.append(key.clone())
+        self.values.append(value.clone())
+
+
+# ---- attention ----
+
+def attend(query, key, value, layout: Layout, options: DitOptions, from_cache: bool) -> torch.Tensor:
+    """Block-causal attention of [B, S, H, D] queries over keys and values; `from_cache`: the queries are the
+    target's alone and the keys begin with the cached prefix (the target sees everything: no structure left)."""
+    kernel = SDPA_KERNELS.get(options.attention)
+    valid = None if layout.key_valid is None else layout.key_valid[:, None, None, :]
+    if from_cache:
+        return sdpa(query, key, value, valid, kernel)
+    if options.attention == "flex":
+        return flex(query, key, value, layout)
+    outputs = []
+    for start, end, is_text in layout.segments:
+        mask = None if valid is None else valid[..., :end]
+        if is_text:  # causal inside the text stretch, everything before it: the lower-right causal triangle
+            length = end - start
+            if mask is None:
+                mask = causal_lower_right(length, end)
+            else:
+                mask = mask & torch.cat([torch.ones(length, start, dtype=torch.bool, device=query.device), torch.tril(
+                    torch.ones(length, length, dtype=torch.bool, device=query.device))], dim=1)
+        outputs.append(sdpa(query[:, start:end], key[:, :end], value[:, :end], mask, kernel))
+    outputs.append(sdpa(query[:, layout.prefix_length:], key, value, valid, kernel))
+    return torch.cat(outputs, dim=1)
+
+
+def sdpa(query, key, value, mask=None, kernel: str | None = None) -> torch.Tensor:
+    """PyTorch's scaled_dot_product_attention on [B, S, H, D] tensors, by the kernel named (None: its own pick)."""
+    query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if kernel is None:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+    with sdpa_kernel(getattr(SDPBackend, kernel)):
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+
+
+def flex(query, key, value, layout: Layout) -> torch.Tensor:
+    """One flex_attention call over the block-causal mask (`block_mask`), the sequence padded to whole mask
+    blocks."""
+    from torch.nn.attention.flex_attention import flex_attention
+    length = query.shape[1]
+    padded = math.ceil(length / FLEX_BLOCK_SIZE) * FLEX_BLOCK_SIZE
+    query, key, value = (F.pad(x, (0, 0, 0, 0, 0, padded - length)) for x in (query, key, value))
+    out = flex_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                         block_mask=layout.block_mask)
+    return out.transpose(1, 2)[:, :length]
+
+
+def block_mask(layout: Layout, batch: int, device):
+    """flex_attention's BlockMask of the block-causal structure (padded positions masked out)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    length = layout.length
+    padded = math.ceil(length / FLEX_BLOCK_SIZE) * FLEX_BLOCK_SIZE
+    image_ids = torch.full((padded,), -1, dtype=torch.long, device=device)
+    image_ids[layout.image_positions] = _block_ids(layout).to(device)
+    key_valid = torch.ones(batch, padded, dtype=torch.bool, device=device)
+    if layout.key_valid is not None:
+        key_valid[:, :length] = layout.key_valid
+
+    def mask_mod(b, h, q, k):
+        same_image = (image_ids[q] == image_ids[k]) & (image_ids[q] >= 0)
+        return ((q >= k) | same_image) & key_valid[b, k] & (q < length) & (k < length)
+
+    return create_block_mask(mask_mod, B=batch, H=None, Q_LEN=padded, KV_LEN=padded, device=device, _compile=False)
+
+
+def _block_ids(layout: Layout) -> torch.Tensor:
+    """Each latent token's image number (references in order, then the target)."""
+    ids, number = [], 0
+    for start, end, is_text in layout.segments:
+        if not is_text:
+            ids.extend([number] * (end - start))
+            number += 1
+    ids.extend([number] * layout.target_length)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ---- the model ----
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMS norm in float32 whose weight is stored minus one (the scale is weight + 1)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(torch.mean(hidden ** 2, dim=-1, keepdim=True) + self.eps)
+        return (hidden * (self.weight.float() + 1)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """The q/k norm: the mean square in float32, the weight applied in its own dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(self.weight.dtype)
+        return x * self.weight
+
+
+class TimestepEmbedding(nn.Module):
+    """The sinusoidal embedding of t (cos first, then sin, in float32) through two bias-free linears."""
+
+    def __init__(self, dim: int, frequencies: int = 256):
+        super().__init__()
+        self.half = frequencies // 2
+        self.linear_1 = nn.Linear(frequencies, dim, bias=False)
+        self.linear_2 = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, timestep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # made here in float32: a buffer would be cast with the model
+        frequencies = torch.exp(-math.log(10000) * torch.arange(self.half, dtype=torch.float32) / self.half)
+        angles = (1000.0 * timestep.float())[:, None] * frequencies[None].to(timestep.device)
+        embedding = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1).to(dtype)
+        return self.linear_2(F.silu(self.linear_1(embedding)))
+
+
+class TimeTextEmbed(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.timestep_embedder = TimestepEmbedding(dim)
+
+
+class TextProjection(nn.Module):
+    def __init__(self, context_dim: int, dim: int, eps: float):
+        super().__init__()
+        self.text_norm = ZeroCenteredRMSNorm(context_dim, eps)
+        self.in_layer = nn.Linear(context_dim, dim, bias=False)
+        self.out_layer = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_layer(F.gelu(self.in_layer(self.text_norm(x)), approximate="tanh"))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.to_q = nn.Linear(dim, heads * head_dim, bias=False)
+        self.to_k = nn.Linear(dim, heads * head_dim, bias=False)
+        self.to_v = nn.Linear(dim, heads * head_dim, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(heads * head_dim, dim, bias=False)])
+        self.norm_q = RMSNorm(head_dim, eps)
+        self.norm_k = RMSNorm(head_dim, eps)
+
+    def forward(self, x, rotary, layout: Layout, prefix: tuple | None, keep_prefix: bool,
+                options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
+        """`prefix`: the cached prefix's (keys, values), the queries being the target's alone; `keep_prefix`: return
+        this step's prefix keys and values for the cache."""
+        query, key, value = (projection(x).unflatten(-1, (-1, self.head_dim))
+                             for projection in (self.to_q, self.to_k, self.to_v))
+        query = apply_rotary(self.norm_q(query).to(value.dtype), rotary)
+        key = apply_rotary(self.norm_k(key).to(value.dtype), rotary)
+        kept = (key[:, :layout.prefix_length], value[:, :layout.prefix_length]) if keep_prefix else None
+        if prefix is not None:
+            key, value = torch.cat([prefix[0], key], dim=1), torch.cat([prefix[1], value], dim=1)
+        out = attend(query, key, value, layout, options, from_cache=prefix is not None)
+        return self.to_out[0](out.flatten(2, 3).type_as(query)), kept
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: out(silu(gate_layer(x)) * proj(x))."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, hidden, bias=False)
+        self.gate_layer = nn.Linear(dim, hidden, bias=False)
+        self.out = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.silu(self.gate_layer(x)) * self.proj(x))
+
+
+class Block(nn.Module):
+    """Attention and the feed-forward, each after a LayerNorm scaled by the shared modulation's rows and added back
+    through a tanh gate."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int, mlp_ratio: int, eps: float):
+        super().__init__()
+        self.attn = Attention(dim, heads, head_dim, eps)
+        self.img_mlp = FeedForward(dim, dim * mlp_ratio)
+        self.eps = eps
+
+    def forward(self, x, modulation, rotary, layout: Layout, prefix: tuple | None, keep_prefix: bool,
+                options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
+        scale1, gate1, scale2, gate2 = modulation.chunk(4, dim=-1)
+        normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale1)
+        attended, kept = self.attn(normed, rotary, layout, prefix, keep_prefix, options)
+        x = x + gate1.tanh() * attended
+        normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale2)
+        x = x + gate2.tanh() * self.img_mlp(normed)
+        return (x.clip(-65504, 65504) if x.dtype == torch.float16 else x), kept
+
+
+class FinalNorm(nn.Module):
+    """The output norm: LayerNorm scaled by a projection of the timestep embedding (no shift)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim, bias=False)
+        self.eps = eps
+
+
+class QwenImage21DiT(nn.Module):
+    """The released model at the sizes of a diffusers transformer config (its __init__ takes that config's keys)."""
+
+    # Regional compile (optimize/compile.py) compiles each block as it is called: a run's cache-filling step and its
+    # cached steps are one graph each (torch's automatic dynamic shapes make the second one over any length), and
+    # the blocks share them; no token dimension needs marking
+    one_graph_per_step_kind = True
+
+    def __init__(self, patch_size: int = 1, in_channels: int = 64, out_channels: int | None = 64,
+                 num_layers: int = 32, attention_head_dim: int = 128, num_attention_heads: int = 32,
+                 context_in_dim: int = 4096, mlp_ratio: int = 3, axes_dims_rope=(16, 56, 56), eps: float = 1e-6,
+                 causal_condition: bool = True):
+        super().__init__()
+        if patch_size != 1 or not causal_condition:
+            raise ValueError("Qwen-Image-2.1's DiT takes latents unpatched (patch_size 1) with causal_condition")
+        dim = num_attention_heads * attention_head_dim
+        self.rope = Rope(list(axes_dims_rope))
+        self.time_text_embed = TimeTextEmbed(dim)
+        self.txt_in = TextProjection(context_in_dim, dim, eps)
+        self.img_in = nn.Linear(in_channels, dim, bias=False)
+        # one modulation shared by every block: [scale 1, gate 1, scale 2, gate 2]
+        self.modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 4 * dim, bias=False))
+        self.transformer_blocks = nn.ModuleList(
+            Block(dim, num_attention_heads, attention_head_dim, mlp_ratio, eps) for _ in range(num_layers))
+        self.norm_out = FinalNorm(dim, eps)
+        self.proj_out = nn.Linear(dim, out_channels or in_channels, bias=False)
+
+    def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor,
+                image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]],
+                prompt_mask: torch.Tensor | None = None, cache: PrefixCache | None = None,
+                options: DitOptions = DitOptions()) -> torch.Tensor:
+        """The target's prediction [B, T, C] from `latents` [B, N, C] (the references' tokens, then the target's),
+        the text encoder's `prompt_embeds` [B, S, E] with its image slots `image_mask` [B, S + T / 4] (the target's
+        appended), `timestep` [B] in [0, 1]. `cache`: this branch's prefix cache (None: every token every step)."""
+        if cache is not None and cache.layout is not None:
+            layout_ = cache.layout
+        else:
+            layout_ = layout(image_mask, img_shapes, prompt_mask, self.rope, latents.device)
+            if cache is not None:
+                cache.layout = layout_
+        from_cache = cache is not None and cache.filled
+        if options.attention == "flex" and not from_cache and layout_.block_mask is None:
+            layout_.block_mask = block_mask(layout_, latents.shape[0], latents.device)
+
+        temb = self.time_text_embed.timestep_embedder(
+            torch.cat([timestep, timestep.new_zeros(1)]).to(latents.dtype), latents.dtype)  # t, and 0 for the prefix
+        modulation = self.modulation(temb)                     # [B + 1, 4 dim]
+        target_rows, prefix_row = modulation[:-1, None], modulation[-1:, None]
+        final_scale = self.norm_out.linear(F.silu(temb).to(latents.dtype))[:-1, None]
+
+        image_tokens = self.img_in(latents)
+        if from_cache:  # the target's tokens alone; the prefix is in the cache
+            hidden = image_tokens[:, -layout_.target_length:]
+            rotary = layout_.rotary[layout_.prefix_length:]
+            rows = target_rows
+        else:
+            hidden = image_tokens.new_empty(latents.shape[0], layout_.length, image_tokens.shape[-1])
+            hidden[:, layout_.text_positions] = self.txt_in(prompt_embeds)[:, layout_.vl_text_positions]
+            hidden[:, layout_.image_positions] = image_tokens
+            rotary = layout_.rotary
+            rows = torch.cat([prefix_row.expand(-1, layout_.prefix_length, -1),
+                              target_rows.expand(-1, layout_.target_length, -1)], dim=1)
+        hidden = self.blocks(hidden, rows, rotary, layout_, cache, options)
+        target = hidden[:, -layout_.target_length:]
+        target = F.layer_norm(target, target.shape[-1:], eps=self.norm_out.eps) * (1 + final_scale)
+        return self.proj_out(target)
+
+    def blocks(self, hidden, modulation, rotary, layout_: Layout, cache: PrefixCache | None,
+               options: DitOptions) -> torch.Tensor:
+        """The block loop: each block reads its cached prefix, or hands this step's to the cache."""
+        from_cache = cache is not None and cache.filled
+        for index, block in enumerate(self.transformer_blocks):
+            prefix = (cache.keys[index], cache.values[index]) if from_cache else None
+            hidden, kept = block(hidden, modulation, rotary, layout_, prefix, cache is not None and not from_cache,
+                                 options)
+            if kept is not None:
+                cache.store(*kept)
+        return hidden
