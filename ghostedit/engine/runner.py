@@ -109,7 +109,7 @@ def pipeline_arguments(request: EditRequest, family, config, width: int, height:
     if family.dit == QWEN_IMAGE_21_DIT:
         from ..models.qwen_image_21.pipeline import dit_options
         return {**common, "edit_image": list(request.images) or None, "dit_options": dit_options(config),
-                "count_tokens": telemetry.dit_tokens.append}
+                "prefix_cache": config.value("prefix-cache") == "on", "count_tokens": telemetry.dit_tokens.append}
     return {**common, "edit_image": list(request.images), "edit_image_auto_resize": False,
             "zero_cond_t": family.zero_cond_t}
 

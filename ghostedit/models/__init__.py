@@ -20,11 +20,14 @@ TINY_PARAMETERS = {"dit": 340_480, "text_encoder": 226_272, "vae": 668_043}
 # Qwen-Image-2.1's components (counted on the meta device from the released configs: the 7.1B DiT, Qwen3-VL-8B, the
 # RGBA VAE)
 FULL_SIZE_PARAMETERS_21 = {"dit": 7_115_124_736, "text_encoder": 8_767_123_696, "vae": 337_740_404}
-TINY_PARAMETERS_21 = {"dit": 226_368, "text_encoder": 226_912, "vae": 1_005_800}
+TINY_PARAMETERS_21 = {"dit": 164_032, "text_encoder": 260_704, "vae": 134_428}
 # The embedded models by name: (kind, family)
 EMBEDDED = {"tiny": ("tiny", TINY), "synthetic": ("synthetic", SYNTHETIC), "tiny-2.1": ("tiny", TINY_21),
             "tiny-2.1-turbo": ("tiny", TINY_21_TURBO), "synthetic-2.1": ("synthetic", SYNTHETIC_21),
             "synthetic-2.1-turbo": ("synthetic", SYNTHETIC_21_TURBO)}
+EMBEDDED_MODELS = {"tiny": "Qwen-Image-Edit", "synthetic": "Qwen-Image-Edit", "tiny-2.1": "Qwen-Image-2.1",
+                   "synthetic-2.1": "Qwen-Image-2.1", "tiny-2.1-turbo": "Qwen-Image-2.1-Turbo",
+                   "synthetic-2.1-turbo": "Qwen-Image-2.1-Turbo"}  # what each embedded model is built as
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,7 @@ class ModelSpec:
 
     @property
     def description(self) -> str:
-        model = self.family.name.removeprefix("tiny-").removeprefix("synthetic-") if self.family else ""
-        model = {"tiny": "Qwen-Image-Edit", "synthetic": "Qwen-Image-Edit"}.get(model, f"Qwen-Image-{model}")
+        model = EMBEDDED_MODELS.get(self.family.name) if self.family else None
         return {
             "tiny": f"embedded tiny {model} (random weights, for CPUs and tests)",
             "synthetic": f"full-size {model} architecture with random weights (benchmarks)",

@@ -9,46 +9,30 @@ reference image's tokens see what comes before the image and the whole image; th
 Text and reference tokens are modulated as at t=0 (`causal_condition`), so their keys and values are the same at
 every step: the first step fills a prefix cache with them and later steps compute the target's tokens alone.
 
-The seams, where the run's options (DitOptions, passed into every forward: no module state) and the toggles attach:
-- attention: `attend` dispatches the block-causal structure to a backend: "sdpa" (one scaled-dot-product call per
-  prefix segment and one for the target, exact on any device; a text segment's mask is a lower-right causal bias,
-  which the flash kernels take), "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math" (the same with
-  PyTorch's kernel named) or "flex" (one flex_attention call over the block mask: fast once compiled); a step from
-  the cache is plain attention of the target over every key;
+Where the run's choices attach, the forward calls the seams (seams.py; the options travel down in `DitOptions`):
+- attention: `attention(...)` over the block-causal `Segments` (span by span through the backend the options name,
+  or one flex_attention call), or, from the cache, the target's queries over the cached prefix and its own keys;
 - linear: every projection is an `nn.Linear` attribute of its module (`to_q`, `img_mlp.proj`, ...), so a quantizer
   (torchao's FP8) replaces the weights in place and the forward does not change;
-- block loop: `QwenImage21DiT.blocks` runs the blocks in order, each an `nn.Module` of its own (regional compile
-  compiles each one; its two shapes, the cache-filling step and the cached steps, are two graphs, no recompiles);
-- prefix KV cache: `PrefixCache`, one per CFG branch and run, filled at the first step and read at the others.
+- block loop: `QwenImage21DiT.run_blocks` runs `blocks` in order, each an `nn.Module` of its own (regional compile
+  compiles each; the cache-filling step and the cached steps are one graph each);
+- prefix KV cache: `options.prefix_cache` (one per run: its CFG branches by step index), filled by the first step
+  of a branch and read by the others.
+The sequence's structure (`Layout`: positions, segments, rotary factors) is the same at every step of a CFG branch:
+the pipeline makes it once (`layout`) and hands it to each forward.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
+
+from .seams import FLEX, DitOptions, Segments, attention, flex_block_mask
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
-# PyTorch's SDPA kernels by name ("sdpa": its own dispatch)
-SDPA_KERNELS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
-                "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
-ATTENTION_BACKENDS = ("sdpa", *SDPA_KERNELS, "flex")
-FLEX_BLOCK_SIZE = 128      # flex_attention's block mask works in blocks of 128 tokens
-
-
-@dataclass(frozen=True)
-class DitOptions:
-    """How a forward runs (not what it computes): the attention backend and whether the prefix cache is used."""
-    attention: str = "sdpa"
-    prefix_cache: bool = True
-
-    def __post_init__(self):
-        if self.attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}; got {self.attention!r}")
 
 
 # ---- the sequence's structure ----
@@ -61,10 +45,8 @@ class Layout:
     text_positions: torch.Tensor       # [L - N] the text tokens' positions
     vl_text_positions: torch.Tensor    # [L - N] where those are in the text encoder's sequence
     prefix_length: int                 # text and reference tokens: everything before the target
-    segments: list[tuple[int, int, bool]]  # the prefix as (start, end, is_text) runs of one text stretch or image
+    segments: Segments                 # the block-causal mask
     rotary: torch.Tensor               # [L, head_dim / 2] complex rotary factors
-    key_valid: torch.Tensor | None     # [B, L] False at padded prompt tokens (a batch of prompts of different lengths)
-    block_mask: object = None          # flex_attention's BlockMask, made when that backend first runs
 
     @property
     def target_length(self) -> int:
@@ -72,9 +54,10 @@ class Layout:
 
 
 def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], prompt_mask: torch.Tensor | None,
-           rope: "Rope", device) -> Layout:
+           rope: "Rope", device, options: DitOptions = DitOptions()) -> Layout:
     """The Layout for a text encoder sequence whose image slots are `image_mask` ([B, S], the target's slots
-    appended; samples share one layout) and images of `img_shapes` (frames, height, width) in latent tokens."""
+    appended; samples share one layout) and images of `img_shapes` (frames, height, width) in latent tokens;
+    `prompt_mask` [B, S] False at padded prompt tokens (a batch of prompts of different lengths), or None."""
     repeats = torch.where(image_mask[0], IMAGE_TOKENS_PER_SLOT, 1)
     is_image = torch.repeat_interleave(image_mask[0], repeats)
     image_positions = is_image.nonzero(as_tuple=True)[0]
@@ -85,26 +68,29 @@ def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], pro
     image_ids = torch.full_like(is_image, -1, dtype=torch.long)
     image_ids[image_positions] = torch.tensor([block for block, n in enumerate(lengths) for _ in range(n)],
                                               device=is_image.device)
-    prefix_length = is_image.numel() - lengths[-1]
+    length, prefix_length = is_image.numel(), is_image.numel() - lengths[-1]
     text_positions = (~is_image).nonzero(as_tuple=True)[0]
     vl_text_positions = (~image_mask[0]).nonzero(as_tuple=True)[0]
     key_valid = None
     if prompt_mask is not None:
-        key_valid = torch.ones(prompt_mask.shape[0], is_image.numel(), dtype=torch.bool, device=device)
-        key_valid[:, text_positions] = prompt_mask.bool()[:, vl_text_positions]
-    return Layout(is_image.numel(), image_positions.to(device), text_positions.to(device),
-                  vl_text_positions.to(device), prefix_length, _segments(image_ids[:prefix_length].tolist()),
-                  rope(img_shapes, is_image, device), key_valid)
+        key_valid = torch.ones(prompt_mask.shape[0], length, dtype=torch.bool, device=device)
+        key_valid[:, text_positions.to(device)] = prompt_mask.bool()[:, vl_text_positions.to(prompt_mask.device)]
+    segments = Segments(_spans(image_ids[:prefix_length].tolist()), key_valid)
+    if options.attention == FLEX:
+        segments = Segments(segments.spans, key_valid,
+                            flex_block_mask(segments, length, image_mask.shape[0], device))
+    return Layout(length, image_positions.to(device), text_positions.to(device), vl_text_positions.to(device),
+                  prefix_length, segments, rope(img_shapes, is_image, device))
 
 
-def _segments(image_ids: list[int]) -> list[tuple[int, int, bool]]:
-    """Runs of one text stretch (-1) or one image (its id) as (start, end, is_text)."""
-    segments, start = [], 0
+def _spans(image_ids: list[int]) -> tuple[tuple[int, int, bool], ...]:
+    """Runs of one text stretch (-1: causal) or one image (its id) as (start, end, causal)."""
+    spans, start = [], 0
     for index in range(1, len(image_ids) + 1):
         if index == len(image_ids) or image_ids[index] != image_ids[start]:
-            segments.append((start, index, image_ids[start] < 0))
+            spans.append((start, index, image_ids[start] < 0))
             start = index
-    return segments
+    return tuple(spans)
 
 
 class Rope:
@@ -113,7 +99,6 @@ class Rope:
     zero, then moves the position on by its longer side. No parameters: the tables are made once per device."""
 
     def __init__(self, axes_dim: list[int], theta: int = 10000):
-        self.axes_dim = axes_dim
         positive, negative = torch.arange(8192), torch.arange(1024).flip(0) * -1 - 1
         self._tables = {"cpu": [torch.cat([_frequencies(positive, dim, theta), _frequencies(negative, dim, theta)])
                                 for dim in axes_dim]}
@@ -158,106 +143,12 @@ def apply_rotary(x: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(rotated).flatten(3).type_as(x)
 
 
-# ---- the prefix cache ----
-
-@dataclass
-class PrefixCache:
-    """One CFG branch's text and reference keys and values, [B, prefix, H, D] per block, from the first step; and
-    its Layout, which does not change from step to step."""
-    blocks: int
-    keys: list = field(default_factory=list)
-    values: list = field(default_factory=list)
-    layout: Layout | None = None
-
-    @property
-    def filled(self) -> bool:
-        return len(self.keys) == self.blocks
-
-    @property
-    def shape_key(self) -> str:
-        """What the cache adds to a forward's shapes (a compiled DiT runs one graph for each)."""
-        return "from the prefix cache" if self.filled else "filling the prefix cache"
-
-    def store(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        # clone: a slice of the step's keys would keep all of them alive for the whole run
-        self.keys.append(key.clone())
-        self.values.append(value.clone())
-
-
-# ---- attention ----
-
-def attend(query, key, value, layout: Layout, options: DitOptions, from_cache: bool) -> torch.Tensor:
-    """Block-causal attention of [B, S, H, D] queries over keys and values; `from_cache`: the queries are the
-    target's alone and the keys begin with the cached prefix (the target sees everything: no structure left)."""
-    kernel = SDPA_KERNELS.get(options.attention)
-    valid = None if layout.key_valid is None else layout.key_valid[:, None, None, :]
-    if from_cache:
-        return sdpa(query, key, value, valid, kernel)
-    if options.attention == "flex":
-        return flex(query, key, value, layout)
-    outputs = []
-    for start, end, is_text in layout.segments:
-        mask = None if valid is None else valid[..., :end]
-        if is_text:  # causal inside the text stretch, everything before it: the lower-right causal triangle
-            length = end - start
-            if mask is None:
-                mask = causal_lower_right(length, end)
-            else:
-                mask = mask & torch.cat([torch.ones(length, start, dtype=torch.bool, device=query.device), torch.tril(
-                    torch.ones(length, length, dtype=torch.bool, device=query.device))], dim=1)
-        outputs.append(sdpa(query[:, start:end], key[:, :end], value[:, :end], mask, kernel))
-    outputs.append(sdpa(query[:, layout.prefix_length:], key, value, valid, kernel))
-    return torch.cat(outputs, dim=1)
-
-
-def sdpa(query, key, value, mask=None, kernel: str | None = None) -> torch.Tensor:
-    """PyTorch's scaled_dot_product_attention on [B, S, H, D] tensors, by the kernel named (None: its own pick)."""
-    query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    if kernel is None:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
-    with sdpa_kernel(getattr(SDPBackend, kernel)):
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
-
-
-def flex(query, key, value, layout: Layout) -> torch.Tensor:
-    """One flex_attention call over the block-causal mask (`block_mask`), the sequence padded to whole mask
-    blocks."""
-    from torch.nn.attention.flex_attention import flex_attention
-    length = query.shape[1]
-    padded = math.ceil(length / FLEX_BLOCK_SIZE) * FLEX_BLOCK_SIZE
-    query, key, value = (F.pad(x, (0, 0, 0, 0, 0, padded - length)) for x in (query, key, value))
-    out = flex_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                         block_mask=layout.block_mask)
-    return out.transpose(1, 2)[:, :length]
-
-
-def block_mask(layout: Layout, batch: int, device):
-    """flex_attention's BlockMask of the block-causal structure (padded positions masked out)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-    length = layout.length
-    padded = math.ceil(length / FLEX_BLOCK_SIZE) * FLEX_BLOCK_SIZE
-    image_ids = torch.full((padded,), -1, dtype=torch.long, device=device)
-    image_ids[layout.image_positions] = _block_ids(layout).to(device)
-    key_valid = torch.ones(batch, padded, dtype=torch.bool, device=device)
-    if layout.key_valid is not None:
-        key_valid[:, :length] = layout.key_valid
-
-    def mask_mod(b, h, q, k):
-        same_image = (image_ids[q] == image_ids[k]) & (image_ids[q] >= 0)
-        return ((q >= k) | same_image) & key_valid[b, k] & (q < length) & (k < length)
-
-    return create_block_mask(mask_mod, B=batch, H=None, Q_LEN=padded, KV_LEN=padded, device=device, _compile=False)
-
-
-def _block_ids(layout: Layout) -> torch.Tensor:
-    """Each latent token's image number (references in order, then the target)."""
-    ids, number = [], 0
-    for start, end, is_text in layout.segments:
-        if not is_text:
-            ids.extend([number] * (end - start))
-            number += 1
-    ids.extend([number] * layout.target_length)
-    return torch.tensor(ids, dtype=torch.long)
+def diffsynth_attention(q, k, v, mask) -> torch.Tensor:
+    """DiffSynth's own attention for this DiT (its choice of kernel, PyTorch SDPA for a mask), heads first in,
+    [batch, queries, heads * head_dim] out."""
+    from diffsynth.core.attention import attention_forward
+    return attention_forward(q, k, v, q_pattern="b n s d", k_pattern="b n s d", v_pattern="b n s d",
+                             out_pattern="b s n d", attn_mask=mask).flatten(2)
 
 
 # ---- the model ----
@@ -337,7 +228,7 @@ class Attention(nn.Module):
         self.norm_q = RMSNorm(head_dim, eps)
         self.norm_k = RMSNorm(head_dim, eps)
 
-    def forward(self, x, rotary, layout: Layout, prefix: tuple | None, keep_prefix: bool,
+    def forward(self, x, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool,
                 options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
         """`prefix`: the cached prefix's (keys, values), the queries being the target's alone; `keep_prefix`: return
         this step's prefix keys and values for the cache."""
@@ -345,11 +236,14 @@ class Attention(nn.Module):
                              for projection in (self.to_q, self.to_k, self.to_v))
         query = apply_rotary(self.norm_q(query).to(value.dtype), rotary)
         key = apply_rotary(self.norm_k(key).to(value.dtype), rotary)
-        kept = (key[:, :layout.prefix_length], value[:, :layout.prefix_length]) if keep_prefix else None
-        if prefix is not None:
-            key, value = torch.cat([prefix[0], key], dim=1), torch.cat([prefix[1], value], dim=1)
-        out = attend(query, key, value, layout, options, from_cache=prefix is not None)
-        return self.to_out[0](out.flatten(2, 3).type_as(query)), kept
+        kept = (key[:, :layout_.prefix_length], value[:, :layout_.prefix_length]) if keep_prefix else None
+        if prefix is None:
+            mask = layout_.segments
+        else:  # the target sees every key: only padded prompt tokens are masked
+            valid = layout_.segments.key_valid
+            mask = None if valid is None else valid[:, None, None, :]
+        out = attention([(query, key, value)], options, mask=mask, prefix=prefix, diffsynth=diffsynth_attention)
+        return self.to_out[0](out.type_as(query)), kept
 
 
 class FeedForward(nn.Module):
@@ -375,11 +269,11 @@ class Block(nn.Module):
         self.img_mlp = FeedForward(dim, dim * mlp_ratio)
         self.eps = eps
 
-    def forward(self, x, modulation, rotary, layout: Layout, prefix: tuple | None, keep_prefix: bool,
+    def forward(self, x, modulation, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool,
                 options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
         scale1, gate1, scale2, gate2 = modulation.chunk(4, dim=-1)
         normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale1)
-        attended, kept = self.attn(normed, rotary, layout, prefix, keep_prefix, options)
+        attended, kept = self.attn(normed, rotary, layout_, prefix, keep_prefix, options)
         x = x + gate1.tanh() * attended
         normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale2)
         x = x + gate2.tanh() * self.img_mlp(normed)
@@ -411,6 +305,7 @@ class QwenImage21DiT(nn.Module):
         if patch_size != 1 or not causal_condition:
             raise ValueError("Qwen-Image-2.1's DiT takes latents unpatched (patch_size 1) with causal_condition")
         dim = num_attention_heads * attention_head_dim
+        self.heads, self.head_dim = num_attention_heads, attention_head_dim
         self.rope = Rope(list(axes_dims_rope))
         self.time_text_embed = TimeTextEmbed(dim)
         self.txt_in = TextProjection(context_in_dim, dim, eps)
@@ -422,23 +317,19 @@ class QwenImage21DiT(nn.Module):
         self.norm_out = FinalNorm(dim, eps)
         self.proj_out = nn.Linear(dim, out_channels or in_channels, bias=False)
 
-    def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor,
-                image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]],
-                prompt_mask: torch.Tensor | None = None, cache: PrefixCache | None = None,
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The repeated blocks (DiffSynth's attribute name, which the state dict's keys carry)."""
+        return self.transformer_blocks
+
+    def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor, layout_: Layout,
                 options: DitOptions = DitOptions()) -> torch.Tensor:
         """The target's prediction [B, T, C] from `latents` [B, N, C] (the references' tokens, then the target's),
-        the text encoder's `prompt_embeds` [B, S, E] with its image slots `image_mask` [B, S + T / 4] (the target's
-        appended), `timestep` [B] in [0, 1]. `cache`: this branch's prefix cache (None: every token every step)."""
-        if cache is not None and cache.layout is not None:
-            layout_ = cache.layout
-        else:
-            layout_ = layout(image_mask, img_shapes, prompt_mask, self.rope, latents.device)
-            if cache is not None:
-                cache.layout = layout_
-        from_cache = cache is not None and cache.filled
-        if options.attention == "flex" and not from_cache and layout_.block_mask is None:
-            layout_.block_mask = block_mask(layout_, latents.shape[0], latents.device)
-
+        the text encoder's `prompt_embeds` [B, S, E] and `timestep` [B] in [0, 1], over this CFG branch's
+        `layout_`. With `options.prefix_cache` (begun at this step by the caller), the first step of the branch
+        fills it and the others compute the target's tokens alone."""
+        cache = options.prefix_cache
+        from_cache = cache is not None and not cache.filling
         temb = self.time_text_embed.timestep_embedder(
             torch.cat([timestep, timestep.new_zeros(1)]).to(latents.dtype), latents.dtype)  # t, and 0 for the prefix
         modulation = self.modulation(temb)                     # [B + 1, 4 dim]
@@ -457,19 +348,21 @@ class QwenImage21DiT(nn.Module):
             rotary = layout_.rotary
             rows = torch.cat([prefix_row.expand(-1, layout_.prefix_length, -1),
                               target_rows.expand(-1, layout_.target_length, -1)], dim=1)
-        hidden = self.blocks(hidden, rows, rotary, layout_, cache, options)
+        hidden = self.run_blocks(hidden, rows, rotary, layout_, options, from_cache)
+        if cache is not None:
+            cache.done(hidden.shape[1])
         target = hidden[:, -layout_.target_length:]
         target = F.layer_norm(target, target.shape[-1:], eps=self.norm_out.eps) * (1 + final_scale)
         return self.proj_out(target)
 
-    def blocks(self, hidden, modulation, rotary, layout_: Layout, cache: PrefixCache | None,
-               options: DitOptions) -> torch.Tensor:
+    def run_blocks(self, hidden, modulation, rotary, layout_: Layout, options: DitOptions,
+                   from_cache: bool) -> torch.Tensor:
         """The block loop: each block reads its cached prefix, or hands this step's to the cache."""
-        from_cache = cache is not None and cache.filled
-        for index, block in enumerate(self.transformer_blocks):
-            prefix = (cache.keys[index], cache.values[index]) if from_cache else None
+        cache = options.prefix_cache
+        for index, block in enumerate(self.blocks):
+            prefix = cache.stored(index) if from_cache else None
             hidden, kept = block(hidden, modulation, rotary, layout_, prefix, cache is not None and not from_cache,
                                  options)
             if kept is not None:
-                cache.store(*kept)
+                cache.store(index, *kept)
         return hidden

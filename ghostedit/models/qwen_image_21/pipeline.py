@@ -25,7 +25,8 @@ from PIL import Image
 
 from ..exact import ReferenceSchedule, condition_images, to_tensor
 from ..family import Family
-from .dit import DitOptions, PrefixCache
+from .dit import layout
+from .seams import DIFFSYNTH, FLEX, DitOptions, PrefixKVCache
 
 # diffusers' FlowMatchEulerDiscreteScheduler defaults, for keys a scheduler config leaves out
 SCHEDULER_DEFAULTS = {"base_image_seq_len": 256, "max_image_seq_len": 4096, "base_shift": 0.5, "max_shift": 1.15,
@@ -33,14 +34,13 @@ SCHEDULER_DEFAULTS = {"base_image_seq_len": 256, "max_image_seq_len": 4096, "bas
 
 
 # The attention toggle's choices 2.1 runs (optimize/toggles/attention.py), as DitOptions names them
-ATTENTION = {"diffsynth": "sdpa", "sdpa-flash": "sdpa-flash", "sdpa-cudnn": "sdpa-cudnn",
-             "sdpa-efficient": "sdpa-efficient", "sdpa-math": "sdpa-math", "flex": "flex"}
+ATTENTION = {"diffsynth": DIFFSYNTH, "sdpa-flash": "sdpa-flash", "sdpa-cudnn": "sdpa-cudnn",
+             "sdpa-efficient": "sdpa-efficient", "sdpa-math": "sdpa-math", "flex": FLEX}
 
 
 def dit_options(config) -> DitOptions:
-    """How the DiT runs under an OptimizationConfig: its attention backend and the prefix cache."""
-    return DitOptions(attention=ATTENTION[config.value("attention")],
-                      prefix_cache=config.value("prefix-cache") == "on")
+    """How the DiT runs under an OptimizationConfig (its attention backend); the run adds its prefix cache."""
+    return DitOptions(attention=ATTENTION[config.value("attention")])
 
 
 class Schedule(ReferenceSchedule):
@@ -96,32 +96,39 @@ class EditImageEmbedder(QwenImage21Unit_EditImageEmbedder):
 
 
 class PrefixCacheUnit(QwenImage21Unit_KVCacheInitializer):
-    """A prefix cache for each CFG branch (the negative one only with CFG), or none when the options say off."""
+    """The run's prefix KV cache (its CFG branches told apart by step), or none when `use_kv_cache` is off; and each
+    branch's Layout of the joint sequence, the same at every step."""
 
     def process(self, pipe, inputs_shared, inputs_posi, inputs_nega):
-        on = inputs_shared["dit_options"].prefix_cache
-        blocks = len(pipe.dit.transformer_blocks)
-        inputs_posi["prefix_cache"] = PrefixCache(blocks) if on else None
-        inputs_nega["prefix_cache"] = PrefixCache(blocks) if on and inputs_shared["cfg_scale"] != 1 else None
+        options = inputs_shared["dit_options"]
+        if inputs_shared["use_kv_cache"]:
+            inputs_shared["dit_options"] = options.replace(prefix_cache=PrefixKVCache())
+        latents = inputs_shared["latents"]
+        img_shapes = [*[(1, edit.shape[2], edit.shape[3]) for edit in inputs_shared.get("edit_latents") or []],
+                      (1, latents.shape[2], latents.shape[3])]
+        for inputs in (inputs_posi, inputs_nega) if inputs_shared["cfg_scale"] != 1 else (inputs_posi,):
+            slots = inputs["edit_image_pad_mask"]
+            image_mask = torch.cat([slots, slots.new_ones(slots.shape[0], img_shapes[-1][1] * img_shapes[-1][2] // 4)],
+                                   dim=1)
+            inputs["dit_layout"] = layout(image_mask, img_shapes, inputs["prompt_embeds_mask"], pipe.dit.rope,
+                                          pipe.device, options)
         return inputs_shared, inputs_posi, inputs_nega
 
 
-def model_fn(dit, latents, timestep, prompt_embeds, prompt_embeds_mask, edit_image_pad_mask, edit_latents=None,
-             prefix_cache=None, dit_options=DitOptions(), count_tokens=None, **kwargs):
-    """One DiT forward as diffusers' pipeline makes it: the references' latent tokens before the target's, the
-    target's image slots appended to the prompt's, t / 1000 in the latents' dtype. `count_tokens`: called with the
-    number of tokens this forward computed (the target's alone from the cache)."""
+def model_fn(dit, latents, timestep, prompt_embeds, dit_layout, edit_latents=None, dit_options=DitOptions(),
+             progress_id=0, count_tokens=None, **kwargs):
+    """One DiT forward as diffusers' pipeline makes it: the references' latent tokens before the target's, t / 1000
+    in the latents' dtype, the prefix cache told which step this is. `count_tokens`: called with the number of
+    tokens this forward computed (the target's alone from the cache)."""
     height, width = latents.shape[2], latents.shape[3]
-    img_shapes = [*[(1, edit.shape[2], edit.shape[3]) for edit in edit_latents or []], (1, height, width)]
-    target = patchify(latents)
-    image_mask = torch.cat([edit_image_pad_mask, torch.ones(edit_image_pad_mask.shape[0], target.shape[1] // 4,
-                                                            dtype=torch.bool, device=edit_image_pad_mask.device)], 1)
-    tokens = torch.cat([*[patchify(edit) for edit in edit_latents or []], target], dim=1)
-    from_cache = prefix_cache is not None and prefix_cache.filled
-    prediction = dit(tokens, prompt_embeds, timestep.to(latents.dtype) / 1000, image_mask, img_shapes,
-                     prompt_embeds_mask, prefix_cache, dit_options)
-    if count_tokens is not None:  # the joint sequence: every text slot, and 4 latent tokens for each image slot
-        count_tokens(target.shape[1] if from_cache else image_mask.shape[1] + 3 * int(image_mask[0].sum()))
+    cache = dit_options.prefix_cache
+    if cache is not None:
+        cache.begin(progress_id)
+    from_cache = cache is not None and not cache.filling
+    tokens = torch.cat([*[patchify(edit) for edit in edit_latents or []], patchify(latents)], dim=1)
+    prediction = dit(tokens, prompt_embeds, timestep.to(latents.dtype) / 1000, dit_layout, dit_options)
+    if count_tokens is not None:
+        count_tokens(dit_layout.target_length if from_cache else dit_layout.length)
     return unpatchify(prediction, height, width)
 
 
@@ -142,17 +149,17 @@ class ExactPipeline21(QwenImage21Pipeline):
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0, edit_image=None,
                  height: int = 1024, width: int = 1024, seed: int = 0, num_inference_steps: int = 40,
-                 sigmas: list[float] | None = None, dit_options: DitOptions = DitOptions(), count_tokens=None,
-                 progress_bar_cmd=lambda steps: steps):
+                 sigmas: list[float] | None = None, dit_options: DitOptions = DitOptions(), prefix_cache: bool = True,
+                 count_tokens=None, progress_bar_cmd=lambda steps: steps):
         """One image: text-to-image without `edit_image`, else guided by up to the family's number of references.
-        `sigmas`: a schedule of its own (else the family's `sample_sigmas`, else N steps). `count_tokens`: called
-        with the tokens each DiT forward computed."""
+        `sigmas`: a schedule of its own (else the family's `sample_sigmas`, else N steps); `prefix_cache`: the
+        prefix KV cache on; `count_tokens`: called with the tokens each DiT forward computed."""
         inputs_posi = {"prompt": prompt}
         inputs_nega = {"negative_prompt": negative_prompt}
         inputs_shared = {"cfg_scale": cfg_scale, "edit_image": list(edit_image) if edit_image else None,
                          "controlnet_inputs": None, "height": height, "width": width, "seed": seed,
                          "rand_device": "cpu", "tiled": False, "tile_size": 256, "tile_stride": 192,
-                         "use_kv_cache": dit_options.prefix_cache, "dit_options": dit_options,
+                         "use_kv_cache": prefix_cache, "dit_options": dit_options,
                          "count_tokens": count_tokens}
         for unit in self.units:
             inputs_shared, inputs_posi, inputs_nega = self.unit_runner(unit, self, inputs_shared, inputs_posi,
