@@ -65,9 +65,10 @@ class ModelSpec:
 
     @property
     def licence(self) -> str | None:
-        """The model's licence where it is not Apache 2.0 (Qwen-Image-2.1's research licence)."""
+        """The licence of real weights where it is not Apache 2.0 (Qwen-Image-2.1's research licence); the embedded
+        models' random weights are GhostEdit's own."""
         family = self.known_family
-        return family.licence if family else None
+        return family.licence if family and self.kind in ("hub", "local") else None
 
     def nominal_sizes(self, dtypes: dict[str, torch.dtype]):
         """Bytes of each component in its dtype, from the model's parameter counts (before anything is loaded)."""

@@ -72,6 +72,7 @@ class Family:
     size_multiple: int = SIZE_MULTIPLE  # output sides are multiples of this
     rgba: bool = False          # inputs keep their alpha channel, outputs have one
     licence: str | None = None  # shown when the model is chosen, where it is not Apache 2.0
+    default_cfg: float = 4.0    # a request's CFG scale unless it gives one (2.1: 1, no guidance)
     schedule: dict | None = field(default=None, hash=False, compare=False)  # the folder's scheduler config (2.1)
     sample_sigmas: tuple[float, ...] | None = None  # model_index.json's fixed schedule (Turbo)
 
@@ -153,7 +154,7 @@ QWEN_IMAGE_21 = Family(
     condition=ConditionRule(vae_area=1024 * 1024, vl_area=None, size_from="last"),
     zero_cond_t=False, default_steps=40, default_area=1024 * 1024, repo="Qwen/Qwen-Image-2.1",
     dit=QWEN_IMAGE_21_DIT, min_images=0, size_multiple=32, rgba=True, licence=QWEN_RESEARCH_LICENSE,
-    schedule=RELEASED_SCHEDULE_21)
+    default_cfg=1.0, schedule=RELEASED_SCHEDULE_21)
 # Turbo's, as GhostEdit assumes it where no folder gives one: its sigmas used as they are (shift 1)
 TURBO_SCHEDULE_21 = {**RELEASED_SCHEDULE_21, "use_dynamic_shifting": False, "shift": 1.0, "shift_terminal": None}
 QWEN_IMAGE_21_TURBO = replace(QWEN_IMAGE_21, name="Qwen-Image-2.1-Turbo", repo="Qwen/Qwen-Image-2.1-Turbo",
