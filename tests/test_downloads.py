@@ -243,3 +243,21 @@ def test_a_file_finishing_while_progress_is_measured_counts_as_finished(tmp_path
         return stat(path, *args, **kwargs)
     monkeypatch.setattr(Path, "stat", finishing_stat)
     assert plan.bytes_on_disk() == 100
+
+
+def test_a_qwen_image_2_1_repo_fetches_what_ghostedit_reads_and_is_recognised_from_it(tmp_path, monkeypatch):
+    """A repo in Qwen/Qwen-Image-2.1-Turbo's layout (the tiny one's files, processor/ and no tokenizer/) beside files
+    GhostEdit does not read: the plan lists the configs, weights and processor only; the folder is the Turbo."""
+    from ghostedit.models import resolve
+    from ghostedit.models.qwen_image_21.tiny import ensure_tiny_model
+
+    source = ensure_tiny_model(turbo=True, root=tmp_path / "tiny")
+    needed = {str(path.relative_to(source)): path.read_bytes() for path in source.rglob("*") if path.is_file()}
+    extra = {"README.md": b"# card", "assets/teaser.png": b"png", "transformer/diffusion_pytorch_model.gguf": b"q"}
+    repo = "Qwen/Qwen-Image-2.1-Turbo"
+    with hub_serving({repo: Repo({**needed, **extra})}, tmp_path / "hf-cache", monkeypatch):
+        events = []
+        folder = downloads.model_folder(repo, on_progress=events.append, on_plan=events.append)
+    assert {f.path for f in events[0].files} == set(needed)
+    assert "processor" in events[0].summary and "tokenizer" not in events[0].summary
+    assert resolve(str(folder)).family.name == "Qwen-Image-2.1-Turbo"
