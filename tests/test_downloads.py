@@ -204,8 +204,8 @@ def test_the_page_announces_downloads_streams_their_progress_and_switches_models
     for refused in ("/etc", "someone/huge-model"):  # the API is public: only the offered models
         with pytest.raises(gr.Error):
             controls.switch_model(refused)
-    notice, steps, *slots = controls.switch_model(REPO)
-    assert handlers.engine.spec.source == REPO and steps["value"] == 40
+    notice, steps, cfg, *slots = controls.switch_model(REPO)
+    assert handlers.engine.spec.source == REPO and steps["value"] == 40 and cfg["value"] == 4.0
     assert f"⬇ Qwen/Qwen-Image-Edit-2509: 2.9 MB in {len(NEEDED)} files" in notice and "still to download" in notice
     # the fake Hub has no lightx2v repo: the preset says so before anything runs
     assert "⚠️ lightx2v/Qwen-Image-Lightning (revision main) is not on the Hub" in controls.preset_notice("lightning-4")
