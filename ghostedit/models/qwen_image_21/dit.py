@@ -305,6 +305,12 @@ class QwenImage21DiT(nn.Module):
         if patch_size != 1 or not causal_condition:
             raise ValueError("Qwen-Image-2.1's DiT takes latents unpatched (patch_size 1) with causal_condition")
         dim = num_attention_heads * attention_head_dim
+        # the transformer config's values, as DiffSynth's QwenImage21DiT takes them (the bench builds stock's from it)
+        self.config = {"patch_size": patch_size, "in_channels": in_channels, "out_channels": out_channels,
+                       "num_layers": num_layers, "attention_head_dim": attention_head_dim,
+                       "num_attention_heads": num_attention_heads, "context_in_dim": context_in_dim,
+                       "mlp_ratio": mlp_ratio, "axes_dims_rope": tuple(axes_dims_rope), "eps": eps,
+                       "causal_condition": causal_condition}
         self.heads, self.head_dim = num_attention_heads, attention_head_dim
         self.rope = Rope(list(axes_dims_rope))
         self.time_text_embed = TimeTextEmbed(dim)
