@@ -226,3 +226,14 @@ def test_a_2_1_lora_applies_fused_and_at_runtime_in_each_published_format(engine
         images[mode] = np.asarray(result.image, dtype=np.int16)
     assert np.abs(images["fused"] - plain).mean() > 5, "the LoRA changes the image"
     assert np.abs(images["fused"] - images["runtime"]).mean() < 2, "fused and runtime are the same LoRA"
+
+
+def test_the_licence_is_shown_for_real_2_1_weights_on_the_page_and_not_for_the_embedded_model(engine):
+    from ghostedit.engine import Engine
+    from ghostedit.models.qwen_image_21.tiny import ensure_tiny_model
+    from ghostedit.ui.hub import model_words
+
+    folder = Engine(str(ensure_tiny_model(turbo=True)), device="cpu")
+    assert "Qwen-Image-2.1-Turbo is released under the **Qwen Research License (non-commercial use only)**" in \
+        model_words(folder)
+    assert "Licen" not in model_words(engine) and engine.spec.licence is None

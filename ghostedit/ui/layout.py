@@ -45,7 +45,8 @@ CSS = """
 .ghost-legend {display: flex; flex-wrap: wrap; gap: 0.3em 1em; font-size: 0.85em}
 .ghost-legend-item {white-space: nowrap}
 .ghost-swatch {display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; border-radius: 2px}
-#result img, #run_images img {background: repeating-conic-gradient(#c8c8c8 0% 25%, #ffffff 0% 50%) 50% / 16px 16px}
+#result img, #run_images img {background: repeating-conic-gradient(#c8c8c8 0% 25%, #ffffff 0% 50%) 50% / 16px 16px
+  !important}
 """
 
 # In-page behaviour Gradio has no component for. Run on Enter in the instruction (Shift+Enter: a new line) or
