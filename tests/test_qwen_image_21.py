@@ -237,3 +237,31 @@ def test_the_licence_is_shown_for_real_2_1_weights_on_the_page_and_not_for_the_e
     assert "Qwen-Image-2.1-Turbo is released under the **Qwen Research License (non-commercial use only)**" in \
         model_words(folder)
     assert "Licen" not in model_words(engine) and engine.spec.licence is None
+
+
+def test_compiled_blocks_run_one_graph_to_fill_the_cache_and_one_for_every_cached_step():
+    """Regional compile of the 2.1 DiT: the cache-filling first step and the cached steps are two graphs, shared by
+    the blocks, and the steps after the second compile nothing (no recompiles across steps, no graph breaks)."""
+    from torch._dynamo.utils import counters
+
+    from ghostedit.models.qwen_image_21 import tiny
+    from ghostedit.models.qwen_image_21.dit import QwenImage21DiT, layout
+    from ghostedit.models.qwen_image_21.seams import DitOptions, PrefixKVCache
+    from ghostedit.optimize.compile import compile_regions
+
+    torch._dynamo.reset()
+    counters.clear()
+    dit = QwenImage21DiT(**tiny.TRANSFORMER).eval()
+    compile_regions(dit, "regional")
+    slots = torch.zeros(1, 12, dtype=torch.bool)
+    slots[0, 5:9] = True
+    layout_ = layout(torch.cat([slots, torch.ones(1, 4, dtype=torch.bool)], 1), [(1, 4, 4), (1, 4, 4)], None,
+                     dit.rope, "cpu")
+    cache, graphs = PrefixKVCache(), []
+    with torch.no_grad():
+        for step in range(4):
+            cache.begin(step)
+            dit(torch.randn(1, 32, 64), torch.randn(1, 12, 64), torch.tensor([0.9 - 0.2 * step]), layout_,
+                DitOptions(prefix_cache=cache))
+            graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [1, 2, 2, 2] and not counters["graph_break"], (graphs, dict(counters["graph_break"]))

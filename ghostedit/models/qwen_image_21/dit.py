@@ -342,12 +342,12 @@ class QwenImage21DiT(nn.Module):
         target_rows, prefix_row = modulation[:-1, None], modulation[-1:, None]
         final_scale = self.norm_out.linear(F.silu(temb).to(latents.dtype))[:-1, None]
 
-        image_tokens = self.img_in(latents)
-        if from_cache:  # the target's tokens alone; the prefix is in the cache
-            hidden = image_tokens[:, -layout_.target_length:]
+        if from_cache:  # the target's tokens alone (a tensor of their own, as every block gets); the prefix is cached
+            hidden = self.img_in(latents[:, -layout_.target_length:])
             rotary = layout_.rotary[layout_.prefix_length:]
             rows = target_rows
         else:
+            image_tokens = self.img_in(latents)
             hidden = image_tokens.new_empty(latents.shape[0], layout_.length, image_tokens.shape[-1])
             hidden[:, layout_.text_positions] = self.txt_in(prompt_embeds)[:, layout_.vl_text_positions]
             hidden[:, layout_.image_positions] = image_tokens
