@@ -210,15 +210,9 @@ def build_21(root: Path, repo: str) -> Path:
 
 
 def _model_index_21(sample_sigmas: list[float] | None) -> dict:
-    index = {"_class_name": "QwenImage21Pipeline", "_diffusers_version": "0.42.0",
-             "processor": ["transformers", "Qwen3VLProcessor"],
-             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-             "text_encoder": ["transformers", "Qwen3VLForConditionalGeneration"],
-             "transformer": ["diffusers", "QwenImage21Transformer2DModel"],
-             "vae": ["diffusers", "AutoencoderKLQwenImage21"]}
-    if sample_sigmas is not None:
-        index["sample_sigmas"] = sample_sigmas
-    return index
+    """The released model_index.json (the embedded tiny 2.1 writes the same), Turbo's with its sigmas."""
+    from ghostedit.models.qwen_image_21.tiny import MODEL_INDEX
+    return {**MODEL_INDEX, **({"sample_sigmas": sample_sigmas} if sample_sigmas is not None else {})}
 
 
 def _build_transformer_21(folder: Path, seed: int) -> None:
@@ -226,17 +220,7 @@ def _build_transformer_21(folder: Path, seed: int) -> None:
 
     from ghostedit.models.qwen_image_21 import tiny
 
-    torch.manual_seed(seed)
-    model = QwenImage21Transformer2DModel(**tiny.TRANSFORMER)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * INIT_STD)
-        for block in model.transformer_blocks:
-            block.attn.norm_q.weight.fill_(QK_NORM_GAIN)
-            block.attn.norm_k.weight.fill_(QK_NORM_GAIN)
-        model.txt_in.text_norm.weight.copy_(torch.randn(model.txt_in.text_norm.weight.shape, generator=generator) * 0.1)
+    model = tiny.init_like_trained(QwenImage21Transformer2DModel(**tiny.TRANSFORMER), seed)
     model.save_config(folder)
     _save_sharded(_bf16(model), folder, "diffusion_pytorch_model")
 

@@ -12,6 +12,8 @@ quarter of each side; bf16 1/64) to keep the test fast.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -114,16 +116,7 @@ def _ghostedit(engine, images, cfg, size, monkeypatch, divisor) -> tuple[dict, s
     areas = AreaRecorder(monkeypatch, exact, "dimensions", divisor)
     default_areas = AreaRecorder(monkeypatch, family, "dimensions", divisor)
     stages = {"prompt": [], "condition": None, "predictions": []}
-
-    def recorded(cls, name, keep):
-        original = getattr(cls, name)
-
-        def wrapper(self, *args, **kwargs):
-            output = original(self, *args, **kwargs)
-            keep(output)
-            return output
-        monkeypatch.setattr(cls, name, wrapper)
-
+    recorded = functools.partial(_recorded, monkeypatch)
     recorded(exact.PromptEmbedder, "process", lambda out: stages["prompt"].append(out["prompt_emb"]))
     recorded(exact.EditImageEmbedder, "process", lambda out: stages.__setitem__(
         "condition", torch.cat([_packed(latents) for latents in out["edit_latents"]], dim=1)))
@@ -140,6 +133,18 @@ def _reference(pipe, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set
 
     module = pipeline_qwenimage_edit_plus if "Plus" in type(pipe).__name__ else pipeline_qwenimage_edit
     areas = AreaRecorder(monkeypatch, module, "calculate_dimensions", divisor)
+    stages = _reference_stages(pipe, monkeypatch)
+    width, height = size or (None, None)
+    image = pipe(image=images if len(images) > 1 or module is pipeline_qwenimage_edit_plus else images[0],
+                 prompt=PROMPT, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg, width=width,
+                 height=height, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(7)).images[0]
+    stages["image"] = np.asarray(image)
+    return stages, areas.asked
+
+
+def _reference_stages(pipe, monkeypatch) -> dict:
+    """What a diffusers pipeline computes at each stage, recorded as it runs: the prompt embeddings, the condition
+    latents and each step's (guided) prediction."""
     stages = {"prompt": [], "condition": None, "predictions": []}
     encode_prompt, prepare_latents, step = pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step
 
@@ -159,12 +164,7 @@ def _reference(pipe, images, cfg, size, monkeypatch, divisor) -> tuple[dict, set
     monkeypatch.setattr(pipe, "encode_prompt", recorded_encode)
     monkeypatch.setattr(pipe, "prepare_latents", recorded_latents)
     monkeypatch.setattr(pipe.scheduler, "step", recorded_step)
-    width, height = size or (None, None)
-    image = pipe(image=images if len(images) > 1 or module is pipeline_qwenimage_edit_plus else images[0],
-                 prompt=PROMPT, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg, width=width,
-                 height=height, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(7)).images[0]
-    stages["image"] = np.asarray(image)
-    return stages, areas.asked
+    return stages
 
 
 def _with_mm_token_type_ids(text_encoder) -> None:
@@ -183,9 +183,11 @@ def _difference(stage: str, ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return ((ours.float() - theirs.float()).abs().max() / theirs.float().abs().max().clamp_min(1e-12)).item()
 
 
-@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES,
-                         ids=[f"{r}-{n}img-cfg{c:g}-{f'{s[0]}x{s[1]}' if s else 'default'}-{d}"
-                              for r, n, c, s, d in CASES])
+def _case_ids(cases, images: str) -> list[str]:
+    return [f"{r}-{n}{images}-cfg{c:g}-{f'{s[0]}x{s[1]}' if s else 'default'}-{d}" for r, n, c, s, d in cases]
+
+
+@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES, ids=_case_ids(CASES, "img"))
 def test_edit_matches_reference(engines, references, repo, count, cfg, size, dtype, monkeypatch):
     images = _images(count)
     divisor = AREA_DIVISOR[dtype]
@@ -298,6 +300,7 @@ def _images_21(count: int) -> list[Image.Image]:
 
 
 def _recorded(monkeypatch, cls, name: str, keep) -> None:
+    """`cls.name` hands each of its outputs to `keep` too."""
     original = getattr(cls, name)
 
     def wrapper(self, *args, **kwargs):
@@ -348,25 +351,7 @@ def _reference_21(pipe, images, cfg, size, steps, monkeypatch, divisor):
     from diffusers.pipelines.qwenimage21 import pipeline_qwenimage21
 
     areas = AreaRecorder(monkeypatch, pipeline_qwenimage21, "calculate_dimensions", divisor)
-    stages = {"prompt": [], "condition": None, "predictions": []}
-    encode_prompt, prepare_latents, step = pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step
-
-    def recorded_encode(*args, **kwargs):
-        output = encode_prompt(*args, **kwargs)
-        stages["prompt"].append(output[0])
-        return output
-
-    def recorded_latents(*args, **kwargs):
-        output = prepare_latents(*args, **kwargs)
-        stages["condition"] = output[1]
-        return output
-
-    def recorded_step(model_output, *args, **kwargs):
-        stages["predictions"].append(model_output)
-        return step(model_output, *args, **kwargs)
-    monkeypatch.setattr(pipe, "encode_prompt", recorded_encode)
-    monkeypatch.setattr(pipe, "prepare_latents", recorded_latents)
-    monkeypatch.setattr(pipe.scheduler, "step", recorded_step)
+    stages = _reference_stages(pipe, monkeypatch)
     calls = _text_encoder_calls(monkeypatch, pipe.text_encoder)
     width, height = size or (None, None)
     image = pipe(prompt=PROMPT, image=images or None, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg,
@@ -377,9 +362,7 @@ def _reference_21(pipe, images, cfg, size, steps, monkeypatch, divisor):
     return stages, areas.asked
 
 
-@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES_21,
-                         ids=[f"{r}-{n}ref-cfg{c:g}-{f'{s[0]}x{s[1]}' if s else 'default'}-{d}"
-                              for r, n, c, s, d in CASES_21])
+@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES_21, ids=_case_ids(CASES_21, "ref"))
 def test_qwen_image_21_matches_reference(engines, references_21, repo, count, cfg, size, dtype, monkeypatch):
     images = _images_21(count)
     divisor = AREA_DIVISOR[dtype]

@@ -51,11 +51,11 @@ class ModelSpec:
 
     @property
     def default_steps(self) -> int:
-        return self.family.default_steps if self.family else HUB_DEFAULT_STEPS
+        return self.known_family.default_steps if self.known_family else HUB_DEFAULT_STEPS
 
     @property
     def default_area(self) -> int:
-        return self.family.default_area if self.family else 1024 * 1024
+        return self.known_family.default_area if self.known_family else 1024 * 1024
 
     @property
     def known_family(self) -> Family | None:

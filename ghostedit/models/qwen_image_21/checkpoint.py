@@ -9,17 +9,17 @@ is replaced by the configured one, so a file loads once.
 from __future__ import annotations
 
 import copy
-import glob
 import inspect
 from pathlib import Path
 
 import torch
-from diffsynth.configs import MODEL_CONFIGS, VRAM_MANAGEMENT_MODULE_MAPS
-from diffsynth.core.loader import ModelConfig, hash_model_file
+from diffsynth.configs import VRAM_MANAGEMENT_MODULE_MAPS
+from diffsynth.core.loader import ModelConfig
 from diffsynth.models.qwen_image_21_text_encoder import QwenImage21TextEncoder
 from diffsynth.models.qwen_image_21_vae import QwenImage21VAE
 
 from ...diffsynth_patches import check_version
+from ..checkpoint import model_table_entry, weight_files
 from ..family import Family, UnsupportedModel, detect, read_json
 from . import dit
 
@@ -38,6 +38,7 @@ COMPONENTS = (
     ("vae", "qwen_image_21_vae", "diffusion_pytorch_model*.safetensors"),
 )
 LATENT_CHANNELS = 64
+LAYOUT = "transformer/, text_encoder/, vae/, scheduler/, processor/"  # the released 2.1 folders
 
 
 class ConfiguredTextEncoder(QwenImage21TextEncoder):
@@ -87,14 +88,6 @@ def vae_kwargs(config: dict, folder: Path) -> dict:
     return kwargs
 
 
-def _files(folder: Path, component: str, pattern: str) -> list[str]:
-    files = sorted(glob.glob(str(folder / component / pattern)))
-    if not files:
-        raise UnsupportedModel(f"{folder} has no {component}/{pattern}: a Qwen-Image-2.1 folder needs the released "
-                               "layout (transformer/, text_encoder/, vae/, scheduler/, processor/)")
-    return files
-
-
 def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], None, ModelConfig]:
     """The family of the 2.1 model in `folder`, DiffSynth ModelConfigs for its weights, no tokenizer (the
     processor holds it) and its processor, each weight file entered in DiffSynth's model table with the class its
@@ -108,18 +101,8 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], None, ModelC
                          TEXT_ENCODER_CONVERTER),
         "vae": (VAE_CLASS, vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
     }
-    configs = []
-    for component, model_name, pattern in COMPONENTS:
-        files = _files(folder, component, pattern)
-        path = files if len(files) > 1 else files[0]
-        cls, kwargs, converter = entries[component]
-        model_hash = hash_model_file(path)
-        MODEL_CONFIGS[:] = [c for c in MODEL_CONFIGS if c["model_hash"] != model_hash]
-        entry = {"model_hash": model_hash, "model_name": model_name, "model_class": cls, "extra_kwargs": kwargs}
-        if converter:
-            entry["state_dict_converter"] = converter
-        MODEL_CONFIGS.append(entry)
-        configs.append(ModelConfig(path=path))
+    configs = [model_table_entry(weight_files(folder, component, pattern, LAYOUT), model_name, *entries[component])
+               for component, model_name, pattern in COMPONENTS]
     if not (folder / "processor").is_dir():
         raise UnsupportedModel(f"{folder} has no processor/ folder")
     return family, configs, None, ModelConfig(path=str(folder / "processor"))

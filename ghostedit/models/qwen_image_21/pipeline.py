@@ -15,8 +15,6 @@ final norm), the noise (the same draw), the size check. GhostEdit's own where Di
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from diffsynth.pipelines.qwen_image_21 import (QwenImage21Pipeline, QwenImage21Unit_EditImageEmbedder,
@@ -41,39 +39,6 @@ ATTENTION = {"diffsynth": DIFFSYNTH, "sdpa-flash": "sdpa-flash", "sdpa-cudnn": "
 def dit_options(config) -> DitOptions:
     """How the DiT runs under an OptimizationConfig (its attention backend); the run adds its prefix cache."""
     return DitOptions(attention=ATTENTION[config.value("attention")])
-
-
-class Schedule(ReferenceSchedule):
-    """The flow-matching schedule diffusers' FlowMatchEulerDiscreteScheduler computes from a scheduler config:
-    sigmas from 1 to 1/N (or the given ones: Turbo's `sample_sigmas`), shifted by the resolution (exponential, mu
-    from the target's token count) or by a fixed shift, stretched to the terminal sigma; the Euler step in float32
-    (ReferenceSchedule's)."""
-
-    def __init__(self, config: dict):
-        super().__init__({**SCHEDULER_DEFAULTS, **config})
-
-    def set_timesteps(self, num_inference_steps=40, denoising_strength=1.0, training=False, dynamic_shift_len=None,
-                      sigmas=None, **kwargs):
-        if training or denoising_strength != 1.0 or dynamic_shift_len is None:
-            raise ValueError("GhostEdit's runs use the schedule as the reference computes it for a whole run")
-        config = self.config
-        if sigmas is None:  # the pipeline's float64 grid, cast by the scheduler
-            sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
-        sigmas = np.array(sigmas).astype(np.float32)
-        if config["use_dynamic_shifting"]:
-            slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"]
-                                                                    - config["base_image_seq_len"])
-            mu = dynamic_shift_len * slope + (config["base_shift"] - slope * config["base_image_seq_len"])
-            sigmas = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1) ** 1.0)
-        else:
-            sigmas = config["shift"] * sigmas / (1 + (config["shift"] - 1) * sigmas)
-        if config["shift_terminal"]:
-            one_minus = 1 - sigmas
-            sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
-        self.sigmas = torch.from_numpy(sigmas).to(torch.float32)
-        self.timesteps = self.sigmas * config["num_train_timesteps"]
-        self.training = False
-        self._step_sizes = {}
 
 
 class EditImageEmbedder(QwenImage21Unit_EditImageEmbedder):
@@ -140,7 +105,7 @@ class ExactPipeline21(QwenImage21Pipeline):
 
     def use_family(self, family: Family) -> None:
         self.family = family
-        self.scheduler = Schedule(family.schedule)
+        self.scheduler = ReferenceSchedule({**SCHEDULER_DEFAULTS, **family.schedule})
         swaps = {QwenImage21Unit_EditImageEmbedder: EditImageEmbedder, QwenImage21Unit_KVCacheInitializer:
                  lambda family: PrefixCacheUnit()}
         self.units = [swaps[type(unit)](family) if type(unit) in swaps else unit for unit in self.units]

@@ -6,15 +6,12 @@ and CI run the real 2.1 pipeline end to end with no download. Its outputs are no
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from ...paths import ghostedit_home
+from ...paths import generated_once, ghostedit_home
 from ..processor import special_token_ids
 from .processor import write_processor
 
@@ -72,23 +69,12 @@ FOLDERS = {False: "Qwen-Image-2.1", True: "Qwen-Image-2.1-Turbo"}  # turbo: its 
 
 
 def ensure_tiny_model(turbo: bool = False, root: Path | None = None) -> Path:
-    """The tiny 2.1 (or Turbo) folder, generated on first use. Both are written into a temporary folder that is then
-    renamed, so an existing folder is a complete one and concurrent processes are safe (the first rename wins)."""
-    root = Path(root) if root is not None else ghostedit_home() / TINY_MODEL_NAME
-    if not root.is_dir():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache is not secret
-        try:
-            for is_turbo in (False, True):
-                generate_tiny_model(staging / FOLDERS[is_turbo], is_turbo)
-            os.rename(staging, root)
-        except OSError:
-            if not root.is_dir():  # only losing the race to another process leaves the folder in place
-                raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return root / FOLDERS[turbo]
+    """The tiny 2.1 (or Turbo) folder, both generated on first use (once, safely: paths.generated_once)."""
+    def generate(staging: Path) -> None:
+        for is_turbo in (False, True):
+            generate_tiny_model(staging / FOLDERS[is_turbo], is_turbo)
+    return generated_once(Path(root) if root is not None else ghostedit_home() / TINY_MODEL_NAME, generate) \
+        / FOLDERS[turbo]
 
 
 def generate_tiny_model(folder: Path, turbo: bool) -> None:
@@ -111,7 +97,12 @@ def generate_tiny_model(folder: Path, turbo: bool) -> None:
 
 def build_dit(seed: int) -> torch.nn.Module:
     from .dit import QwenImage21DiT
-    dit = QwenImage21DiT(**TRANSFORMER)
+    return init_like_trained(QwenImage21DiT(**TRANSFORMER), seed)
+
+
+def init_like_trained(dit: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Seeded weights for a 2.1 DiT with the released attribute names (GhostEdit's, or diffusers' in the tests):
+    every linear normal, the q/k norms' gain 3, the text norm's zero-centred weight away from zero."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in dit.modules():
@@ -120,6 +111,7 @@ def build_dit(seed: int) -> torch.nn.Module:
         for block in dit.transformer_blocks:
             block.attn.norm_q.weight.fill_(QK_NORM_GAIN)
             block.attn.norm_k.weight.fill_(QK_NORM_GAIN)
+        dit.txt_in.text_norm.weight.copy_(torch.randn(dit.txt_in.text_norm.weight.shape, generator=generator) * 0.1)
     return dit
 
 
