@@ -16,6 +16,7 @@ from PIL import Image
 
 from .. import images as image_utils, parallel
 from ..config import SIZE_RANGE, EditRequest, InvalidRequestError
+from ..device import UnavailableOptionError
 from ..errors import error_summary
 from ..models import exact
 from ..models.family import QWEN_IMAGE_21_DIT
@@ -107,6 +108,9 @@ def pipeline_arguments(request: EditRequest, family, config, width: int, height:
     common = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "cfg_scale": request.cfg_scale,
               "height": height, "width": width, "seed": request.seed, "num_inference_steps": request.steps}
     if family.dit == QWEN_IMAGE_21_DIT:
+        if parallel.current() is not None:
+            raise UnavailableOptionError(f"{family.name} runs in one process: CFG parallel and Ulysses are written "
+                                         "for the Edit DiT's pipeline and forward (start it without torchrun)")
         from ..models.qwen_image_21.pipeline import dit_options
         return {**common, "edit_image": list(request.images) or None, "dit_options": dit_options(config),
                 "prefix_cache": config.value("prefix-cache") == "on", "count_tokens": telemetry.dit_tokens.append}
