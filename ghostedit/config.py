@@ -21,7 +21,7 @@ LORA_MODES = ("fused", "runtime")
 MAX_LORAS = 4
 LORA_SPEC = re.compile(r"(?P<path>.+?)(?::(?P<scale>[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)(?::(?P<mode>fused|runtime))?)?")
 
-MAX_INPUT_IMAGES = 3
+MAX_INPUT_IMAGES = 10  # the most any model takes (Qwen-Image-2.1); each family's own limits are checked at run time
 STEPS_RANGE = (1, 100)
 CFG_RANGE = (1.0, 20.0)
 SIZE_RANGE = (64, 2048)
@@ -302,8 +302,10 @@ class EditRequest:
     is refused with InvalidRequestError, never clamped: a clamped value would quietly run something other than
     what was asked, and the app's controls cannot send such values, so only API callers see the message.
     `images` may be PIL images, paths, bytes or binary file objects: each is loaded and checked by
-    images.load_image (InputImageError) and kept as an RGB PIL image; so may `mask` (masks.load_mask: white =
-    change, or transparent = change in a file with transparency), kept in mode L or RGB.
+    images.load_image (InputImageError) and kept as an RGB PIL image (`keep_alpha`: RGBA where it has transparency,
+    for a model that reads alpha); so may `mask` (masks.load_mask: white = change, or transparent = change in a file
+    with transparency), kept in mode L or RGB. No image: text-to-image, for a model that generates (the engine checks
+    the model's own limits).
 
     The mask, `strength`, `padding_mask_crop` and `paste_back` act on the image being edited, the first one (the
     page's "Image to edit"); with either of the first two the edit starts from that image (models/exact.py Start
@@ -323,6 +325,7 @@ class EditRequest:
     strength: float = 1.0
     padding_mask_crop: int | None = None
     paste_back: bool = False
+    keep_alpha: bool = False
 
     def __post_init__(self):
         self._set("prompt", _checked_prompt("prompt", self.prompt))
@@ -348,7 +351,9 @@ class EditRequest:
             raise InvalidRequestError(f"paste_back must be true or false; got {self.paste_back!r}")
         if self.mask is None and (self.padding_mask_crop is not None or self.paste_back):
             raise InvalidRequestError("padding_mask_crop and paste_back act on the mask's outside: give a mask")
-        self._set("images", _checked_images(self.images))  # last: the slowest checks
+        self._set("images", _checked_images(self.images, self.keep_alpha))  # last: the slowest checks
+        if (self.mask is not None or self.strength < 1) and not self.images:
+            raise InvalidRequestError("a mask and a strength below 1 act on an input image: give one")
         if self.mask is not None:
             self._set("mask", _checked_mask(self.mask, self.images[0]))
 
@@ -416,13 +421,13 @@ def _check_range(name: str, value, bounds):
     return value
 
 
-def _checked_images(images) -> tuple[Image.Image, ...]:
+def _checked_images(images, keep_alpha: bool) -> tuple[Image.Image, ...]:
     if isinstance(images, (Image.Image, str, bytes, os.PathLike)):
         images = [images]
     images = list(images)
-    if not 1 <= len(images) <= MAX_INPUT_IMAGES:
-        raise InvalidRequestError(f"an edit takes 1 to {MAX_INPUT_IMAGES} input images; got {len(images)}")
-    return tuple(_loaded(image, index, len(images)) for index, image in enumerate(images, 1))
+    if len(images) > MAX_INPUT_IMAGES:
+        raise InvalidRequestError(f"a run takes at most {MAX_INPUT_IMAGES} input images; got {len(images)}")
+    return tuple(_loaded(image, index, len(images), keep_alpha) for index, image in enumerate(images, 1))
 
 
 def _checked_mask(mask, image: Image.Image) -> Image.Image:
@@ -434,9 +439,9 @@ def _checked_mask(mask, image: Image.Image) -> Image.Image:
     return mask
 
 
-def _loaded(image, index: int, count: int) -> Image.Image:
+def _loaded(image, index: int, count: int, keep_alpha: bool) -> Image.Image:
     try:
-        return load_image(image)
+        return load_image(image, keep_alpha)
     except InputImageError as error:
         if count == 1:
             raise

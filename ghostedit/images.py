@@ -38,14 +38,15 @@ HIGH_BIT_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 ImageSource = Union[str, os.PathLike, bytes, bytearray, BinaryIO, Image.Image]
 
 
-def load_image(source: ImageSource, convert=None) -> Image.Image:
+def load_image(source: ImageSource, keep_alpha: bool = False, convert=None) -> Image.Image:
     """An RGB image from a path, bytes, a binary file object or a PIL image, checked and converted as described
-    above (`convert`: another conversion than to_rgb, a mask's). Raises InputImageError with a message for the
-    person who sent it."""
+    above (`keep_alpha`: RGBA where the image has transparency, for a model that reads alpha; `convert`: another
+    conversion than to_rgb, a mask's). Raises InputImageError with a message for the person who sent it."""
+    convert = convert or functools.partial(to_rgb, keep_alpha=keep_alpha)
     if isinstance(source, Image.Image):
-        return _checked(source, convert or to_rgb)
+        return _checked(source, convert)
     with _open_verified(source) as image:
-        return _checked(image, convert or to_rgb)
+        return _checked(image, convert)
 
 
 def image_notes(image: Image.Image) -> list[str]:
@@ -68,11 +69,13 @@ def check_image_size(width: int, height: int) -> None:
                               f"{MIN_INPUT_SIDE} pixels")
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB for the model: oriented_8bit, transparency composited on white."""
+def to_rgb(image: Image.Image, keep_alpha: bool = False) -> Image.Image:
+    """RGB for the model: oriented_8bit, transparency composited on white (`keep_alpha`: kept, as RGBA)."""
     image = oriented_8bit(image)
     if image.has_transparency_data:
         rgba = image.convert("RGBA")
+        if keep_alpha:
+            return rgba
         background = Image.new("RGB", image.size, (255, 255, 255))
         background.paste(rgba, mask=rgba.getchannel("A"))
         return background

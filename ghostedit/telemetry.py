@@ -223,6 +223,7 @@ class RunTelemetry:
     notes: list[str] = field(default_factory=list)
     loras: list[dict] = field(default_factory=list)  # each LoRA: format, layers matched, keys not applied and why
     step_cache: dict | None = None  # what a step cache computed and skipped (optimize/step_cache.py)
+    dit_tokens: list[int] = field(default_factory=list)  # tokens each DiT forward computed (2.1: the prefix cache)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
     worker: dict = field(default_factory=dict)  # the pool's worker that ran it (engine/workers.py); {} without a pool
@@ -260,6 +261,7 @@ class RunTelemetry:
             "loras": [dict(lora) for lora in self.loras],
             "worker": dict(self.worker) or None,
             "step_cache": self.step_cache,
+            "dit_tokens": list(self.dit_tokens),
         }
 
 

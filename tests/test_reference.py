@@ -18,13 +18,15 @@ quarter of each side; bf16 1/64) to keep the test fast.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 from einops import rearrange
 from PIL import Image
 
-from reference_checkpoints import MODELS, build
+from reference_checkpoints import MODELS, MODELS_21, build, build_21
 
 AREA_DIVISOR = {"float32": 16, "bfloat16": 64}  # bf16 convolutions are slow on a CPU: smaller condition images
 STEPS = 2
@@ -52,7 +54,7 @@ CASES = [
 @pytest.fixture(scope="session")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference-checkpoints")
-    return {repo: build(root, repo) for repo in MODELS}
+    return {**{repo: build(root, repo) for repo in MODELS}, **{repo: build_21(root, repo) for repo in MODELS_21}}
 
 
 @pytest.fixture(scope="session")
@@ -121,16 +123,7 @@ def _ghostedit(engine, images, cfg, size, monkeypatch, divisor, steps=STEPS, **s
     areas = AreaRecorder(monkeypatch, exact, "dimensions", divisor)
     default_areas = AreaRecorder(monkeypatch, family, "dimensions", divisor)
     stages = {"prompt": [], "condition": None, "predictions": [], "start": None}
-
-    def recorded(cls, name, keep):
-        original = getattr(cls, name)
-
-        def wrapper(self, *args, **kwargs):
-            output = original(self, *args, **kwargs)
-            keep(output)
-            return output
-        monkeypatch.setattr(cls, name, wrapper)
-
+    recorded = functools.partial(_recorded, monkeypatch)
     recorded(exact.PromptEmbedder, "process", lambda out: stages["prompt"].append(out["prompt_emb"]))
     recorded(exact.EditImageEmbedder, "process", lambda out: stages.__setitem__(
         "condition", torch.cat([_packed(latents) for latents in out["edit_latents"]], dim=1)))
@@ -153,6 +146,19 @@ def _reference(pipe, images, cfg, size, monkeypatch, divisor, steps=STEPS, **cal
     module = (pipeline_qwenimage_edit_plus if "Plus" in name else
               pipeline_qwenimage_edit_inpaint if "Inpaint" in name else pipeline_qwenimage_edit)
     areas = AreaRecorder(monkeypatch, module, "calculate_dimensions", divisor)
+    stages = _reference_stages(pipe, monkeypatch)
+    width, height = size or (None, None)
+    image = pipe(image=images if len(images) > 1 or module is pipeline_qwenimage_edit_plus else images[0],
+                 prompt=PROMPT, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg, width=width,
+                 height=height, num_inference_steps=steps, generator=torch.Generator().manual_seed(7),
+                 **call).images[0]
+    stages["image"] = np.asarray(image)
+    return stages, areas.asked
+
+
+def _reference_stages(pipe, monkeypatch) -> dict:
+    """What a diffusers pipeline computes at each stage, recorded as it runs: the prompt embeddings, the condition
+    latents, the inpaint pipeline's start latents and each step's (guided) prediction."""
     stages = {"prompt": [], "condition": None, "predictions": [], "start": None}
     encode_prompt, prepare_latents, step = pipe.encode_prompt, pipe.prepare_latents, pipe.scheduler.step
 
@@ -174,13 +180,7 @@ def _reference(pipe, images, cfg, size, monkeypatch, divisor, steps=STEPS, **cal
     monkeypatch.setattr(pipe, "encode_prompt", recorded_encode)
     monkeypatch.setattr(pipe, "prepare_latents", recorded_latents)
     monkeypatch.setattr(pipe.scheduler, "step", recorded_step)
-    width, height = size or (None, None)
-    image = pipe(image=images if len(images) > 1 or module is pipeline_qwenimage_edit_plus else images[0],
-                 prompt=PROMPT, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg, width=width,
-                 height=height, num_inference_steps=steps, generator=torch.Generator().manual_seed(7),
-                 **call).images[0]
-    stages["image"] = np.asarray(image)
-    return stages, areas.asked
+    return stages
 
 
 def _with_mm_token_type_ids(text_encoder) -> None:
@@ -199,9 +199,11 @@ def _difference(stage: str, ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return ((ours.float() - theirs.float()).abs().max() / theirs.float().abs().max().clamp_min(1e-12)).item()
 
 
-@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES,
-                         ids=[f"{r}-{n}img-cfg{c:g}-{f'{s[0]}x{s[1]}' if s else 'default'}-{d}"
-                              for r, n, c, s, d in CASES])
+def _case_ids(cases, images: str) -> list[str]:
+    return [f"{r}-{n}{images}-cfg{c:g}-{f'{s[0]}x{s[1]}' if s else 'default'}-{d}" for r, n, c, s, d in cases]
+
+
+@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES, ids=_case_ids(CASES, "img"))
 def test_edit_matches_reference(engines, references, repo, count, cfg, size, dtype, monkeypatch):
     images = _images(count)
     divisor = AREA_DIVISOR[dtype]
@@ -411,3 +413,162 @@ def test_a_model_that_cannot_run_exactly_is_refused_by_name(folders, tmp_path, c
 def _edit_json(path, **changes):
     import json
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+# ---- Qwen-Image-2.1 and its Turbo: GhostEdit's own DiT and pipeline against diffusers' QwenImage21Pipeline ----
+# diffusers' 2.1 pipeline passes the processor's `mm_token_type_ids` to the text encoder itself (transformers 5's
+# processor returns them), so its text encoder is called as released; the test checks that both sides pass them.
+# Both sides resize by the same areas (1024x1024 for each reference and a default output), computed here at 1/16 of
+# them (bf16 1/64); text-to-image gives its size.
+
+STEPS_21 = {"Qwen-Image-2.1": 2, "Qwen-Image-2.1-Turbo": 8}  # Turbo: its 8 sample sigmas
+# (model, references, CFG scale, output size or None for the model's default, dtype of both sides)
+CASES_21 = [
+    ("Qwen-Image-2.1", 0, 1.0, (128, 96), "float32"),           # text-to-image
+    ("Qwen-Image-2.1", 1, 4.0, None, "float32"),                # CFG with a negative prompt; the size from the image
+    ("Qwen-Image-2.1", 3, 1.0, None, "float32"),                # three references: the size from the last one
+    ("Qwen-Image-2.1-Turbo", 1, 1.0, (96, 128), "float32"),     # Turbo's fixed sigmas
+    ("Qwen-Image-2.1", 2, 4.0, (96, 64), "bfloat16"),
+]
+
+
+@pytest.fixture(scope="session")
+def references_21(folders):
+    """diffusers' QwenImage21Pipeline on a 2.1 folder, in `dtype`."""
+    import diffusers
+
+    cache = {}
+
+    def reference(repo, dtype):
+        if (repo, dtype) not in cache:
+            pipe = diffusers.QwenImage21Pipeline.from_pretrained(str(folders[repo]), torch_dtype=getattr(torch, dtype))
+            pipe.set_progress_bar_config(disable=True)
+            cache[repo, dtype] = pipe
+        return cache[repo, dtype]
+    return reference
+
+
+def _images_21(count: int) -> list[Image.Image]:
+    """_images with an alpha channel (a ramp across each image): 2.1's VAE reads all four channels."""
+    images = []
+    for image in _images(count):
+        alpha = np.linspace(64, 255, image.size[0], dtype=np.float32)[None, :].repeat(image.size[1], 0)
+        images.append(Image.fromarray(np.dstack([np.asarray(image), alpha.astype(np.uint8)]), "RGBA"))
+    return images
+
+
+def _recorded(monkeypatch, cls, name: str, keep) -> None:
+    """`cls.name` hands each of its outputs to `keep` too."""
+    original = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        output = original(self, *args, **kwargs)
+        keep(output)
+        return output
+    monkeypatch.setattr(cls, name, wrapper)
+
+
+def _text_encoder_calls(monkeypatch, text_encoder) -> list[dict]:
+    """The keyword arguments of every call of `text_encoder`'s forward."""
+    calls, forward = [], text_encoder.forward
+
+    def recorded(*args, **kwargs):
+        calls.append(kwargs)
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(text_encoder, "forward", recorded)
+    return calls
+
+
+def _ghostedit_21(engine, images, cfg, size, steps, monkeypatch, divisor):
+    from diffsynth.pipelines.qwen_image_21 import QwenImage21Unit_PromptEmbedder, patchify
+
+    from ghostedit.config import EditRequest
+    from ghostedit.models import exact, family
+    from ghostedit.models.qwen_image_21 import pipeline
+
+    areas = AreaRecorder(monkeypatch, exact, "dimensions", divisor)
+    default_areas = AreaRecorder(monkeypatch, family, "dimensions", divisor)
+    stages = {"prompt": [], "condition": None, "predictions": []}
+    _recorded(monkeypatch, QwenImage21Unit_PromptEmbedder, "process",
+              lambda out: stages["prompt"].append(out["prompt_embeds"]))
+    _recorded(monkeypatch, pipeline.EditImageEmbedder, "process", lambda out: stages.__setitem__(
+        "condition", torch.cat([patchify(latents) for latents in out["edit_latents"]], 1) if images else None))
+    _recorded(monkeypatch, pipeline.ExactPipeline21, "cfg_guided_model_fn",
+              lambda out: stages["predictions"].append(patchify(out)))
+    engine.load()
+    calls = _text_encoder_calls(monkeypatch, engine.store.pipe.text_encoder.model)
+    width, height = size or (None, None)
+    result = engine.run(EditRequest(images=images, prompt=PROMPT, negative_prompt="", steps=steps, cfg_scale=cfg,
+                                    seed=7, width=width, height=height, keep_alpha=True))
+    stages["image"] = np.asarray(result.image)
+    stages["mm_token_type_ids"] = [call.get("mm_token_type_ids") is not None for call in calls]
+    return stages, areas.asked | default_areas.asked, result
+
+
+def _reference_21(pipe, images, cfg, size, steps, monkeypatch, divisor):
+    from diffusers.pipelines.qwenimage21 import pipeline_qwenimage21
+
+    areas = AreaRecorder(monkeypatch, pipeline_qwenimage21, "calculate_dimensions", divisor)
+    stages = _reference_stages(pipe, monkeypatch)
+    calls = _text_encoder_calls(monkeypatch, pipe.text_encoder)
+    width, height = size or (None, None)
+    image = pipe(prompt=PROMPT, image=images or None, negative_prompt="" if cfg > 1 else None, true_cfg_scale=cfg,
+                 width=width, height=height, num_inference_steps=steps,
+                 generator=torch.Generator().manual_seed(7), use_kv_cache=True).images[0]
+    stages["image"] = np.asarray(image)
+    stages["mm_token_type_ids"] = [call.get("mm_token_type_ids") is not None for call in calls]
+    return stages, areas.asked
+
+
+@pytest.mark.parametrize("repo, count, cfg, size, dtype", CASES_21, ids=_case_ids(CASES_21, "ref"))
+def test_qwen_image_21_matches_reference(engines, references_21, repo, count, cfg, size, dtype, monkeypatch):
+    images = _images_21(count)
+    divisor = AREA_DIVISOR[dtype]
+    ours, our_areas, result = _ghostedit_21(engines(repo, dtype), images, cfg, size, STEPS_21[repo], monkeypatch,
+                                            divisor)
+    theirs, their_areas = _reference_21(references_21(repo, dtype), images, cfg, size, STEPS_21[repo], monkeypatch,
+                                        divisor)
+    assert result.family.name == repo
+    assert our_areas == their_areas, "the two sides resize to different areas"
+    assert ours["mm_token_type_ids"] == theirs["mm_token_type_ids"] == [True] * (2 if cfg > 1 else 1), \
+        "the text encoder is not called as released (3-D positions for image tokens need mm_token_type_ids)"
+
+    report = {}
+    assert len(ours["prompt"]) == len(theirs["prompt"]) == (2 if cfg > 1 else 1)
+    for which, (a, b) in zip(("positive", "negative"), zip(ours["prompt"], theirs["prompt"])):
+        report[f"{which} prompt embedding"] = _difference(f"{which} prompt embedding", a, b)
+    if count:
+        report["reference latents"] = _difference("reference latents", ours["condition"], theirs["condition"])
+    else:
+        assert ours["condition"] is None and theirs["condition"] is None
+    assert len(ours["predictions"]) == len(theirs["predictions"]) == STEPS_21[repo]
+    for step, (a, b) in enumerate(zip(ours["predictions"], theirs["predictions"])):
+        report[f"step {step} prediction"] = _difference(f"step {step} prediction", a, b)
+    assert ours["image"].shape == theirs["image"].shape, "output sizes differ"
+    assert ours["image"].shape[-1] == 4, "2.1's output keeps its alpha channel"
+    tokens = result.telemetry.dit_tokens
+    forwards = 2 if cfg > 1 else 1
+    assert len(tokens) == forwards * STEPS_21[repo] and all(n < tokens[0] for n in tokens[forwards:]), \
+        f"the prefix cache computes the target's tokens alone after the first step: {tokens}"
+    levels = np.abs(ours["image"].astype(np.int16) - theirs["image"].astype(np.int16))
+    words = ", ".join(f"{stage} {value:.1e}" for stage, value in report.items())
+    print(f"\n{repo} {dtype} {count} reference(s) cfg {cfg:g} {size}: {words}; image max {levels.max()} "
+          f"mean {levels.mean():.4f}")
+    for stage, value in report.items():
+        tolerance = next(t for kind, t in {**STAGE_TOLERANCE, "reference latents": 1e-5}.items()
+                         if stage.endswith(kind))
+        assert value < tolerance, f"{stage} differs from the reference by {value:.1e} (relative); stages: {words}"
+    assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS, \
+        f"image differs by {levels.max()} levels at most, {levels.mean():.3f} on average; stages: {words}"
+    assert levels.mean() <= ROUNDING_MEAN_LEVELS, f"image differs by {levels.mean():.3f} levels on average; {words}"
+
+
+def test_qwen_image_21_is_recognised_from_its_configs(folders, tmp_path):
+    from ghostedit.models import resolve
+
+    misleading = _copy(folders["Qwen-Image-2.1-Turbo"], tmp_path / "Qwen-Image-2.1")
+    turbo = resolve(str(misleading)).family
+    assert turbo.name == "Qwen-Image-2.1-Turbo" and turbo.default_steps == 8 and len(turbo.sample_sigmas) == 8
+    base = resolve(str(folders["Qwen-Image-2.1"])).family
+    assert base.name == "Qwen-Image-2.1" and base.sample_sigmas is None and base.max_images == 10
+    assert base.min_images == 0 and base.rgba and "non-commercial" in base.licence

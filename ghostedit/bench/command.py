@@ -38,9 +38,15 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--repeats", type=int, default=2,
                        help="pipeline: warm runs per configuration after the cold one (0: report the cold run); "
                             "dit: timed forwards")
-    bench.add_argument("--level", choices=("pipeline", "dit", "lora-switch"), default="pipeline",
+    bench.add_argument("--level", choices=("pipeline", "dit", "lora-switch", "2.1"), default="pipeline",
                        help="pipeline: whole edits; dit: one DiT forward at the edit's shape (CUDA events); "
-                            "lora-switch: fused LoRA switches on the first configuration, and a runtime LoRA's scale")
+                            "lora-switch: fused LoRA switches on the first configuration, and a runtime LoRA's scale; "
+                            "2.1: a Qwen-Image-2.1 model (--model synthetic-2.1) under each configuration against "
+                            "stock DiffSynth's QwenImage21Pipeline with its KV cache, case by case (--cases)")
+    bench.add_argument("--cases", nargs="+", default=None, metavar="CASE",
+                       help="2.1 level: any of 1024-1ref (40 steps), turbo-1024-1ref (8 steps), 2048-1ref and "
+                            "2048-4ref (20 steps), t2i-1024 (40 steps) (default: all); --width runs every case at "
+                            "that side instead (a rehearsal on a CPU)")
     bench.add_argument("--lora-rank", type=int, default=32, help="lora-switch level: rank of the random LoRAs")
     bench.add_argument("--text-tokens", type=int, default=256, help="dit level: prompt tokens")
     bench.add_argument("--shapes", nargs="+", default=None, metavar="SIDE[:IMAGES]",
@@ -161,7 +167,7 @@ def cmd_bench(args) -> int:
         context = {"model": engine.spec.source, "device": engine.device, "gpu_memory_gib": args.gpu_memory,
                    "configs": [config.text for config in run_configs], "environment": where,
                    "process": timeline.process, "process_timeline": timeline.marks}
-        run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline}[run_args.level]
+        run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline, "2.1": _qwen_image_21}[run_args.level]
         # results.json holds the marks made before its writing
         run(run_args, engine, run_configs, Path(run_args.out_dir), context, timeline)
         timeline.mark("results written")
@@ -221,6 +227,37 @@ def _lora_switch(args, engine, configs, out_dir: Path, context: dict, timeline: 
         "switch": "switch", "switch_s": "LoRA switch s", "compile_warmup_s": "compile warm-up s",
         "new_compiled_frames": "recompiled frames", "edit_s": "edit s"}) + "\n")
     print(json.dumps({key: value for key, value in results.items() if key != "rows"}, indent=1))
+
+
+def _qwen_image_21(args, engine, configs, out_dir: Path, context: dict, timeline: ProcessTimeline) -> None:
+    from ..models.family import QWEN_IMAGE_21_DIT
+    from . import qwen_image_21
+    if engine.family is None or engine.family.dit != QWEN_IMAGE_21_DIT:
+        raise SystemExit("--level 2.1 benches a Qwen-Image-2.1 model: --model synthetic-2.1 (or tiny-2.1, a 2.1 "
+                         "folder or repo)")
+    cases = args.cases or list(qwen_image_21.CASES)
+    unknown = [name for name in cases if name not in qwen_image_21.CASES]
+    if unknown:
+        raise SystemExit(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(qwen_image_21.CASES)}")
+    rows = []
+
+    def on_row(row):
+        rows.append(row)
+        timeline.mark(f"{row['config']} at {row['case']}")
+        write_results(out_dir, {**context, "rows": rows})  # kept even if a later case fails
+        cached = f"{row['cached_step_s']:.3f}" if row["cached_step_s"] is not None else "-"
+        print(f"{row['case']} ({row['words']}), {row['config']}: {row['end_to_end_s']:.2f} s end to end, first step "
+              f"{row['first_step_s']:.3f} s, cached step {cached} s, tokens {row['tokens_first']} then "
+              f"{row['tokens_cached']}", flush=True)
+        return row
+    results = qwen_image_21.run_bench(engine, configs, cases, args.seed, on_row, side=args.width)
+    write_results(out_dir, {**context, **results})
+    (out_dir / "table.md").write_text(markdown_table(results["rows"], qwen_image_21.COLUMNS) + "\n")
+    write_bar_charts(out_dir / "chart.png", args.title or f"GhostEdit {engine.spec.source} on {engine.device}",
+                     [f"{row['case']}: {row['config']}" for row in results["rows"]],
+                     [row["end_to_end_s"] for row in results["rows"]], "seconds end to end (lower is better)",
+                     [row["peak_gib"] or 0 for row in results["rows"]], "peak GiB")
+    print(markdown_table(results["rows"], qwen_image_21.COLUMNS))
 
 
 @contextlib.contextmanager

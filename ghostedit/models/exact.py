@@ -352,16 +352,17 @@ class PromptEmbedder(QwenImageUnit_PromptEmbedder):
 class ReferenceSchedule(FlowMatchScheduler):
     """DiffSynth's "Qwen-Image" flow-matching schedule computed as diffusers' FlowMatchEulerDiscreteScheduler computes
     it from the repo's scheduler config (float32 numpy from a float64 linspace; DiffSynth's torch arithmetic lands
-    1-2 float32 units away), and its Euler step adding in float32 as diffusers' does."""
+    1-2 float32 units away), and its Euler step adding in float32 as diffusers' does. Given `sigmas` (a model's fixed
+    ones: Qwen-Image-2.1-Turbo's) go through the same shift; a config without dynamic shifting shifts by its `shift`."""
 
     def __init__(self, config: dict):
         super().__init__("Qwen-Image")
         self.config = config
 
     def set_timesteps(self, num_inference_steps=100, denoising_strength=1.0, training=False, dynamic_shift_len=None,
-                      exponential_shift_mu=None, **kwargs):
-        """The schedule of `num_inference_steps`, from the step `denoising_strength` starts at (as the reference's
-        get_timesteps cuts it)."""
+                      exponential_shift_mu=None, sigmas=None, **kwargs):
+        """The schedule of `num_inference_steps` (or of the given `sigmas`), from the step `denoising_strength`
+        starts at (as the reference's get_timesteps cuts it)."""
         if training or exponential_shift_mu is not None or dynamic_shift_len is None:
             raise ValueError("GhostEdit's edits use the schedule as the reference computes it")
         config = self.config
@@ -370,10 +371,16 @@ class ReferenceSchedule(FlowMatchScheduler):
                 f"one step cannot run on the model's schedule: it stretches the sigmas to the terminal shift "
                 f"({config['shift_terminal']}), undefined for a single step (the reference's pipeline gives NaN, a "
                 f"black image). Use 2 steps or more, or the Lightning schedule")
-        slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"] - config["base_image_seq_len"])
-        mu = dynamic_shift_len * slope + config["base_shift"] - slope * config["base_image_seq_len"]
-        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps).astype(np.float32)
-        sigmas = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
+        if sigmas is None:
+            sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
+        sigmas = np.array(sigmas).astype(np.float32)
+        if config.get("use_dynamic_shifting", True):
+            slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"]
+                                                                    - config["base_image_seq_len"])
+            mu = dynamic_shift_len * slope + config["base_shift"] - slope * config["base_image_seq_len"]
+            sigmas = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
+        else:
+            sigmas = config["shift"] * sigmas / (1 + (config["shift"] - 1) * sigmas)
         if config["shift_terminal"]:
             one_minus = 1 - sigmas
             sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))

@@ -210,7 +210,10 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     # one call per block was most of the preparation's compile step (lab/LOG.md, section 2)
     compiled = torch.compile(torch.nn.Module._call_impl, dynamic=None, options=options or None)
     for block in blocks:
-        compile_over_tokens(block, compiled)
+        if getattr(model, "one_graph_per_step_kind", False):  # Qwen-Image-2.1: see its DiT
+            block._compiled_call_impl = functools.partial(compiled, block)
+        else:
+            compile_over_tokens(block, compiled)
     return len(blocks)
 
 

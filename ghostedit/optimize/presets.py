@@ -48,10 +48,12 @@ class PresetError(ValueError):
 def model_family(source: str):
     """Which edit model `source` is, as its models/family.py entry: a released repo by its id, a folder (or another
     repo) by its own configs (family.detect). A model without a Lightning LoRA is refused."""
+    from ..models import EMBEDDED
     from ..models.family import RELEASED, UnsupportedModel, detect
-    if source in ("tiny", "synthetic"):
+    if source in EMBEDDED:
         raise PresetError(f"the {source} model has random weights and no Lightning LoRA: Lightning presets need "
-                          f"{', '.join(RELEASED)} or a folder of one")
+                          f"{', '.join(repo for repo, family in RELEASED.items() if family.lightning)} or a folder "
+                          "of one")
     repo = source.removeprefix("modelscope:").removeprefix("hf:")
     family = RELEASED.get(repo)
     if family is None:

@@ -23,6 +23,7 @@ from ..telemetry import GIB, RunCancelled
 from . import live
 from .history import COMPARISON_RULE, History
 from .mask_inputs import start_values
+from .api import IMAGE_PARAMETERS
 from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
                        seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
                        variants)
@@ -136,10 +137,11 @@ class Handlers:
                    history.table(), images, history)
 
     def _edit_request(self, values: dict):
-        images = uploaded_images([values.get(name) for name in ("image", "image_2", "image_3")], self.upload_folder)
+        images = uploaded_images([values.get(name) for name in IMAGE_PARAMETERS], self.upload_folder)
+        family = self.engine.family
         return edit_request(images, values.get("prompt"), values.get("negative_prompt"), values.get("steps"),
                             values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"),
-                            **start_values(values, self.upload_folder))
+                            keep_alpha=bool(family and family.rgba), **start_values(values, self.upload_folder))
 
     def _stream(self, edit, config, request: gr.Request, progress, heading: str):
         """Yields the live view while the engine runs; returns the result, or None when the run was cancelled."""
@@ -326,7 +328,10 @@ class Handlers:
 
 
 def _before_after(result) -> tuple[Image.Image, Image.Image]:
-    """The first input at the output's size (resized once from the upload), beside the output."""
+    """The first input at the output's size (resized once from the upload), beside the output; text-to-image has
+    no input: an empty (transparent) image of the output's size."""
+    if not result.request.images:
+        return Image.new("RGBA", result.image.size), result.image
     return fit(result.request.images[0], result.image.size), result.image
 
 

@@ -16,6 +16,7 @@
 #   scripts/gpu/bench.sh cold      the never-compiled first use of ready again in five new processes one after
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
+#   scripts/gpu/bench.sh qwen21    issue 41: Qwen-Image-2.1 (synthetic) against stock DiffSynth, and on a 24 GB card
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
 #     card-full    every configuration the page offers, one after another in one process on the whole card
 #     lora-switch  fused LoRA switches on the best configuration (rank 32, 840 layers) and a runtime LoRA's scale
@@ -137,7 +138,21 @@ lora-switch() {
 
 all() { card-full; lora-switch; }
 
+# Issue 41: Qwen-Image-2.1, the full-size synthetic model, against stock DiffSynth's QwenImage21Pipeline (its
+# QwenImage21DiT, its KV cache on) on the same weights: end to end, first step and cached step for 1024x1024 with one
+# reference (40 steps), Turbo (8 steps), 2048x2048 with one and four references (20 steps), text-to-image (40 steps);
+# then the 24 GB card, emulated, at 1024x1024 (stock, whose DiT would stay in host memory there, left out). One device
+# call (bench --level 2.1 says what a row holds).
+QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional")
+qwen21() {
+  local model=synthetic-2.1
+  [ -z "${DRY_RUN:-}" ] || model=tiny-2.1
+  bench qwen21 --model "$model" --level 2.1 --configs "${QWEN21_CONFIGS[@]}"
+  [ -n "${DRY_RUN:-}" ] || bench qwen21-card-24 --model "$model" --level 2.1 --gpu-memory 24 --cases 1024-1ref \
+    --configs "fp8=torchao,compile=regional"
+}
+
 case ${1:-} in
-  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch" >&2; exit 2 ;;
+  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21" >&2; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ import weakref
 from ... import tensors
 from ...device import Availability, UnavailableOptionError, needs_cuda
 from .. import compile as compile_blocks, text_encoder_graphs, vision_windows
+from ...models.family import QWEN_IMAGE_21_DIT
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
@@ -91,4 +92,6 @@ register(Toggle(
              Choice("graphed", "graphed (windows joined, each layer replayed from a CUDA graph per shape)")),
     default="eager", changes=RUN, component="text_encoder", order=96, run_context=_text_encoder,
     availability=_availability,
+    families={QWEN_IMAGE_21_DIT: "its compiled layers, joined windows and graphs are Qwen2.5-VL's (the Edit "
+                                 "models' text encoder); Qwen-Image-2.1's is Qwen3-VL"},
 ))
