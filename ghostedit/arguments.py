@@ -39,16 +39,18 @@ def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool 
                         help="the edit instruction")
     parser.add_argument("--negative-prompt", default="", help="what the edit should avoid (used when --cfg > 1)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="denoising steps (default: the model's, tiny 4, real 40)")
+                        help="denoising steps (default: the model's: 50 for Qwen-Image-Edit, 40 for 2509 and 2511, "
+                             "4 for tiny)")
     parser.add_argument("--cfg", type=float, default=None,
                         help=f"true classifier-free guidance scale, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; "
                              "1 runs one DiT forward per step instead of two (default 4; a Lightning preset's 1)")
     parser.add_argument("--seed", type=int, default=0,
                         help=f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]} (default 0)")
     parser.add_argument("--width", type=int, default=None,
-                        help="output width, a multiple of 16 (default: the first image's aspect ratio at the "
-                             "model's default area; give both or neither)")
-    parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16")
+                        help="output width, a multiple of 16 (default: an input image's aspect ratio at the model's "
+                             "default area: the first image's for Qwen-Image-Edit, the last one's for 2509 and 2511; "
+                             "give both or neither)")
+    parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16 (with --width)")
 
 
 def request_from_args(args, default_steps: int, default_cfg: float = DEFAULT_CFG) -> EditRequest:
@@ -85,16 +87,15 @@ def apply_preset(args, model: str, config: OptimizationConfig, default_steps: in
 def add_toggle_arguments(parser: argparse.ArgumentParser, defaults_to_none: bool = False) -> None:
     """--<toggle> for every single toggle, --<group> (a list) for every group of flags, and the LoRAs.
     `defaults_to_none`: leave every option unset unless given (the bench applies given ones over its configs)."""
+    # each choice's words and whether it runs here: `ghostedit options` (not repeated in every help)
     for toggle in registry.singles():
-        words = "; ".join(f"{choice.value}: {choice.label}" for choice in toggle.choices)
         parser.add_argument(f"--{toggle.name}", choices=toggle.values,
                             default=None if defaults_to_none else toggle.default,
-                            help=f"{toggle.help} ({words}; default {toggle.default})")
+                            help=f"{toggle.help} (default {toggle.default})")
     for group, flags in registry.groups().items():
-        words = "; ".join(f"{flag.name}: {flag.label}" for flag in flags)
         parser.add_argument(f"--{group}", nargs="*", choices=[flag.name for flag in flags],
                             default=None if defaults_to_none else [], metavar=group.upper(),
-                            help=f"any of: {words}")
+                            help=f"any of: {', '.join(flag.name for flag in flags)}")
     parser.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE[:MODE]]",
                         help="a LoRA .safetensors file, or one on the Hugging Face Hub (owner/name, "
                              "owner/name:FILE.safetensors or a Hub URL; downloaded with progress); repeat to stack "

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..device import Availability
-from .family import SYNTHETIC, TINY, Family, detect, exact_pipeline
+from .family import QWEN_IMAGE_EDIT_2509, SYNTHETIC, TINY, Family, detect, exact_pipeline, why_recognised
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 # Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
@@ -59,6 +59,23 @@ class ModelSpec:
         }[self.kind]
 
 
+    @property
+    def recognised(self) -> str:
+        """Which model this is and why, in words; a repo id's is read from its files once they are downloaded."""
+        if self.family is None:
+            return (f"which model {self.source} is (Qwen-Image-Edit, -2509 or -2511) is read from its files when "
+                    "they are downloaded")
+        if self.kind in ("tiny", "synthetic"):
+            return (f"computed as {QWEN_IMAGE_EDIT_2509.name} ({self.family.pipeline_class}, zero_cond_t "
+                    f"{'true' if self.family.zero_cond_t else 'false'}), with random weights")
+        return f"recognised as {recognised_family(self.family)}"
+
+
+def recognised_family(family: Family) -> str:
+    """A model family and what it was recognised by."""
+    return f"{family.name} ({why_recognised(family)})"
+
+
 def default_source(device: str) -> str:
     """The model the app and the CLI use unless told: the tiny one without a GPU, the released one with."""
     return DEFAULT_REPO if device.startswith("cuda") else "tiny"
@@ -91,8 +108,10 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
     `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else. `on_download`: a
     hub repo's download plan and progress (downloads.py)."""
     from ..diffsynth_patches import quiet_loader
+    from ..quiet import quiet_library_warnings
     from .dtypes import apply_component_dtypes
     quiet_loader()
+    quiet_library_warnings()
     from .exact import ExactPipeline, install_module_patches
     install_module_patches()
     torch_dtype = dtypes["dit"]

@@ -164,6 +164,12 @@ def detect(folder: Path) -> Family:
                            f"GhostEdit runs exactly: {supported}")
 
 
+def why_recognised(family: Family) -> str:
+    """What `detect` read to tell this family from the others, in words (2509 and 2511 differ by one flag)."""
+    return (f"{family.pipeline_class} in model_index.json, zero_cond_t "
+            f"{'true' if family.zero_cond_t else 'false'} in transformer/config.json")
+
+
 def load(dotted: str):
     """The class or function at a dotted path of a Computation."""
     module, name = dotted.rsplit(".", 1)
