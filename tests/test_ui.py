@@ -125,11 +125,16 @@ def test_variants_that_cannot_mean_anything_are_refused(names, message):
         variant_configs(names, OptimizationConfig())
 
 
-def test_unavailable_choices_carry_their_reason(engine):
+def test_unavailable_choices_are_marked_in_one_line_with_their_reason_apart(engine):
+    """A choice this machine cannot run says so in one short line; its reason is shown on hover (and in the System
+    tab), not inside the label."""
+    from ghostedit.ui.settings import unavailable_reasons
     choices = dict((value, label) for label, value in toggle_choices("fp8", engine.options()["fp8"]))
     assert choices["storage"] == "storage (FP8 weights, bf16 compute)"
-    assert choices["torchao"].endswith(
-        "unavailable: torchao FP8 compute needs a CUDA GPU; this machine runs on the CPU")
+    assert choices["torchao"] == "torchao (FP8 compute) · not on this machine"
+    reasons = unavailable_reasons(engine.options())
+    assert reasons[choices["torchao"]] == "torchao FP8 compute needs a CUDA GPU; this machine runs on the CPU"
+    assert choices["storage"] not in reasons and all("\n" not in label for label in reasons)
 
 
 def test_lora_library_lists_resolves_and_stores_uploads(tmp_path):
