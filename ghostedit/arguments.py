@@ -55,8 +55,9 @@ def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool 
 
 def request_from_args(args, default_steps: int, default_cfg: float = DEFAULT_CFG) -> EditRequest:
     return EditRequest(images=args.image, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                       steps=args.steps or default_steps, cfg_scale=default_cfg if args.cfg is None else args.cfg,
-                       seed=args.seed, width=args.width, height=args.height)
+                       steps=default_steps if args.steps is None else args.steps,
+                       cfg_scale=default_cfg if args.cfg is None else args.cfg, seed=args.seed, width=args.width,
+                       height=args.height)
 
 
 def add_preset_argument(parser: argparse.ArgumentParser) -> None:
