@@ -91,8 +91,8 @@ def cmd_edit(args) -> int:
     print(f"model: {engine.spec.description}; {engine.spec.recognised}", flush=True)
     result = engine.run(request, config, on_progress=print_progress)
     if engine.spec.family is None:  # a repo id: recognised from its files once downloaded
-        from .models import recognised_family
-        print(f"model: recognised as {recognised_family(result.family)}")
+        from .models.family import family_words
+        print(f"model: recognised as {family_words(result.family)}")
     _report_edit(args, result)
     return 0
 

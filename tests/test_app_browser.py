@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from playwright.sync_api import expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError, expect
 
 from conftest import ASSETS
 
@@ -159,6 +159,17 @@ def fill_edit(page, prompt="turn it into a haunted house at night", image=ASSETS
         expect(page.locator("#generation_section .label-wrap")).to_contain_text("2 steps")
 
 
+def wait_status(page, words: str, timeout_ms: int = 60_000) -> str:
+    """Until the status panel says `words`; fails with what it says instead."""
+    try:
+        page.wait_for_function("words => document.querySelector('#status').innerText.includes(words)", arg=words,
+                               timeout=timeout_ms)
+    except PlaywrightTimeoutError:
+        pytest.fail(f"the status never said {words!r}; it says {status(page)!r}; toasts: "
+                    f"{page.locator(TOAST).all_inner_texts()}")
+    return status(page)
+
+
 def runs_shown(page) -> int:
     return page.locator("#comparison tbody tr").count()
 
@@ -290,7 +301,15 @@ def test_phone_first_screen_has_run_and_the_status_under_it(browser, app):
     run, said, result = box(page, "#run"), box(page, "#status"), box(page, "#result")
     assert 0 <= said["y"] - (run["y"] + run["height"]) < 40 and result["y"] > said["y"], (run, said, result)
     fill_edit(page)
-    run_and_wait(page, 1)
+    # Run at the bottom of the screen, the status below it out of view: Run brings the status into view
+    page.evaluate("window.scrollTo(0, window.scrollY + document.querySelector('#run').getBoundingClientRect().bottom"
+                  " - window.innerHeight + 2)")
+    assert not on_first_screen(page, "#status")
+    page.locator("#run").click()
+    page.wait_for_timeout(1500)
+    said = box(page, "#status")
+    assert said["y"] >= 0 and said["y"] < 844, said
+    run_and_wait(page, 1, lambda: None)
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     row = page.locator("#comparison tbody tr").first
     assert row.evaluate("row => getComputedStyle(row).display") == "grid"  # a card, not a table row
@@ -340,6 +359,12 @@ def test_every_refusal_is_said_in_the_status(browser, app, tmp_path):
     choose(page, "fp8", "off")
 
     open_section(page, "lora_section")
+    assert not page.locator("#lora_2").is_visible()  # one LoRA slot, and "add another"
+    page.locator("#add_lora").click()
+    expect(page.locator("#lora_2")).to_be_visible()
+    assert not page.locator("#input_image_2").is_visible()  # one image, and "add an image"
+    page.locator("#add_image").click()
+    expect(page.locator("#input_image_2")).to_be_visible()
     page.locator("#hub_lora textarea, #hub_lora input").first.fill("someone/ghost-lora:ghost.safetensors")
     page.locator("#fetch_lora").click()
     assert_said_no(page, "Cannot fetch this LoRA", "HF_HUB_OFFLINE")
@@ -347,10 +372,12 @@ def test_every_refusal_is_said_in_the_status(browser, app, tmp_path):
 
     open_section(page, "model_section")
     choose(page, "preset", "Lightning 4")
+    expect(page.locator("#model_section .label-wrap")).to_contain_text("preset lightning-4")
     page.locator("#apply_preset").click()
     assert_said_no(page, "Cannot apply this preset", "random weights")
 
-    choose(page, "model", "Qwen/Qwen-Image-Edit-2509")
+    page.locator("#model input[role=combobox]").click()  # the switch is refused at once: no choose() here
+    page.locator("ul[role=listbox] li[role=option]", has_text="Qwen/Qwen-Image-Edit-2509").first.click()
     assert_said_no(page, "Cannot switch the model", "HF_HUB_OFFLINE", "Still on")
     expect(page.locator("#model input[role=combobox]")).to_have_value("tiny (random weights, CPU)")  # back to the one that works
 
@@ -366,19 +393,19 @@ def test_queued_and_cancelled_runs_say_so(browser, app):
     for page in (first, second):
         fill_edit(page, small=False)
         open_section(page, "generation_section")
-        set_number(page, "steps", 30)
+        for elem_id, value in (("steps", 100), ("width", 512), ("height", 512)):
+            set_number(page, elem_id, value)  # long enough to be cancelled while it denoises
     first.locator("#run").click()
-    first.wait_for_function("document.querySelector('#status').innerText.includes('step')", timeout=RUN_TIMEOUT_MS)
+    wait_status(first, "Denoising · step", RUN_TIMEOUT_MS)
     second.locator("#run").click()
     second.wait_for_timeout(1500)
     assert "Queued" in status(second), status(second)
     first.locator("#cancel").click()
-    first.wait_for_function("document.querySelector('#status').innerText.includes('Cancelled')", timeout=60_000)
-    said = status(first)
+    said = wait_status(first, "Cancelled")
     assert "This run made no image" in said and "result shown" not in said, said
-    second.wait_for_function("document.querySelector('#status').innerText.includes('step')", timeout=RUN_TIMEOUT_MS)
+    wait_status(second, "Denoising · step", RUN_TIMEOUT_MS)
     second.locator("#cancel").click()
-    second.wait_for_function("document.querySelector('#status').innerText.includes('Cancelled')", timeout=60_000)
+    wait_status(second, "Cancelled")
     for page in (first, second):
         assert page.locator(ERROR_BADGES).count() == 0
         page.context.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..device import Availability
-from .family import QWEN_IMAGE_EDIT_2509, SYNTHETIC, TINY, Family, detect, exact_pipeline, why_recognised
+from .family import SYNTHETIC, TINY, Family, detect, exact_pipeline, family_words
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 # Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
@@ -65,15 +65,7 @@ class ModelSpec:
         if self.family is None:
             return (f"which model {self.source} is (Qwen-Image-Edit, -2509 or -2511) is read from its files when "
                     "they are downloaded")
-        if self.kind in ("tiny", "synthetic"):
-            return (f"computed as {QWEN_IMAGE_EDIT_2509.name} ({self.family.pipeline_class}, zero_cond_t "
-                    f"{'true' if self.family.zero_cond_t else 'false'}), with random weights")
-        return f"recognised as {recognised_family(self.family)}"
-
-
-def recognised_family(family: Family) -> str:
-    """A model family and what it was recognised by."""
-    return f"{family.name} ({why_recognised(family)})"
+        return ("" if self.family.repo is None else "recognised as ") + family_words(self.family)
 
 
 def default_source(device: str) -> str:

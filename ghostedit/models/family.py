@@ -164,10 +164,13 @@ def detect(folder: Path) -> Family:
                            f"GhostEdit runs exactly: {supported}")
 
 
-def why_recognised(family: Family) -> str:
-    """What `detect` read to tell this family from the others, in words (2509 and 2511 differ by one flag)."""
-    return (f"{family.pipeline_class} in model_index.json, zero_cond_t "
-            f"{'true' if family.zero_cond_t else 'false'} in transformer/config.json")
+def family_words(family: Family) -> str:
+    """Which model a folder was recognised as and what told it apart (2509 and 2511 differ by one flag); for the
+    tiny and synthetic models, what they compute as."""
+    flag = "true" if family.zero_cond_t else "false"
+    if family.repo is None:
+        return f"{family.name}: random weights, computed as {family.pipeline_class} with zero_cond_t {flag}"
+    return f"{family.name} ({family.pipeline_class} in model_index.json, zero_cond_t {flag} in transformer/config.json)"
 
 
 def load(dotted: str):

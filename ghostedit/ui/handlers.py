@@ -373,6 +373,6 @@ def _before_after(result) -> tuple[Image.Image, Image.Image]:
 
 def _comparison_caption(history: History) -> str:
     if not history.runs:
-        return "No runs yet: every run joins this comparison."
+        return ""  # the comparison itself says there are no runs yet
     baseline = history.baseline()
     return (f"Baseline: **{baseline.label}**. Memory is {history.memory_kind()}. {COMPARISON_RULE}")

@@ -75,7 +75,7 @@ def _intro(engine, concurrency: int) -> str:
 
 def _ready(engine) -> str:
     """The status panel before the first run: what to do, and what the model is."""
-    text = READY
+    text = READY + f"\n\n<span class=\"ghost-note\">Model: {engine.spec.description}; {engine.spec.recognised}.</span>"
     if engine.spec.kind == "tiny":
         text += ("\n\n<span class=\"ghost-note\">The tiny model has random weights: it runs the real pipeline in "
                  "seconds on a CPU, but its pictures are noise. For real edits start the app on a GPU with "
@@ -183,8 +183,8 @@ def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
 
 
 def _model_summary(engine, preset: str) -> str:
-    words = dict(preset_choices()).get(preset) if preset not in (None, NO_PRESET) else None
-    return f"Model · {engine.spec.source}" + (f" · preset {preset}" if words is not None else "")
+    chosen = preset not in (None, NO_PRESET) and preset in {value for _, value in preset_choices()}
+    return f"Model · {engine.spec.source}" + (f" · preset {preset}" if chosen else "")
 
 
 def _lora_slots(ui: SimpleNamespace, handlers: Handlers) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..models.family import family_words
 from ..telemetry import ProgressEvent
 
 # Engine stage names in the words the page uses
@@ -187,7 +188,7 @@ def run_summary(result) -> str:
     request = result.request
     lines = [f"**{result.config.label}** · {result.width}×{result.height} · {request.steps} steps · "
              f"CFG {request.cfg_scale:g} · seed {request.seed} · attention ran: {result.attention_backend}"
-             f"{ran_on(summary)}", ""]
+             f"{ran_on(summary)}", "", f"Model: {family_words(result.family)}", ""]
     if summary["cache_hit"]:
         lines.append("**Prepared pipeline: cache hit** (prepared by an earlier run, reused as is)")
     else:
