@@ -148,10 +148,7 @@ class HubControls:
             path = yield from self._stream(lambda report: downloads.lora_file(reference, report), skips)
             name = self.handlers.loras.add(path, path.name)
         except Exception as error:
-            failure = refusal(error, "Cannot fetch this LoRA")
-            if not from_page(request):
-                raise failure from error
-            yield (f"⛔ Not fetched: {failure.message}", *skips[:-1], status_words(failure))
+            yield self._said_no(error, "Cannot fetch this LoRA", "Not fetched", request, len(skips) - 1)
             return
         yield (f"Fetched `{name}` into `{self.handlers.loras.folder}`.", *self._select(name, slots), gr.skip())
 
@@ -167,14 +164,20 @@ class HubControls:
             choice = yield from self._stream(lambda report: lightning_lora(preset, engine.spec.source, report), skips)
             lora_name = self.handlers.loras.add(choice.path, choice.name + ".safetensors")
         except Exception as error:
-            failure = refusal(error, "Cannot apply this preset")
-            if not from_page(request):
-                raise failure from error
-            yield (f"⛔ Not applied: {failure.message}", *skips[:-1], status_words(failure))
+            yield self._said_no(error, "Cannot apply this preset", "Not applied", request, len(skips) - 1)
             return
         yield (f"{preset.words}: applied (`{lora_name}`).", *self._select(lora_name, slots),
                gr.update(value=preset.steps), gr.update(value=preset.cfg_scale), gr.update(value="lightning"),
                gr.skip())
+
+    @staticmethod
+    def _said_no(error: BaseException, title: str, not_done: str, request, untouched: int) -> tuple:
+        """A refused fetch or preset: raised to an API client; on the page its reason beside the control and in the
+        status panel, the `untouched` outputs between them left as they are."""
+        failure = refusal(error, title)
+        if not from_page(request):
+            raise failure from error
+        return (f"⛔ {not_done}: {failure.message}", *[gr.skip()] * untouched, status_words(failure))
 
     def _stream(self, work, skips):
         stream = stream_download(work)
