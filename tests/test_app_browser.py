@@ -388,7 +388,8 @@ def test_every_refusal_is_said_in_the_status(browser, app, tmp_path):
     page.locator("#model input[role=combobox]").click()  # the switch is refused at once: no choose() here
     page.locator("ul[role=listbox] li[role=option]", has_text="Qwen/Qwen-Image-Edit-2509").first.click()
     assert_said_no(page, "Cannot switch the model", "HF_HUB_OFFLINE", "Still on")
-    expect(page.locator("#model input[role=combobox]")).to_have_value("tiny (random weights, CPU)")  # back to the one that works
+    # back to the model that works
+    expect(page.locator("#model input[role=combobox]")).to_have_value("tiny (random weights, CPU)")
 
     log = app.log.read_text()[log_start:]
     assert "Traceback" not in log, log

@@ -154,7 +154,8 @@ def test_the_known_harmless_rope_warnings_are_silenced_and_only_they():
         done = subprocess.run([sys.executable, "-c", code.format(quiet=quiet)], capture_output=True, text=True,
                               timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert done.returncode == 0, done.stderr
-        warned = ("`rope_scaling` is deprecated" in done.stderr, "Unrecognized keys in `rope_parameters`" in done.stderr)
+        warned = ("`rope_scaling` is deprecated" in done.stderr,
+                  "Unrecognized keys in `rope_parameters`" in done.stderr)
         assert warned == (expected, expected), done.stderr
 
 

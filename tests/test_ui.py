@@ -355,7 +355,8 @@ def test_the_comparison_is_led_by_the_configuration_and_names_each_figure_on_a_c
 
 def test_section_summaries_and_slots():
     from ghostedit.ui.settings import generation_summary, lora_summary, slots_shown
-    assert generation_summary(4, 4.0, 0, 0, 0, 1) == "Generation · 4 steps · CFG 4 · seed 0 · size from the input · 1 image"
+    assert (generation_summary(4, 4.0, 0, 0, 0, 1)
+            == "Generation · 4 steps · CFG 4 · seed 0 · size from the input · 1 image")
     assert generation_summary(2, 1.5, 7, 128, 256, 3).endswith("CFG 1.5 · seed 7 · 128×256 · 3 images")
     assert lora_summary({}) == "LoRAs · none"
     assert lora_summary({"lora": "built-in/tiny_lora_peft.safetensors", "lora_mode": "runtime", "lora_scale": 0.5,

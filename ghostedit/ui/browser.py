@@ -84,7 +84,8 @@ PAGE_SCRIPT = """
     if (/[⛔❌⏹]/.test(status)) { clock.start = null; waited('–'); return; }
     const now = pictures();
     const images = [...document.querySelectorAll('#result img')];
-    if (!images.length || now === clock.before || !images.every((image) => image.complete && image.naturalWidth)) return;
+    const loaded = images.every((image) => image.complete && image.naturalWidth);
+    if (!images.length || now === clock.before || !loaded) return;
     waited(((performance.now() - clock.start) / 1000).toFixed(2));
     clock.start = null;
   }).observe(document.body, {subtree: true, childList: true, attributes: true, attributeFilter: ['src'],

@@ -210,7 +210,8 @@ class Handlers:
         try:
             config = panel_config(self.loras, values)
         except Exception as error:
-            return f"⚠️ {html.escape(str(error), quote=False)}", loras, gr.Accordion(label="Speed · ⚠️ not valid")
+            invalid = gr.Accordion(label="Speed · ⚠️ not valid")
+            return f"⚠️ {html.escape(str(error), quote=False)}", loras, invalid
         speed = config.replace(loras=()).label
         try:
             self.engine.check(config)
@@ -317,7 +318,8 @@ class Handlers:
         runs = len(history.runs)
         if not runs:
             return gr.Row(visible=True), "There are no runs to clear."
-        return gr.Row(visible=True), f"Clear all {runs} run{'s' if runs > 1 else ''} of this browser? This cannot be undone."
+        return (gr.Row(visible=True),
+                f"Clear all {runs} run{'s' if runs > 1 else ''} of this browser? This cannot be undone.")
 
     @staticmethod
     def clear_history(history: History):

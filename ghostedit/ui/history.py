@@ -180,8 +180,8 @@ class History:
         if not self.runs:
             return None
         names = self.names()
-        return pd.DataFrame([{"configuration": names[run.number], "peak GiB": float(run.telemetry["peak_allocated_gib"]),
-                              "run": f"#{run.number}"} for run in self.runs],
+        return pd.DataFrame([{"configuration": names[run.number], "run": f"#{run.number}",
+                              "peak GiB": float(run.telemetry["peak_allocated_gib"])} for run in self.runs],
                             columns=["configuration", "peak GiB", "run"])
 
     def compact_rows(self) -> list[dict]:
@@ -199,8 +199,9 @@ class History:
                 "psnr": _psnr_words(versus.get("psnr_db")), "ssim": versus.get("ssim"),
                 "peak_gib": telemetry["peak_allocated_gib"],
                 "details": f"run #{run.number} · “{params['prompt']}” · seed {params['seed']} · "
-                           f"{params['width']}×{params['height']} · {params['steps']} steps · CFG {params['cfg_scale']:g}"
-                           f" · {'cache hit' if telemetry['cache_hit'] else 'prepared for this run'}"})
+                           f"{params['width']}×{params['height']} · {params['steps']} steps · "
+                           f"CFG {params['cfg_scale']:g} · "
+                           f"{'cache hit' if telemetry['cache_hit'] else 'prepared for this run'}"})
         return rows
 
     def run(self, number) -> RunRecord | None:

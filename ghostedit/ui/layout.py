@@ -377,13 +377,13 @@ def _wire_sections(handlers: Handlers, edit) -> None:
     edit.preset.change(lambda preset: gr.Accordion(label=_model_summary(handlers.engine, preset)), edit.preset,
                        edit.model_section, **INSTANT)
 
-    for shown, slots, add_button, values in ((edit.images_shown, edit.more_images, edit.add_image, edit.more_images),
-                                             (edit.loras_shown, edit.lora_groups[1:], edit.add_lora, edit.loras[1:])):
+    for counter, slots, add_button, values in ((edit.images_shown, edit.more_images, edit.add_image, edit.more_images),
+                                               (edit.loras_shown, edit.lora_groups[1:], edit.add_lora, edit.loras[1:])):
         def show(shown, *filled, slots=slots, add=False):
             shown = slots_shown(shown, filled, add)
             return (shown, *[gr.update(visible=index < shown) for index in range(len(slots))],
                     gr.update(visible=shown < len(slots)))
-        inputs, outputs = [shown, *values], [shown, *slots, add_button]
+        inputs, outputs = [counter, *values], [counter, *slots, add_button]
         add_button.click(lambda *state, show=show: show(*state, add=True), inputs, outputs, preprocess=False,
                          **INSTANT)
         for value in values:

@@ -53,7 +53,8 @@ def comparison_html(rows: list[dict], memory_kind: str) -> str:
         compiled = f' <span class="ghost-note">(compiling {row["compile_s"]:.1f})</span>' if row["compile_s"] else ""
         cells = (f'<th scope="row" title="{html.escape(row["details"])}">{name}</th>',
                  _cell(headers[1], _number(row["s_per_step"], 3)), _cell(headers[2], _times(row["speedup_step"])),
-                 _cell(headers[3], _number(row["total_s"], 2) + compiled), _cell(headers[4], _times(row["speedup_e2e"])),
+                 _cell(headers[3], _number(row["total_s"], 2) + compiled),
+                 _cell(headers[4], _times(row["speedup_e2e"])),
                  _cell(headers[5], html.escape(row["psnr"]) or "–"), _cell(headers[6], _number(row["ssim"], 4)),
                  _cell(headers[7], _number(row["peak_gib"], 2)))
         body.append(f"<tr>{''.join(cells)}</tr>")
