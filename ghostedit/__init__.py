@@ -7,6 +7,12 @@ from .paths import ghostedit_home
 # Set before torch is imported: importing torchao, PEFT or DiffSynth fixes Inductor's cache folder for the process.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ghostedit_home() / "inductor-cache"))
 
-from .config import EditRequest, LoraChoice, OptimizationConfig  # noqa: E402
-
 __all__ = ["EditRequest", "LoraChoice", "OptimizationConfig"]
+
+
+def __getattr__(name: str):
+    """The request and configuration types, imported on first use: `ghostedit --help` loads no torch."""
+    if name in __all__:
+        from . import config
+        return getattr(config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

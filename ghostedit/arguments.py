@@ -44,7 +44,8 @@ def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool 
                         default=DEFAULT_PROMPT, help="the edit instruction (without --image: what to generate)")
     parser.add_argument("--negative-prompt", default="", help="what the edit should avoid (used when --cfg > 1)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="denoising steps (default: the model's, tiny 4, real 40)")
+                        help="denoising steps (default: the model's: 50 for Qwen-Image-Edit, 40 for 2509 and 2511, "
+                             "4 for tiny)")
     parser.add_argument("--cfg", type=float, default=None,
                         help=f"true classifier-free guidance scale, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; "
                              "1 runs one DiT forward per step instead of two (default: the model's, Qwen-Image-Edit "
@@ -52,9 +53,10 @@ def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool 
     parser.add_argument("--seed", type=int, default=0,
                         help=f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]} (default 0)")
     parser.add_argument("--width", type=int, default=None,
-                        help="output width, a multiple of 16 (Qwen-Image-2.1: 32) (default: the aspect ratio of "
-                             "the image the model takes it from at the model's default area; give both or neither)")
-    parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16 (2.1: 32)")
+                        help="output width, a multiple of 16 (Qwen-Image-2.1: 32) (default: an input image's aspect "
+                             "ratio at the model's default area: the first image's for Qwen-Image-Edit and for a "
+                             "masked edit, the last one's for 2509, 2511 and 2.1; give both or neither)")
+    parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16 (2.1: 32; with --width)")
     parser.add_argument("--mask", default=None, metavar="FILE",
                         help="an inpainting mask for the first --image (white = change; in a file with transparency, "
                              "transparent = change), of its aspect ratio: the edit keeps the rest, and the output "
@@ -73,7 +75,8 @@ def request_from_args(args, default_steps: int, default_cfg: float = DEFAULT_CFG
                       keep_alpha: bool = False) -> EditRequest:
     """`keep_alpha`: the model reads the images' alpha (Qwen-Image-2.1)."""
     return EditRequest(images=args.image or [], prompt=args.prompt, negative_prompt=args.negative_prompt,
-                       steps=args.steps or default_steps, cfg_scale=default_cfg if args.cfg is None else args.cfg,
+                       steps=default_steps if args.steps is None else args.steps,
+                       cfg_scale=default_cfg if args.cfg is None else args.cfg,
                        seed=args.seed, width=args.width, height=args.height, keep_alpha=keep_alpha,
                        mask=args.mask, strength=args.strength, padding_mask_crop=args.padding_mask_crop,
                        paste_back=args.paste_back)
@@ -107,16 +110,15 @@ def apply_preset(args, model: str, config: OptimizationConfig, default_steps: in
 def add_toggle_arguments(parser: argparse.ArgumentParser, defaults_to_none: bool = False) -> None:
     """--<toggle> for every single toggle, --<group> (a list) for every group of flags, and the LoRAs.
     `defaults_to_none`: leave every option unset unless given (the bench applies given ones over its configs)."""
+    # each choice's words and whether it runs here: `ghostedit options` (not repeated in every help)
     for toggle in registry.singles():
-        words = "; ".join(f"{choice.value}: {choice.label}" for choice in toggle.choices)
         parser.add_argument(f"--{toggle.name}", choices=toggle.values,
                             default=None if defaults_to_none else toggle.default,
-                            help=f"{toggle.help} ({words}; default {toggle.default})")
+                            help=f"{toggle.help} (default {toggle.default})")
     for group, flags in registry.groups().items():
-        words = "; ".join(f"{flag.name}: {flag.label}" for flag in flags)
         parser.add_argument(f"--{group}", nargs="*", choices=[flag.name for flag in flags],
                             default=None if defaults_to_none else [], metavar=group.upper(),
-                            help=f"any of: {words}")
+                            help=f"any of: {', '.join(flag.name for flag in flags)}")
     parser.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE[:MODE]]",
                         help="a LoRA .safetensors file, or one on the Hugging Face Hub (owner/name, "
                              "owner/name:FILE.safetensors or a Hub URL; downloaded with progress); repeat to stack "

@@ -1,6 +1,11 @@
 """The `ghostedit` command: `edit` one image and print the telemetry, `bench` configurations, list the `options`
 this machine can run, `download` a model or LoRA ahead of time, list, export or install `compiled` code packages,
-or `serve` the app (the same as `python app.py`)."""
+or `serve` the app (the same as `python app.py`).
+
+A command's options are built only for the command asked for, and its modules imported only when it runs: `ghostedit
+--help` imports neither torch nor DiffSynth. Every refusal (an option this machine cannot run, an image that is not
+one, a LoRA that is not a LoRA, a folder that is not a model) is one `error:` line and exit status 2, said before
+the model loads."""
 from __future__ import annotations
 
 import argparse
@@ -9,10 +14,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-from .arguments import add_model_arguments, add_preset_argument, add_request_arguments, add_toggle_arguments, \
-    apply_preset, config_from_args, model_and_device, request_from_args
-from .parallel.mesh import MODE_HELP, MODES
 
 DOWNLOAD_LINE_SECONDS = 1.0
 _last_download_line = [float("-inf")]
@@ -60,22 +61,44 @@ def format_telemetry(result) -> str:
 
 def _engine(args):
     from .engine import Engine
+    from .arguments import model_and_device
     source, device = model_and_device(args)
     return Engine(source, device=device, dtype=args.dtype)
+
+
+def _checked_edit(args):
+    """The engine, configuration and request of `edit`, every part checked before the model loads: the model
+    folder, the preset, the LoRAs (by content), the images, the size and steps, then (the engine imported) whether
+    this machine runs every chosen option."""
+    from .arguments import apply_preset, config_from_args, model_and_device, request_from_args
+    from .models import resolve
+    from .optimize.lora import check_lora_file
+    spec = resolve(model_and_device(args)[0])
+    config, steps, cfg = apply_preset(args, spec.source, config_from_args(args), spec.default_steps)
+    for lora in config.loras:
+        check_lora_file(lora.path)
+    family = spec.known_family
+    if family is not None and not args.preset:
+        cfg = family.default_cfg
+    request = request_from_args(args, steps, cfg, keep_alpha=bool(family and family.rgba))
+    if family is not None:
+        family.check_request(request)
+    engine = _engine(args)
+    engine.check(config)
+    return engine, config, request
 
 
 def cmd_edit(args) -> int:
     from . import parallel
     if parallel.world_size_from_environment() > 1:  # started by torchrun: one edit on every process
         return _parallel_edit(args)
-    engine = _engine(args)
+    engine, config, request = _checked_edit(args)
+    print(f"model: {engine.spec.description}; {engine.spec.recognised}", flush=True)
     print_licence(engine)
-    config, steps, cfg = apply_preset(args, engine.spec.source, config_from_args(args), engine.spec.default_steps)
-    family = engine.family
-    if family is not None and not args.preset:
-        cfg = family.default_cfg
-    result = engine.run(request_from_args(args, steps, cfg, keep_alpha=bool(family and family.rgba)), config,
-                        on_progress=print_progress)
+    result = engine.run(request, config, on_progress=print_progress)
+    if engine.spec.family is None:  # a repo id: recognised from its files once downloaded
+        from .models.family import family_words
+        print(f"model: recognised as {family_words(result.family)}")
     _report_edit(args, result)
     return 0
 
@@ -94,11 +117,8 @@ def _parallel_edit(args) -> int:
     cfg = args.cfg if args.cfg is not None else preset_cfg(args, DEFAULT_CFG)
     mesh = parallel.setup(args.parallel, cfg != 1.0, args.device or default_device())
     try:
-        engine = _engine(args)
-        config, steps, cfg = apply_preset(args, engine.spec.source, config_from_args(args),
-                                          engine.spec.default_steps)
-        result = engine.run(request_from_args(args, steps, cfg), config,
-                            on_progress=print_progress if mesh.is_writer else None)
+        engine, config, request = _checked_edit(args)
+        result = engine.run(request, config, on_progress=print_progress if mesh.is_writer else None)
         if mesh.is_writer:
             _report_edit(args, result)
     finally:
@@ -126,25 +146,25 @@ def _over_white(image):
     return background
 
 
-def options_text(engine) -> str:
-    """Every setting's choices, each marked available or not with the reason, and where each component lives."""
-    options = engine.options()
+def options_text(device: str) -> str:
+    """Every setting's choices on `device`, each marked available or not with the reason (no model is loaded)."""
+    from .optimize import registry
+    options = registry.options(device)
     width = max(len(choice) for choices in options.values() for choice in choices) + 2
     lines = []
     for setting, choices in options.items():
         lines.append(f"{setting}:")
-        lines += [f"  {choice:<{width}}{'available' if available.ok else 'unavailable: ' + available.reason}"
+        lines += [f"  {choice:<{width}}{registry.words(setting, choice)}: "
+                  f"{'available' if available.ok else 'unavailable, ' + available.reason}"
                   for choice, available in choices.items()]
-    lines.append("placement (memory=auto):")
-    lines += [f"  {component:<{width}}{where['where']}: {where['why']}"
-              for component, where in engine.placement().describe().items()]
     return "\n".join(lines)
 
 
 def cmd_options(args) -> int:
-    engine = _engine(args)
-    print_licence(engine)
-    print(options_text(engine))
+    from .device import default_device
+    print(options_text(args.device or default_device()))
+    print("(where the weights live on this card: the memory setting; `ghostedit edit` and the app's System tab say "
+          "where each component went and why)")
     return 0
 
 
@@ -192,15 +212,9 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ghostedit", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    edit = commands.add_parser("edit", help="edit images (or, with Qwen-Image-2.1, generate one) and print the "
-                                            "telemetry",
-                               description="Edit images with an instruction (Qwen-Image-Edit: 1 to 3; Qwen-Image-2.1: "
-                                           "1 to 10, or none to generate from the prompt); print the stage and step "
-                                           "times.")
+def _add_edit(edit: argparse.ArgumentParser) -> None:
+    from .arguments import add_model_arguments, add_preset_argument, add_request_arguments, add_toggle_arguments
+    from .parallel.mesh import MODE_HELP, MODES
     add_model_arguments(edit)
     add_request_arguments(edit, image_required=False, prompt_required=True)
     add_toggle_arguments(edit)
@@ -212,26 +226,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help=MODE_HELP + "; the environment's GHOSTEDIT_PARALLEL sets the default")
     edit.set_defaults(run=cmd_edit)
 
-    options = commands.add_parser("options", help="which toggles can run on this machine, and why not")
-    add_model_arguments(options)
+
+def _add_options(options: argparse.ArgumentParser) -> None:
+    options.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     options.set_defaults(run=cmd_options)
 
-    download = commands.add_parser("download", help="fetch a model or LoRA from the Hub ahead of time, with progress",
-                                   description="Fetch a model repo (only the files GhostEdit reads) or a LoRA file "
-                                               "into the Hugging Face cache: size and free disk space checked first, "
-                                               "progress shown, an interrupted download resumed.")
+
+def _add_download(download: argparse.ArgumentParser) -> None:
     download.add_argument("reference", help="owner/name or modelscope:owner/name; with --lora also "
                                             "owner/name:FILE.safetensors or a Hub URL")
     download.add_argument("--lora", action="store_true", help="the reference is a LoRA (one .safetensors file)")
     download.set_defaults(run=cmd_download)
 
-    compiled = commands.add_parser(
-        "compiled", help="list, export or install compiled-code packages (a new machine skips compiling)",
-        description="A configuration's compiled code is kept as a package per torch build and device in "
-                    "$GHOSTEDIT_HOME/compiled. Export them to a folder (to copy or upload to a Hub repo), install "
-                    "them on another machine from that folder or repo: its first edit of the configuration then "
-                    "loads the code instead of compiling it. A package made for another torch or GPU is refused. "
-                    "A package is code: install packages only from a source you trust.")
+
+def _add_compiled(compiled: argparse.ArgumentParser) -> None:
     compiled.add_argument("action", choices=("list", "export", "install"))
     compiled.add_argument("where", nargs="?", default=None,
                           help="export: the folder to write; install: a folder or a Hub repo id (owner/name)")
@@ -239,19 +247,62 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(default: cuda if there is a GPU, else cpu)")
     compiled.set_defaults(run=cmd_compiled)
 
-    from .bench.command import add_bench_command
-    add_bench_command(commands)
 
+def _add_serve(serve: argparse.ArgumentParser) -> None:
     from .ui.serve import add_serve_arguments
-    serve = commands.add_parser("serve", help="serve the app in a browser (the same as python app.py)")
     add_serve_arguments(serve)
     serve.set_defaults(run=cmd_serve)
+
+
+# name: (one line for `ghostedit --help`, the command's own description, what adds its options)
+COMMANDS = {
+    "edit": ("edit images (or, with Qwen-Image-2.1, generate one) and print the telemetry",
+             "Edit images with an instruction (Qwen-Image-Edit: 1 to 3; Qwen-Image-2.1: 1 to 10, or none to "
+             "generate from the prompt); print the stage and step times. Each toggle's choices and whether this "
+             "machine runs them: `ghostedit options`.", _add_edit),
+    "options": ("which toggles can run on this machine, and why not (loads no model)", None, _add_options),
+    "download": ("fetch a model or LoRA from the Hub ahead of time, with progress",
+                 "Fetch a model repo (only the files GhostEdit reads) or a LoRA file into the Hugging Face cache: "
+                 "size and free disk space checked first, progress shown, an interrupted download resumed.",
+                 _add_download),
+    "compiled": ("list, export or install compiled-code packages (a new machine skips compiling)",
+                 "A configuration's compiled code is kept as a package per torch build and device in "
+                 "$GHOSTEDIT_HOME/compiled. Export them to a folder (to copy or upload to a Hub repo), install them "
+                 "on another machine from that folder or repo: its first edit of the configuration then loads the "
+                 "code instead of compiling it. A package made for another torch or GPU is refused. A package is "
+                 "code: install packages only from a source you trust.", _add_compiled),
+    "bench": ("benchmark configurations on the same inputs", None, None),  # bench/command.py adds its own
+    "serve": ("serve the app in a browser (the same as python app.py)", None, _add_serve),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with `only`, the options of that command alone (the others keep their one line;
+    "": none)."""
+    parser = argparse.ArgumentParser(prog="ghostedit", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (summary, description, add) in COMMANDS.items():
+        wanted = only is None or only == name
+        if add is None and wanted:
+            from .bench.command import add_bench_command
+            add_bench_command(commands)
+            continue
+        command = commands.add_parser(name, help=summary, description=description or summary)
+        if wanted:
+            add(command)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = next((word for word in argv if not word.startswith("-")), None)
+    args = build_parser(chosen or "").parse_args(argv)  # no command: the list of commands, nothing imported
+    from .errors import GhostEditError
+    try:
+        return args.run(args)
+    except GhostEditError as error:  # a refusal, written for the person: one line, no traceback
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -69,6 +69,11 @@ PATCHES = {
         "DiffSynth's loader prints each model it loads or finds, and each it does not ('No ... models available. "
         "This is not an error.'): a module-level `print` sends those lines to the 'ghostedit.diffsynth' logger at "
         "debug level instead of the app's log"),
+    "quiet download tips": Patch(
+        "diffsynth.core.loader.config", "_download_tips_printed",
+        "DiffSynth prints a box of ModelScope download settings before the first model it loads, even from a local "
+        "path where nothing downloads: the flag that says it was printed is set, so it never is (GhostEdit's own "
+        "downloads announce themselves, downloads.py)"),
     "capture-time torch": Patch(
         "diffsynth.pipelines.qwen_image", "torch (the module's global, for the length of a CUDA graph capture)",
         "model_fn builds zero_cond_t's modulation index with torch.tensor(..., device=...), a copy a capture refuses: "
@@ -108,8 +113,10 @@ def replace(name: str, replacement):
 
 
 def quiet_loader() -> None:
-    """DiffSynth's loader logs at debug level instead of printing (see "quiet loader")."""
+    """DiffSynth's loader logs at debug level instead of printing (see "quiet loader"), and prints no download box
+    ("quiet download tips")."""
     replace("quiet loader", _log_loader_line)
+    replace("quiet download tips", True)
 
 
 def _log_loader_line(*values, sep: str = " ", **_) -> None:

@@ -162,6 +162,22 @@ def hub_snapshot(repo: str, patterns, on_progress: ProgressCallback | None = Non
     return Path(folder)
 
 
+def check_reachable(reference: str) -> None:
+    """Raises DownloadError when a model repo can neither be downloaded now nor loaded from a complete copy in the
+    cache (HF_HUB_OFFLINE set, or the Hub unreachable), or is not on the Hub: the page's model picker says so when
+    the model is picked, not at the first run. ModelScope is checked when it downloads."""
+    if reference.startswith(MODELSCOPE_PREFIX):
+        return
+    repo = reference.removeprefix("hf:")
+    if hub_offline():
+        _cached_snapshot(repo, MODEL_PATTERNS, "main", "HF_HUB_OFFLINE is set")
+        return
+    try:
+        plan_download(repo, MODEL_PATTERNS)
+    except _network_errors() as error:
+        _cached_snapshot(repo, MODEL_PATTERNS, "main", f"the Hub cannot be reached ({type(error).__name__})")
+
+
 def model_download_words(reference: str) -> str:
     """Before anything is fetched: how much a model repo weighs, how much of it the cache holds and whether the rest
     fits on the disk (markdown for the page)."""

@@ -196,7 +196,7 @@ def test_the_page_announces_downloads_streams_their_progress_and_switches_models
     controls = HubControls(handlers)
     assert "tiny model has random weights" in controls.preset_notice("lightning-4")
     hub.bytes_per_second = 60_000  # 0.7 s: the page sees progress
-    updates = list(controls.fetch_lora("someone/ghost-lora", "none", "none", "none"))
+    updates = list(controls.fetch_lora("someone/ghost-lora", None, "none", "none", "none"))
     words = [update[0] for update in updates]
     assert "someone/ghost-lora: 42.2 KB in 1 file" in words[0], words
     assert any("%)" in w for w in words) and words[-1].startswith("Fetched `ghost.safetensors`")

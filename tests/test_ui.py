@@ -1,5 +1,6 @@
 """The app's layer over the engine, without a server: live view, history and comparison, settings, LoRA folder."""
 import json
+import re
 import threading
 
 import pandas as pd
@@ -125,11 +126,16 @@ def test_variants_that_cannot_mean_anything_are_refused(names, message):
         variant_configs(names, OptimizationConfig())
 
 
-def test_unavailable_choices_carry_their_reason(engine):
+def test_unavailable_choices_are_marked_in_one_line_with_their_reason_apart(engine):
+    """A choice this machine cannot run says so in one short line; its reason is shown on hover (and in the System
+    tab), not inside the label."""
+    from ghostedit.ui.settings import unavailable_reasons
     choices = dict((value, label) for label, value in toggle_choices("fp8", engine.options()["fp8"]))
     assert choices["storage"] == "storage (FP8 weights, bf16 compute)"
-    assert choices["torchao"].endswith(
-        "unavailable: torchao FP8 compute needs a CUDA GPU; this machine runs on the CPU")
+    assert choices["torchao"] == "torchao (FP8 compute) · not on this machine"
+    reasons = unavailable_reasons(engine.options())
+    assert reasons[choices["torchao"]] == "torchao FP8 compute needs a CUDA GPU; this machine runs on the CPU"
+    assert choices["storage"] not in reasons and all("\n" not in label for label in reasons)
 
 
 def test_lora_library_lists_resolves_and_stores_uploads(tmp_path):
@@ -311,3 +317,75 @@ def test_prepare_notices_run_one_at_a_time_in_the_order_asked_for(engine, tmp_pa
     writers = [fn for fn in demo.fns.values() if notice in fn.outputs]
     assert len(writers) >= 8  # the toggles' changes and the events above
     assert {(fn.concurrency_id, fn.concurrency_limit) for fn in writers} == {("notice", 1)}
+
+
+# ---- issue 43: the page a person sees ----
+
+def test_the_time_chart_has_every_stage_of_every_run_from_the_first_and_none_before(results):
+    """Gradio's plot fixes its series when it first draws: every stage is in every run's rows (0 s where a run had
+    none), in one order (last stage first: the plot stacks its first series on top); nothing at all before a run
+    (an empty frame would make the seconds a category)."""
+    from ghostedit.ui.history import CHART_STAGES
+    history = History()
+    assert history.stage_chart() is None and history.memory_chart() is None
+    for result in results:
+        history.add(result)
+    chart = history.stage_chart()
+    for run in history.runs:
+        bar = chart[chart["run"] == f"#{run.number}"]
+        assert list(bar["stage"]) == list(reversed(CHART_STAGES))
+        assert bar["seconds"].dtype == float and bar["seconds"].sum() == pytest.approx(run.telemetry["total_s"],
+                                                                                     abs=0.01)
+    assert list(chart["configuration"].unique()) == ["stock", "fp8-storage", "stock (2)"]  # named, never "#1"
+    assert history.memory_chart()["peak GiB"].dtype == float
+
+
+def test_the_comparison_is_led_by_the_configuration_and_names_each_figure_on_a_card(results):
+    from ghostedit.ui.tables import comparison_html
+    history = History()
+    for result in results:
+        history.add(result)
+    html_text = comparison_html(history.compact_rows(), history.memory_kind())
+    headers = re.findall(r'<th scope="col">([^<]*)</th>', html_text)
+    assert headers[0] == "configuration" and {"s / step", "speed-up / step", "PSNR dB", "SSIM"} <= set(headers)
+    assert "peak RAM GiB (process RSS)" in headers  # on the CPU: what the memory figure measures
+    assert html_text.count('data-label="PSNR dB"') == 3 and "seed 1" in html_text  # the edit, on hover
+    assert "No runs yet" in comparison_html([], "")
+
+
+def test_section_summaries_and_slots():
+    from ghostedit.ui.settings import generation_summary, lora_summary, slots_shown
+    assert (generation_summary(4, 4.0, 0, 0, 0, 1)
+            == "Generation · 4 steps · CFG 4 · seed 0 · size from the input · 1 image")
+    assert generation_summary(2, 1.5, 7, 128, 256, 3).endswith("CFG 1.5 · seed 7 · 128×256 · 3 images")
+    assert lora_summary({}) == "LoRAs · none"
+    assert lora_summary({"lora": "built-in/tiny_lora_peft.safetensors", "lora_mode": "runtime", "lora_scale": 0.5,
+                         "lora_2": NO_LORA}) == "LoRAs · tiny_lora_peft (runtime ×0.5)"
+    assert slots_shown(0, [None, None]) == 0 and slots_shown(0, [None, None], add=True) == 1
+    assert slots_shown(0, [None, "x.png"]) == 2 and slots_shown(2, [None, None], add=True) == 2
+
+
+def test_a_refusal_is_said_in_the_status_on_the_page_and_raised_to_a_client(tmp_path, house):
+    """The same refusal: on the page (Gradio's front end marks its calls `x-gradio-user: app`) the status panel
+    says it and nothing is raised; an API client gets the error."""
+    import gradio as gr
+    from types import SimpleNamespace
+
+    from ghostedit.engine import Engine
+    from ghostedit.ui.handlers import Handlers
+    handlers = Handlers(Engine("tiny", device="cpu"), tmp_path / "loras")
+    values = {"image": None, "prompt": "make it night", "steps": 2, "cfg_scale": 4, "seed": 0}
+    page = SimpleNamespace(session_hash="page", headers={"x-gradio-user": "app"})
+    (status, *_), = list(handlers.edit(values, History(), page, no_progress))
+    assert status.startswith("### ⛔ Cannot run this") and "takes 1 to 3 input images; got 0" in status
+    client = SimpleNamespace(session_hash="client", headers={"x-gradio-user": "api"})
+    with pytest.raises(gr.Error, match="takes 1 to 3 input images; got 0"):
+        list(handlers.edit(values, History(), client, no_progress))
+
+
+def test_a_batch_ends_with_its_total_and_a_cancel_says_what_was_kept(results):
+    from ghostedit.telemetry import RunCancelled
+    said = live.batch_status(results, 12.345)
+    assert said.startswith("### ✅ 3 images in 12.35 s") and "image 3" in said
+    assert "This run made no image" in live.cancelled_status(RunCancelled("cancelled after 3 of 9 steps"), 0)
+    assert "The 2 images of this run finished before it are kept" in live.cancelled_status(RunCancelled("x"), 2)

@@ -46,8 +46,11 @@ def environment() -> dict:
             "diffsynth": package_version("diffsynth"), "torchao": package_version("torchao"),
             "cpu": cpu_model(), "cpu_cores": cpu_cores()}
     if torch.cuda.is_available():
+        from ..telemetry import nvml_module
+        nvml = nvml_module()
         # cuDNN as loaded: a newer one than torch's pin can come first on sys.path (lab/probes/README.md: library_ab.sh)
-        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                    driver=nvml.nvmlSystemGetDriverVersion() if nvml is not None else None)
     return info
 
 

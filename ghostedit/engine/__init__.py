@@ -86,6 +86,12 @@ class Engine:
             if not available.ok:
                 raise UnavailableOptionError(f"{what} is unavailable: {available.reason}")
 
+    def check_request(self, request: EditRequest) -> None:
+        """Refuses, with the reason, a request the model cannot run (its number of images, its steps on a fixed
+        schedule, its size), where the model's family is known before loading; a run checks it again."""
+        if self.family is not None:
+            self.family.check_request(request)
+
     def placement(self, config: OptimizationConfig = OptimizationConfig()) -> placements.Placement:
         """Where each component lives (or would, for this configuration's memory mode), and why."""
         return self.store.plan(config.value("memory"))

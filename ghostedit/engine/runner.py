@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from .. import images as image_utils, parallel
-from ..config import SIZE_RANGE, EditRequest, InvalidRequestError
+from ..config import SIZE_RANGE, EditRequest
 from ..device import UnavailableOptionError
 from ..errors import error_summary
 from ..models import exact
@@ -132,21 +132,13 @@ def on_device(timesteps: torch.Tensor, device: str) -> torch.Tensor:
 
 def fit_inputs(request: EditRequest, family):
     """The output size (the request's, else the family's default: its area at the aspect ratio of the input image
-    the reference takes it from, or of the first where the edit starts from it, at most SIZE_RANGE's side) and the sizes of the condition images the VAE encodes
-    (each input resized once from its original by the family's rule, as the reference does, in the pipeline)."""
-    count, multiple = len(request.images), family.size_multiple
-    if count > family.max_images:
-        raise InvalidRequestError(f"{family.name} edits {family.max_images} image(s) at a time; got {count}")
-    if count < family.min_images:
-        raise InvalidRequestError(f"{family.name} edits images: give at least {family.min_images} (it does not "
-                                  "generate from the prompt alone)")
-    if family.sample_sigmas is not None and request.steps != len(family.sample_sigmas):
-        raise InvalidRequestError(f"{family.name} runs the {len(family.sample_sigmas)} fixed sigmas of its "
-                                  f"model_index.json: steps must be {len(family.sample_sigmas)}; got {request.steps}")
+    the reference takes it from, or of the first where the edit starts from it, at most SIZE_RANGE's side) and the
+    sizes of the condition images the VAE encodes (each input resized once from its original by the family's rule,
+    as the reference does, in the pipeline)."""
+    family.check_request(request)
+    multiple = family.size_multiple
     if request.width:
         width, height = request.width, request.height
-        if width % multiple or height % multiple:
-            raise InvalidRequestError(f"{family.name} takes sides in multiples of {multiple}; got {width}x{height}")
     else:
         sized_by = request.images[:1] if request.starts_from_image else request.images
         width, height = family.default_size([image.size for image in sized_by])

@@ -120,6 +120,9 @@ class WorkerPool:
     def check(self, config: OptimizationConfig) -> None:
         self.front.check(config)
 
+    def check_request(self, request) -> None:
+        self.front.check_request(request)
+
     def placement(self, config: OptimizationConfig = OptimizationConfig()):
         return self.front.placement(config)
 

@@ -9,7 +9,7 @@ import torch
 
 from ..device import Availability
 from .family import (QWEN_IMAGE_21_DIT, RELEASED, SYNTHETIC, SYNTHETIC_21, SYNTHETIC_21_TURBO, TINY, TINY_21,
-                     TINY_21_TURBO, Family, detect, exact_pipeline)
+                     TINY_21_TURBO, Family, detect, exact_pipeline, family_words)
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 # Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
@@ -90,6 +90,15 @@ class ModelSpec:
         }[self.kind]
 
 
+    @property
+    def recognised(self) -> str:
+        """Which model this is and why, in words; a repo id's is read from its files once they are downloaded."""
+        if self.family is None:
+            return (f"which model {self.source} is (Qwen-Image-Edit, -2509 or -2511) is read from its files when "
+                    "they are downloaded")
+        return ("" if self.family.repo is None else "recognised as ") + family_words(self.family)
+
+
 def default_source(device: str) -> str:
     """The model the app and the CLI use unless told: the tiny one without a GPU, the released one with."""
     return DEFAULT_REPO if device.startswith("cuda") else "tiny"
@@ -120,8 +129,10 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
     `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else. `on_download`: a
     hub repo's download plan and progress (downloads.py)."""
     from ..diffsynth_patches import quiet_loader
+    from ..quiet import quiet_library_warnings
     from .dtypes import apply_component_dtypes
     quiet_loader()
+    quiet_library_warnings()
     from .exact import ExactPipeline, install_module_patches
     install_module_patches()
     torch_dtype = dtypes["dit"]

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import GhostEditError
+from ..errors import GhostEditError, InvalidRequestError
 
 VAE_SCALE = 8          # the VAE's spatial downsampling; DiT patches are 2x2 latents
 SIZE_MULTIPLE = 2 * VAE_SCALE
@@ -75,6 +75,22 @@ class Family:
     default_cfg: float = 4.0    # a request's CFG scale unless it gives one (2.1: 1, no guidance)
     schedule: dict | None = field(default=None, hash=False, compare=False)  # the folder's scheduler config (2.1)
     sample_sigmas: tuple[float, ...] | None = None  # model_index.json's fixed schedule (Turbo)
+
+    def check_request(self, request) -> None:
+        """Refuses (InvalidRequestError) a request this model cannot run: its number of input images, its steps on
+        a fixed schedule, its size's multiple. Said before a run starts, and checked again by the run."""
+        count = len(request.images)
+        if not self.min_images <= count <= self.max_images:
+            takes = (f"{self.max_images}" if self.min_images == self.max_images
+                     else f"{self.min_images} to {self.max_images}")
+            generates = "" if self.min_images == 0 else " (it does not generate from the prompt alone)"
+            raise InvalidRequestError(f"{self.name} takes {takes} input images; got {count}{generates}")
+        if self.sample_sigmas is not None and request.steps != len(self.sample_sigmas):
+            raise InvalidRequestError(f"{self.name} runs the {len(self.sample_sigmas)} fixed sigmas of its "
+                                      f"model_index.json: steps must be {len(self.sample_sigmas)}; got {request.steps}")
+        if request.width and (request.width % self.size_multiple or request.height % self.size_multiple):
+            raise InvalidRequestError(f"{self.name} takes sides in multiples of {self.size_multiple}; got "
+                                      f"{request.width}x{request.height}")
 
     def default_size(self, image_sizes: list[tuple[int, int]]) -> tuple[int, int]:
         """The output size a request without one gets: the family's area at the aspect ratio of the input image
@@ -227,6 +243,15 @@ def detect(folder: Path) -> Family:
             return family
     raise UnsupportedModel(f"{folder}: model_index.json names {pipeline_class!r} with zero_cond_t={zero_cond_t}; "
                            f"GhostEdit runs exactly: {supported}")
+
+
+def family_words(family: Family) -> str:
+    """Which model a folder was recognised as and what told it apart (2509 and 2511 differ by one flag); for the
+    tiny and synthetic models, what they compute as."""
+    flag = "true" if family.zero_cond_t else "false"
+    if family.repo is None:
+        return f"{family.name}: random weights, computed as {family.pipeline_class} with zero_cond_t {flag}"
+    return f"{family.name} ({family.pipeline_class} in model_index.json, zero_cond_t {flag} in transformer/config.json)"
 
 
 def load(dotted: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Callable
@@ -37,11 +38,14 @@ def availability(mode: str, device: str) -> Availability:
         except ImportError:
             return Availability.no("torch.compile on a GPU needs Triton, which is not installed")
         return Availability.yes()
-    from torch._inductor.cpp_builder import get_cpp_compiler
+    # Inductor's own search (cpp_builder.get_cpp_compiler: $CXX, else g++, run with --version), without importing
+    # Inductor: a second of every start, `ghostedit options` included
+    compiler = os.environ.get("CXX", "g++")
     try:
-        get_cpp_compiler()  # Inductor's own search: $CXX, its configured list, then g++ and clang++, each tried
-    except Exception as error:
-        return Availability.no(f"torch.compile on the CPU needs a working C++ compiler ({error_summary(error)})")
+        subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return Availability.no(f"torch.compile on the CPU needs a working C++ compiler ({compiler}: "
+                               f"{error_summary(error)})")
     return Availability.yes()
 
 

@@ -30,7 +30,8 @@ def launch_options() -> dict:
     the internet, so the page renders the same offline."""
     import gradio as gr
 
-    from .layout import ASSETS, CSS, PAGE_SCRIPT
+    from .browser import CSS, PAGE_SCRIPT
+    from .layout import ASSETS
     theme = gr.themes.Soft(primary_hue="indigo", secondary_hue="slate",
                            font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])

@@ -12,11 +12,11 @@ from gradio.data_classes import FileData
 from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from ..optimize import registry
 from .mask_inputs import START_PARAMETERS, start_types
-from .settings import (LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA, lora_parameter, lora_parameters,
+from .settings import (LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA, image_parameters, lora_parameter, lora_parameters,
                        setting_parameter, variants)
 
 # The input images' parameters: image, image_2 ... image_10 (Qwen-Image-2.1 takes up to 10; the Edit models 1 to 3)
-IMAGE_PARAMETERS = ("image", *(f"image_{number}" for number in range(2, MAX_INPUT_IMAGES + 1)))
+IMAGE_PARAMETERS = tuple(image_parameters())
 REQUEST_PARAMETERS = {
     "image": "the image to edit (a file); none: text-to-image, with a model that generates (Qwen-Image-2.1)",
     "image_2": f"an optional second input image, edited together with the first (up to {MAX_INPUT_IMAGES} with "
@@ -27,7 +27,7 @@ REQUEST_PARAMETERS = {
     "steps": f"denoising steps, {STEPS_RANGE[0]} to {STEPS_RANGE[1]} (default: the model's)",
     "cfg_scale": f"true classifier-free guidance, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; 1 halves the DiT work",
     "seed": f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]}",
-    "width": f"output width, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
+    "width": f"output width, a multiple of 16 (Qwen-Image-2.1: 32) up to {SIZE_RANGE[1]}; 0: from an input image's aspect ratio (the first for Qwen-Image-Edit and masked edits, the last for 2509, 2511 and 2.1)",
     "height": f"output height, a multiple of 16 up to {SIZE_RANGE[1]}; 0: from the first image's aspect ratio",
     "count": f"how many images to make, 1 to {MAX_IMAGES_PER_RUN}, with seeds seed, seed+1, ... (default 1); each "
              "joins the comparison",

@@ -7,7 +7,7 @@ import random
 import secrets
 import tempfile
 import threading
-import traceback
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -17,34 +17,22 @@ from PIL import Image
 
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
-from ..errors import GhostEditError, InvalidRequestError
+from ..errors import InvalidRequestError
 from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live
 from .history import COMPARISON_RULE, History
 from .mask_inputs import start_values
-from .api import IMAGE_PARAMETERS
-from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
-                       seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
-                       variants)
-from .tables import column_widths, readable
+from .refusals import from_page, refusal, status_words
+from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, image_parameters, lora_summary,
+                       panel_config, preset_size, reused_values, seeded_requests, toggle_choices, toggle_parameters,
+                       uploaded_images, variant_configs, variants)
+from .tables import column_widths, comparison_html, readable
 from .system import cache_table, hardware_markdown, options_json, options_table, system_report
 
 
 MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
 REUSED_REQUEST = ["prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width", "height"]
-
-
-def user_error(error: BaseException) -> gr.Error:
-    """An engine error as the toast the page shows (and the AppError an API client gets); the app keeps serving.
-    A GhostEditError's message is written for the user and shown as it is; anything else is a bug, logged with its
-    traceback and shown as a failure."""
-    if isinstance(error, gr.Error):
-        return error
-    if isinstance(error, GhostEditError):
-        return gr.Error(html.escape(str(error), quote=False), title="Cannot run this")
-    traceback.print_exception(error)
-    return gr.Error(html.escape(f"{type(error).__name__}: {error}", quote=False), title="Run failed")
 
 
 def builtin_loras(engine) -> dict:
@@ -83,22 +71,28 @@ class Handlers:
     # objects check every one. layout.py gives these methods their API signature (api.py).
     def edit(self, values: dict, history: History, request: gr.Request, progress):
         """`count` images of one edit, with seeds seed, seed+1, ...: each joins the history, all show in the run's
-        gallery."""
+        gallery; a batch ends with its total."""
         try:
             config = panel_config(self.loras, values)
             self.engine.check(config)
             edits = seeded_requests(self._edit_request(values), image_count(values.get("count")))
+            self.engine.check_request(edits[0])
         except Exception as error:
-            raise user_error(error) from error
-        images = []
+            yield from _say_no(refusal(error), request)
+            return
+        images, results, started = [], [], time.perf_counter()
         for index, edit in enumerate(edits, 1):
             heading = f"**Image {index} of {len(edits)}** (seed {edit.seed})\n\n" if len(edits) > 1 else ""
-            result = yield from self._stream(edit, config, request, progress, heading)
+            result = yield from self._stream(edit, config, request, progress, heading, done=len(results))
             if result is None:
                 return
             record = history.add(result)
-            images.append((result.image, f"seed {edit.seed} · run #{record.number}"))
-            yield (live.done_status(result, heading), _before_after(result), live.run_summary(result),
+            results.append(result)
+            images.append((result.image, f"seed {edit.seed} · {record.label}"))
+            status = live.done_status(result, heading)
+            if index == len(edits) > 1:
+                status = live.batch_status(results, time.perf_counter() - started) + "\n\n" + status
+            yield (status, _before_after(result), live.run_summary(result),
                    live.result_json(result, record.number), history.table(), images, history)
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
@@ -115,12 +109,14 @@ class Handlers:
                 except UnavailableOptionError as error:
                     raise UnavailableOptionError(f"“{words[name]}”: {error}") from error
             edit = self._edit_request(values)
+            self.engine.check_request(edit)
         except Exception as error:
-            raise user_error(error) from error
+            yield from _say_no(refusal(error), request)
+            return
         finished, images = [], []
         for index, (name, config) in enumerate(runs, 1):
             heading = f"**Variant {index} of {len(runs)}: {words[name]}** ({config.label})\n\n"
-            result = yield from self._stream(edit, config, request, progress, heading)
+            result = yield from self._stream(edit, config, request, progress, heading, done=len(finished))
             if result is None:
                 return
             record = history.add(result)
@@ -137,14 +133,15 @@ class Handlers:
                    history.table(), images, history)
 
     def _edit_request(self, values: dict):
-        images = uploaded_images([values.get(name) for name in IMAGE_PARAMETERS], self.upload_folder)
+        images = uploaded_images([values.get(name) for name in image_parameters()], self.upload_folder)
         family = self.engine.family
         return edit_request(images, values.get("prompt"), values.get("negative_prompt"), values.get("steps"),
                             values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"),
                             keep_alpha=bool(family and family.rgba), **start_values(values, self.upload_folder))
 
-    def _stream(self, edit, config, request: gr.Request, progress, heading: str):
-        """Yields the live view while the engine runs; returns the result, or None when the run was cancelled."""
+    def _stream(self, edit, config, request: gr.Request, progress, heading: str, done: int = 0):
+        """Yields the live view while the engine runs; returns the result, or None when the run was cancelled or
+        failed on the page (the status says which). `done`: the images of this batch finished before this one."""
         cancel = threading.Event()
         self._cancel_events[request.session_hash] = cancel
         notice = self.prepare_notice(config)
@@ -162,15 +159,13 @@ class Handlers:
                              unit="steps")
                 yield live.live_status(item, heading), skip, skip, live.progress_json(item), skip, skip, skip
         except RunCancelled as cancelled:
-            yield (heading + f"### ⏹ Cancelled ({cancelled}): the result shown is the last finished run's", skip, skip,
+            yield (heading + live.cancelled_status(cancelled, done), skip, skip,
                    {"state": "cancelled", "message": str(cancelled)}, skip, skip, skip)
             return None
         except Exception as error:
-            failure = user_error(error)
-            # the live status must not stay at its last stage ("Loading the model", a frozen timer) under the toast
-            yield (heading + f"### ❌ {failure.title}\n{failure.message}", skip, skip,
-                   {"state": "failed", "message": failure.message}, skip, skip, skip)
-            raise failure from error
+            # the live status must not stay at its last stage ("Loading the model", a frozen timer)
+            yield from _say_no(refusal(error), request, heading, during_run=True)
+            return None
         finally:
             self._cancel_events.pop(request.session_hash, None)
 
@@ -212,27 +207,47 @@ class Handlers:
                               f"that is counted in the {expected:.1f} s.")
         return " ".join(notice)
 
-    def panel_notice(self, *values) -> str:
-        """The prepare notice for the panel's toggles, in the order of toggle_parameters()."""
+    def panel_views(self, *values):
+        """For the panel's toggles (in the order of toggle_parameters()): the prepare notice, and the one-line
+        summaries of the LoRA and speed sections."""
+        values = dict(zip(toggle_parameters(), values))
+        loras = gr.Accordion(label=lora_summary(values))
         try:
-            config = panel_config(self.loras, dict(zip(toggle_parameters(), values)))
+            config = panel_config(self.loras, values)
         except Exception as error:
-            return f"⚠️ {html.escape(str(error), quote=False)}"
-        return self.prepare_notice(config)
+            invalid = gr.Accordion(label="Speed · ⚠️ not valid")
+            return f"⚠️ {html.escape(str(error), quote=False)}", loras, invalid
+        speed = config.replace(loras=()).label
+        try:
+            self.engine.check(config)
+        except UnavailableOptionError:
+            speed += " · ⚠️ cannot run here"
+        return self.prepare_notice(config), loras, gr.Accordion(label=f"Speed · {speed}")
 
     @staticmethod
     def random_seed() -> int:
         return random.randint(*SEED_RANGE)
 
-    def upload_lora(self, file) -> tuple[dict, str]:
-        """Saves an uploaded .safetensors LoRA into the LoRA folder under a safe name and selects it."""
-        if file is None:
-            raise gr.Error("no file received")
+    def upload_lora(self, file, request: gr.Request):
+        """Saves an uploaded .safetensors LoRA into the LoRA folder under a safe name and selects it. On the page a
+        refused file is said beside the button (and then in the status panel: said_in_status)."""
         try:
+            if file is None:
+                raise InvalidRequestError("no file received")
             name = self.loras.add(file, Path(file).name)
         except Exception as error:
-            raise user_error(error) from error
+            failure = refusal(error, "Cannot use this LoRA")
+            if not from_page(request):
+                raise failure from error
+            return gr.skip(), f"⛔ Not saved: {failure.message}"
         return self.lora_dropdown(name), f"Saved as `{name}` in `{self.loras.folder}`."
+
+    @staticmethod
+    def said_in_status(message: str):
+        """A refusal said beside a control (a message that starts with ⛔), said in the status panel too."""
+        if not (message or "").startswith("⛔"):
+            return gr.skip()
+        return f"### {message.replace(': ', chr(10), 1)}"
 
     # ---- the history of a browser, kept across page reloads ----
 
@@ -254,17 +269,20 @@ class Handlers:
             self._browser_histories[browser_key] = history
 
     def reuse_settings(self, number, history: History):
-        """The panel's values of an earlier run, in the order of layout's reuse outputs (the request values, then
-        the toggles)."""
+        """An earlier run's input images and panel values, in the order of layout's reuse outputs (the image slots,
+        the request values, then the toggles, then the note)."""
         run = history.run(number)
+        slots = len(image_parameters())
         if run is None:
-            raise gr.Error("pick a run of the history first")
+            return [gr.skip()] * (slots + len(REUSED_REQUEST) + len(toggle_parameters())) + [
+                "Pick a run of the history first."]
         values = reused_values(self.loras, run.params, run.toggles)
         missing = [lora["name"] for lora in run.toggles["loras"]
                    if lora["name"] not in {Path(value).stem for _, value in self.loras.choices()}]
-        note = f"Settings of run {run.label} are back in the panel." + (
+        note = f"The images and settings of run {run.label} are back in the panel." + (
             f" Not found in the LoRA folder any more: {', '.join(missing)}." if missing else "")
-        return [values[name] for name in REUSED_REQUEST + list(toggle_parameters())] + [note]
+        images = list(run.inputs) + [None] * (slots - len(run.inputs))
+        return images + [values[name] for name in REUSED_REQUEST + list(toggle_parameters())] + [note]
 
     def aspect_size(self, preset: str):
         return preset_size(preset, self.engine.spec.default_area)
@@ -276,14 +294,23 @@ class Handlers:
         session's history."""
         folder = self._exports / (request.session_hash or "api")
         csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
-        return (history.gallery(), history.stage_chart(), history.memory_chart(),  # bars in data order: run order
+        return (history.gallery(), history.stage_chart(), history.memory_chart(),
                 gr.update(choices=[(run.label, run.number) for run in history.runs], value=history.baseline_number),
                 gr.update(value=csv_path, interactive=csv_path is not None),
                 gr.update(value=json_path, interactive=json_path is not None),
                 _comparison_caption(history),
                 gr.update(column_widths=column_widths(history.table())),  # here: the API's table stays plain data
                 gr.update(choices=[(run.label, run.number) for run in reversed(history.runs)],
-                          value=history.runs[-1].number if history.runs else None))
+                          value=history.runs[-1].number if history.runs else None),
+                comparison_html(history.compact_rows(), history.memory_kind()))
+
+    @staticmethod
+    def chart_order(history: History):
+        """The charts' bars in run order (the plot sorts them by name otherwise). Sent after the data, in an event
+        of its own: the plot redraws from its data of the moment when its order changes, and in the same update
+        that data would be the previous one."""
+        order = list(history.names().values()) or None
+        return gr.BarPlot(sort=order), gr.BarPlot(sort=order)
 
     @staticmethod
     def set_baseline(number, history: History):
@@ -291,9 +318,18 @@ class Handlers:
         return readable(history.table()), history
 
     @staticmethod
+    def clear_question(history: History):
+        """Before the history is cleared: how many runs would go (the page asks to confirm)."""
+        runs = len(history.runs)
+        if not runs:
+            return gr.Row(visible=True), "There are no runs to clear."
+        return (gr.Row(visible=True),
+                f"Clear all {runs} run{'s' if runs > 1 else ''} of this browser? This cannot be undone.")
+
+    @staticmethod
     def clear_history(history: History):
         history.clear()
-        return readable(history.table()), history
+        return readable(history.table()), history, gr.Row(visible=False)
 
     # ---- the system ----
 
@@ -327,6 +363,16 @@ class Handlers:
         }
 
 
+def _say_no(failure: gr.Error, request: gr.Request, heading: str = "", during_run: bool = False):
+    """A refused edit, or one that failed while it ran: the reason in the status panel, the other outputs left as
+    they are; an API client gets the error itself (refusals.py)."""
+    skip = gr.skip()
+    yield (status_words(failure, heading, during_run), skip, skip,
+           {"state": "failed" if during_run else "refused", "message": failure.message}, skip, skip, skip)
+    if not from_page(request):
+        raise failure
+
+
 def _before_after(result) -> tuple[Image.Image, Image.Image]:
     """The first input at the output's size (resized once from the upload), beside the output; text-to-image has
     no input: an empty (transparent) image of the output's size."""
@@ -337,6 +383,6 @@ def _before_after(result) -> tuple[Image.Image, Image.Image]:
 
 def _comparison_caption(history: History) -> str:
     if not history.runs:
-        return "No runs yet: every run joins this comparison."
+        return ""  # the comparison itself says there are no runs yet
     baseline = history.baseline()
     return (f"Baseline: **{baseline.label}**. Memory is {history.memory_kind()}. {COMPARISON_RULE}")

@@ -10,10 +10,15 @@ from pathlib import Path
 import pandas as pd
 from PIL import Image
 
+from ..telemetry import STAGE_ORDER
 from .live import stage_words
 
 MAX_RUNS = 50  # a session keeps its latest runs; each holds its output image
 OTHER_STAGE = "other"  # the part of a run's time outside every timed stage
+# the time chart's stages, in the order they run (bottom to top of a bar): every one in every bar, a stage a run
+# did not have at 0 s, so that the chart's series are all there from its first draw (a series that first appears
+# later is not drawn: Gradio's plot fixes its series when it first draws)
+CHART_STAGES = tuple(stage_words(stage) for stage in STAGE_ORDER) + (OTHER_STAGE,)
 
 COLUMNS = ("run", "configuration", "prompt", "seed", "steps", "size", "end-to-end s", "denoise s/step", "compile warm-up s",
            "load + prepare s", "peak memory GiB", "cache", "speedup e2e ×", "speedup s/step ×", "PSNR dB", "SSIM")
@@ -36,6 +41,7 @@ class RunRecord:
     telemetry: dict           # RunTelemetry.summary()
     attention_ran: str
     prepared_report: dict
+    inputs: tuple = ()        # the input images, for "Reuse these settings"
 
     @property
     def label(self) -> str:
@@ -56,7 +62,8 @@ def record_from_result(result, number: int) -> RunRecord:
               "cfg_scale": request.cfg_scale, "seed": request.seed, "width": result.width, "height": result.height,
               "input_images": len(request.images)}
     return RunRecord(number, config.label, toggles, params, edit_key(result), result.image,
-                     result.telemetry.summary(), result.attention_backend, dict(result.prepared_report))
+                     result.telemetry.summary(), result.attention_backend, dict(result.prepared_report),
+                     tuple(request.images))
 
 
 def edit_key(result) -> str:
@@ -140,29 +147,69 @@ class History:
     def memory_kind(self) -> str:
         return self.runs[0].telemetry["memory_kind"] if self.runs else ""
 
-    def stage_chart(self) -> pd.DataFrame:
-        """Seconds per stage per run (long format, for a stacked bar chart): every stage, compiling included, and
-        what no stage accounts for as "other", so that each bar is as tall as the run's end-to-end time. The x
-        labels are the short run numbers (a configuration's label is too long for an axis); the configuration is
-        in the tooltip and the table."""
-        rows = []
+    def names(self) -> dict[int, str]:
+        """{run number: its name on the charts and the comparison}: its configuration, with "(2)", "(3)"... for a
+        configuration run again."""
+        seen: dict[str, int] = {}
+        names = {}
         for run in self.runs:
-            stages = {stage_words(stage): seconds for stage, seconds in run.telemetry["stages_s"].items()}
-            stages[OTHER_STAGE] = max(0.0, run.telemetry["total_s"] - sum(stages.values()))
-            rows += [{"run": f"#{run.number}", "configuration": run.configuration, "stage": stage,
-                      "seconds": round(seconds, 3)} for stage, seconds in stages.items()]
-        return pd.DataFrame(rows, columns=["run", "configuration", "stage", "seconds"])
+            seen[run.configuration] = seen.get(run.configuration, 0) + 1
+            names[run.number] = run.configuration + (f" ({seen[run.configuration]})"
+                                                     if seen[run.configuration] > 1 else "")
+        return names
 
-    def memory_chart(self) -> pd.DataFrame:
-        rows = [{"run": f"#{run.number}", "configuration": run.configuration,
-                 "peak GiB": run.telemetry["peak_allocated_gib"]} for run in self.runs]
-        return pd.DataFrame(rows, columns=["run", "configuration", "peak GiB"])
+    def stage_chart(self) -> pd.DataFrame | None:
+        """Seconds per stage per run (long format, for a stacked bar chart): every stage of CHART_STAGES in every
+        run, compiling included, and what no stage accounts for as "other", so that each bar is as tall as the
+        run's end-to-end time. None without runs: the chart draws nothing until the first run."""
+        if not self.runs:
+            return None
+        names, rows = self.names(), []
+        for run in self.runs:
+            stages = dict.fromkeys(CHART_STAGES, 0.0)
+            for stage, seconds in run.telemetry["stages_s"].items():
+                stages[stage_words(stage)] += seconds
+            stages[OTHER_STAGE] = max(0.0, run.telemetry["total_s"] - sum(stages.values()))
+            # last stage first: the chart stacks its first series on top, so the first stage is at the bottom
+            rows += [{"configuration": names[run.number], "stage": stage, "seconds": round(float(stages[stage]), 3),
+                      "run": f"#{run.number}"} for stage in reversed(CHART_STAGES)]
+        return pd.DataFrame(rows, columns=["configuration", "stage", "seconds", "run"])
+
+    def memory_chart(self) -> pd.DataFrame | None:
+        """Each run's peak memory (what it measures: memory_kind()); None without runs."""
+        if not self.runs:
+            return None
+        names = self.names()
+        return pd.DataFrame([{"configuration": names[run.number], "run": f"#{run.number}",
+                              "peak GiB": float(run.telemetry["peak_allocated_gib"])} for run in self.runs],
+                            columns=["configuration", "peak GiB", "run"])
+
+    def compact_rows(self) -> list[dict]:
+        """The comparison a person reads first, one row per run: its name, s/step, speed-ups, end to end,
+        PSNR/SSIM and peak memory; what the edit was (prompt, seed, size, steps) rides along as `details`."""
+        names, rows = self.names(), []
+        for run in self.runs:
+            telemetry, versus = run.telemetry, self.comparison(run)
+            params = run.params
+            rows.append({
+                "name": names[run.number], "baseline": run.number == self.baseline_number,
+                "s_per_step": telemetry["denoise_s_per_step"], "speedup_step": versus.get("speedup_step"),
+                "speedup_e2e": versus.get("speedup_e2e"), "total_s": telemetry["total_s"],
+                "compile_s": telemetry["stages_s"].get("compile warm-up", 0.0),
+                "psnr": _psnr_words(versus.get("psnr_db")), "ssim": versus.get("ssim"),
+                "peak_gib": telemetry["peak_allocated_gib"],
+                "details": f"run #{run.number} · “{params['prompt']}” · seed {params['seed']} · "
+                           f"{params['width']}×{params['height']} · {params['steps']} steps · "
+                           f"CFG {params['cfg_scale']:g} · "
+                           f"{'cache hit' if telemetry['cache_hit'] else 'prepared for this run'}"})
+        return rows
 
     def run(self, number) -> RunRecord | None:
         return next((run for run in self.runs if number is not None and run.number == int(number)), None)
 
     def gallery(self) -> list[tuple[Image.Image, str]]:
-        return [(run.image, f"{run.label} · {run.telemetry['total_s']:.2f} s") for run in self.runs]
+        names = self.names()
+        return [(run.image, f"{names[run.number]} · {run.telemetry['total_s']:.2f} s") for run in self.runs]
 
     def to_records(self) -> list[dict]:
         """Everything about every run (no images), for the JSON export."""

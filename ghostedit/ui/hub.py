@@ -11,9 +11,9 @@ import gradio as gr
 
 from .. import downloads
 from ..config import lightning_lora
-from ..errors import GhostEditError
 from ..models.family import RELEASED
 from ..optimize.presets import LIGHTNING, PresetError, model_family
+from .refusals import from_page, refusal, status_words
 from .settings import LORA_SLOTS, NO_LORA, LoraLibrary
 
 NO_PRESET = "none"
@@ -33,9 +33,9 @@ def model_words(engine) -> str:
     """What the chosen model is and, for a hub repo, what its download weighs against the free disk."""
     spec = engine.spec
     licence = f"\n\n⚖️ {spec.known_family.name} is released under the **{spec.licence}**." if spec.licence else ""
-    if spec.kind != "hub" or engine.load_count:
-        return f"Model: {spec.description}." + licence
-    return downloads.model_download_words(spec.source) + licence
+    if spec.kind == "hub" and engine.load_count == 0:
+        return downloads.model_download_words(spec.source) + licence
+    return f"Model: {spec.description}; {spec.recognised}." + licence
 
 
 def preset_choices() -> list[tuple[str, str]]:
@@ -90,7 +90,8 @@ def stream_download(work):
 
 class HubControls:
     """Event handlers for the model picker, the Hub LoRA fetcher and the presets, over the page's Handlers (whose
-    engine a model change replaces)."""
+    engine a model change replaces). Each ends with the status panel's words: on the page a refusal is said there
+    (refusals.py), the controls it concerns left as they were; an API client gets it as an error."""
 
     def __init__(self, handlers):
         self.handlers = handlers
@@ -98,22 +99,31 @@ class HubControls:
         # caller (the API is public: no path on the server, no repo of any size)
         self.allowed = {value for _, value in model_choices(handlers.engine.spec.source)}
 
-    def switch_model(self, source: str):
-        """A new engine for `source` (nothing loads until the first run); the LoRA list follows its built-ins."""
+    def switch_model(self, source: str, request: gr.Request | None = None):
+        """A new engine for `source` (nothing loads until the first run), once its weights are known to be
+        reachable; the LoRA list follows its built-ins. Refused, the picker goes back to the model in use."""
         from ..engine import Engine
-        from .handlers import builtin_loras, user_error
+        from .handlers import builtin_loras
         handlers, old = self.handlers, self.handlers.engine
-        if source not in self.allowed:
-            raise gr.Error(html.escape(f"{source!r} is not one of the models this app offers: "
-                                       f"{', '.join(sorted(self.allowed))}"), title="Cannot switch the model")
-        if source != old.spec.source and not isinstance(old, Engine):
-            raise gr.Error(f"this app serves a pool of {old.size} workers: start it again with --model to change "
-                           "the model", title="Cannot switch the model")
-        if source != old.spec.source:
-            try:
+        try:
+            if source not in self.allowed:
+                raise gr.Error(html.escape(f"{source!r} is not one of the models this app offers: "
+                                           f"{', '.join(sorted(self.allowed))}"), title="Cannot switch the model")
+            if source != old.spec.source and not isinstance(old, Engine):
+                raise gr.Error(f"this app serves a pool of {old.size} workers: start it again with --model to "
+                               "change the model", title="Cannot switch the model")
+            if source != old.spec.source:
                 engine = Engine(source, device=old.device, dtype=old.dtype_choice)
-            except Exception as error:
-                raise user_error(error) from error
+                if engine.spec.kind == "hub":
+                    downloads.check_reachable(source)
+        except Exception as error:
+            failure = refusal(error, "Cannot switch the model")
+            if not from_page(request):
+                raise failure from error
+            skip = gr.skip()
+            return (skip, skip, skip, *[skip] * LORA_SLOTS, gr.update(value=old.spec.source),
+                    status_words(failure) + f"\n\nStill on {html.escape(old.spec.description)}.")
+        if source != old.spec.source:
             old.close()
             handlers.engine = engine
             handlers.loras = LoraLibrary(handlers.loras.folder, builtin_loras(engine))
@@ -121,7 +131,8 @@ class HubControls:
         engine = handlers.engine
         return (model_words(engine), gr.update(value=engine.spec.default_steps),
                 gr.update(value=engine.family.default_cfg if engine.family else 4.0),
-                *[gr.update(choices=handlers.loras.choices(), value=NO_LORA)] * LORA_SLOTS)
+                *[gr.update(choices=handlers.loras.choices(), value=NO_LORA)] * LORA_SLOTS, gr.skip(),
+                f"Model: {html.escape(engine.spec.description)}; {html.escape(engine.spec.recognised)}.")
 
     def model_notice(self):
         return model_words(self.handlers.engine)
@@ -129,37 +140,48 @@ class HubControls:
     def preset_notice(self, name: str) -> str:
         return preset_words(self.handlers.engine, name)
 
-    def fetch_lora(self, reference: str, *slots):
+    def fetch_lora(self, reference: str, request: gr.Request | None, *slots):
         """Downloads a LoRA from the Hub with progress, stores it in the LoRA folder and selects it in the first
         free slot."""
-        reference = (reference or "").strip()
-        if not reference:
-            raise gr.Error("give a repo id (owner/name or owner/name:FILE.safetensors) or a Hub URL")
-        updates = [gr.skip()] * LORA_SLOTS
+        skips = [gr.skip()] * (LORA_SLOTS + 1)
         try:
-            path = yield from self._stream(lambda report: downloads.lora_file(reference, report), updates)
+            reference = (reference or "").strip()
+            if not reference:
+                raise gr.Error("give a repo id (owner/name or owner/name:FILE.safetensors) or a Hub URL",
+                               title="Cannot fetch this LoRA")
+            path = yield from self._stream(lambda report: downloads.lora_file(reference, report), skips)
             name = self.handlers.loras.add(path, path.name)
-        except GhostEditError as error:
-            raise gr.Error(html.escape(str(error)), title="Cannot fetch this LoRA") from error
-        yield (f"Fetched `{name}` into `{self.handlers.loras.folder}`.", *self._select(name, slots))
+        except Exception as error:
+            yield self._said_no(error, "Cannot fetch this LoRA", "Not fetched", request, len(skips) - 1)
+            return
+        yield (f"Fetched `{name}` into `{self.handlers.loras.folder}`.", *self._select(name, slots), gr.skip())
 
-    def apply_preset(self, name: str, *slots):
+    def apply_preset(self, name: str, request: gr.Request | None, *slots):
         """Fetches the preset's Lightning LoRA (with progress), selects it in a free LoRA slot (a style LoRA stays
         stacked), and sets the steps, the CFG and the schedule."""
-        preset = LIGHTNING.get(name)
-        skip = gr.skip()
-        if preset is None:
-            yield ("Pick a preset first.", *[skip] * (LORA_SLOTS + 3))
-            return
+        skips = [gr.skip()] * (LORA_SLOTS + 4)
         engine = self.handlers.engine
         try:
-            choice = yield from self._stream(
-                lambda report: lightning_lora(preset, engine.spec.source, report), [skip] * (LORA_SLOTS + 3))
+            preset = LIGHTNING.get(name)
+            if preset is None:
+                raise gr.Error("pick a preset first", title="Cannot apply a preset")
+            choice = yield from self._stream(lambda report: lightning_lora(preset, engine.spec.source, report), skips)
             lora_name = self.handlers.loras.add(choice.path, choice.name + ".safetensors")
-        except GhostEditError as error:
-            raise gr.Error(html.escape(str(error)), title="Cannot apply this preset") from error
+        except Exception as error:
+            yield self._said_no(error, "Cannot apply this preset", "Not applied", request, len(skips) - 1)
+            return
         yield (f"{preset.words}: applied (`{lora_name}`).", *self._select(lora_name, slots),
-               gr.update(value=preset.steps), gr.update(value=preset.cfg_scale), gr.update(value="lightning"))
+               gr.update(value=preset.steps), gr.update(value=preset.cfg_scale), gr.update(value="lightning"),
+               gr.skip())
+
+    @staticmethod
+    def _said_no(error: BaseException, title: str, not_done: str, request, untouched: int) -> tuple:
+        """A refused fetch or preset: raised to an API client; on the page its reason beside the control and in the
+        status panel, the `untouched` outputs between them left as they are."""
+        failure = refusal(error, title)
+        if not from_page(request):
+            raise failure from error
+        return (f"⛔ {not_done}: {failure.message}", *[gr.skip()] * untouched, status_words(failure))
 
     def _stream(self, work, skips):
         stream = stream_download(work)

@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..models.family import family_words
 from ..telemetry import ProgressEvent
 from .mask_inputs import start_words
 
@@ -161,6 +162,21 @@ def done_status(result, heading: str = "") -> str:
             f"({summary['memory_kind']}){ran_on(summary)}")
 
 
+def batch_status(results: list, wall_s: float) -> str:
+    """The total of a run that made several images: the wall time from the first image's start to the last one's
+    end, and each image's own engine time."""
+    each = " · ".join(f"image {index} {result.telemetry.total_seconds:.2f} s"
+                      for index, result in enumerate(results, 1))
+    return f"### ✅ {len(results)} images in {wall_s:.2f} s\n{each} (engine time of each)"
+
+
+def cancelled_status(cancelled: BaseException, done: int) -> str:
+    """After Cancel: what stopped, and what of the run was kept (the images of a batch finished before it)."""
+    kept = (f"The {done} image{'s' if done > 1 else ''} of this run finished before it {'are' if done > 1 else 'is'} "
+            "kept; the rest was not made." if done else "This run made no image.")
+    return f"### ⏹ Cancelled ({cancelled})\n{kept}"
+
+
 def ran_on(summary: dict) -> str:
     """Which worker of a pool ran the edit (engine/workers.py); nothing without a pool."""
     worker = summary.get("worker")
@@ -173,7 +189,7 @@ def run_summary(result) -> str:
     request = result.request
     lines = [f"**{result.config.label}** · {result.width}×{result.height} · {request.steps} steps · "
              f"CFG {request.cfg_scale:g} · seed {request.seed}{start_words(request)} · attention ran: "
-             f"{result.attention_backend}{ran_on(summary)}", ""]
+             f"{result.attention_backend}{ran_on(summary)}", "", f"Model: {family_words(result.family)}", ""]
     if summary["cache_hit"]:
         lines.append("**Prepared pipeline: cache hit** (prepared by an earlier run, reused as is)")
     else:

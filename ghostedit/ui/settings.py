@@ -1,5 +1,6 @@
-"""From the page's controls to engine objects: toggle choices (those this machine cannot run are labelled with the
-reason), the LoRA folder, the configuration and edit request of a run, and the configurations of "Run variants"."""
+"""From the page's controls to engine objects: toggle choices (those this machine cannot run are marked, their reason
+shown on hover), the one-line summaries of the settings sections, the LoRA folder, the configuration and edit request
+of a run, and the configurations of "Run variants"."""
 from __future__ import annotations
 
 import base64
@@ -8,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..config import SEED_RANGE, EditRequest, LoraChoice, OptimizationConfig, resolved_settings
+from ..config import MAX_INPUT_IMAGES, SEED_RANGE, EditRequest, LoraChoice, OptimizationConfig, resolved_settings
 from ..device import Availability
 from ..optimize import registry
 from ..errors import InvalidRequestError
@@ -20,6 +21,14 @@ LORA_SLOTS = 3  # LoRAs the page stacks (the API takes the same: lora, lora_2, l
 MAX_IMAGES_PER_RUN = 8
 FROM_INPUT = "from the input"
 ASPECT_PRESETS = (FROM_INPUT, "1:1", "4:3", "3:4", "3:2", "2:3", "16:9", "9:16")
+
+
+UNAVAILABLE = "not on this machine"  # marks a choice that cannot run here; its reason shows on hover
+
+
+def image_parameters() -> list[str]:
+    """The API parameters of the input images: image, image_2, ... up to the most any model takes."""
+    return ["image"] + [f"image_{number}" for number in range(2, MAX_INPUT_IMAGES + 1)]
 
 
 def lora_parameter(slot: int, part: str = "") -> str:
@@ -65,10 +74,45 @@ DEFAULT_VARIANTS = ["baseline", "all"]
 
 
 def toggle_choices(setting: str, options: dict[str, Availability]) -> list[tuple[str, str]]:
-    """Choices as (label, value); a choice this machine cannot run says so, with the reason."""
-    return [(registry.words(setting, value) if available.ok
-             else f"{registry.words(setting, value)} — unavailable: {available.reason}", value)
-            for value, available in options.items()]
+    """Choices as (label, value); a choice this machine cannot run is marked so in one line (its reason:
+    unavailable_reasons, shown on hover, and the System tab)."""
+    return [(registry.words(setting, value) if available.ok else f"{registry.words(setting, value)} · {UNAVAILABLE}",
+             value) for value, available in options.items()]
+
+
+def unavailable_reasons(options: dict[str, dict[str, Availability]]) -> dict[str, str]:
+    """{the label of a choice this machine cannot run: why}, for every setting: the page shows it on hover."""
+    return {label: options[setting][value].reason for setting in options
+            for label, value in toggle_choices(setting, options[setting]) if not options[setting][value].ok}
+
+
+def generation_summary(steps, cfg_scale, seed, width, height, count) -> str:
+    """The Generation section's one line: what a run will use."""
+    size = f"{width:g}×{height:g}" if width and height else "size from the input"
+    images = f"{count:g} images" if count and count > 1 else "1 image"
+    return (f"Generation · {_shown(steps)} steps · CFG {_shown(cfg_scale)} · seed {_shown(seed)} · {size} · "
+            f"{images}")
+
+
+def lora_summary(values: dict) -> str:
+    """The LoRAs section's one line: each LoRA picked, with its mode and scale."""
+    picked = [f"{Path(str(values[lora_parameter(slot)])).stem} ({values.get(lora_parameter(slot, 'mode')) or 'fused'} "
+              f"×{_shown(values.get(lora_parameter(slot, 'scale')), 1)})"
+              for slot in range(1, LORA_SLOTS + 1) if values.get(lora_parameter(slot)) not in (None, "", NO_LORA)]
+    return "LoRAs · " + (", ".join(picked) if picked else "none")
+
+
+def slots_shown(shown: int, filled, add: bool = False) -> int:
+    """How many of a row of optional slots (extra images, extra LoRAs) to show: those shown, one more when added,
+    and at least up to the last one that holds a value."""
+    last = max((index + 1 for index, value in enumerate(filled) if value not in (None, "", NO_LORA)), default=0)
+    return min(len(filled), max(shown + (1 if add else 0), last))
+
+
+def _shown(value, default="–") -> str:
+    if value is None or value == "":
+        return str(default)
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
 class LoraLibrary:

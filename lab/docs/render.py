@@ -17,6 +17,7 @@ from pathlib import Path
 from ghostedit import figures
 from ghostedit.bench.output import markdown_table
 from ghostedit.config import OptimizationConfig
+from ghostedit.models import FULL_SIZE_PARAMETERS
 from ghostedit.optimize import registry
 from ghostedit.optimize.presets import PRESETS
 from ghostedit.telemetry import STAGE_ORDER
@@ -545,6 +546,45 @@ def _cards_source() -> str:
     if len(ran_on) > 1:
         return "; ".join(source(part) for part in ("card-48", "card-24"))
     return f"{ran_on.pop()}, `scripts/gpu/bench.sh cards` (`docs/benchmarks/card-48/`, `docs/benchmarks/card-24/`)"
+
+
+def gpu_needs() -> str:
+    """README's "what your GPU needs": GPU memory per configuration and card (the committed card runs), the host
+    memory the weights placed there take and the disk the weights take (both from the model's parameter counts),
+    and the CUDA build and driver the runs used."""
+    weights = {name: count * 2 / 2**30 for name, count in FULL_SIZE_PARAMETERS.items()}  # bf16: 2 bytes
+    full = results("card-full")
+
+    def host(placement: dict) -> float:
+        """GiB of the components a run placed in host memory (a placement's values: where, or {"where", "why"})."""
+        where = {name: value["where"] if isinstance(value, dict) else value for name, value in placement.items()}
+        return sum(weights[name] for name, place in where.items() if "host" in place)
+
+    card = f"{full['environment']['gpu']} (whole card)"
+    rows = [{"card": card, "configuration": name(row), "peak": row["peak_gib"], "reserved": row["peak_reserved_gib"],
+             "dit": row["placement"]["dit"], "host": host(row["placement"]), "step": row["s_per_step"]}
+            for row in full["rows"]]
+    for found in (results("card-48"), results("card-24")):
+        row = found["rows"][0]
+        rows.append({"card": f"{found['gpu_memory_gib']:g} GiB (emulated)", "configuration": name(row),
+                     "peak": max(row["peak_gib"], found["load_peak_gib"]), "reserved": row["peak_reserved_gib"],
+                     "dit": found["placement"]["dit"]["where"], "host": host(found["placement"]),
+                     "step": row["s_per_step"]})
+    table = markdown_table(rows, {"card": "card", "configuration": "configuration",
+                                  "peak": "GPU memory, peak GiB", "reserved": "reserved GiB",
+                                  "dit": "base DiT lives in", "host": "host RAM for weights GiB",
+                                  "step": "s / step"})
+    environment = full["environment"]
+    driver = (f"driver {environment['driver']}" if environment.get("driver")
+              else "the driver's version was not recorded by these runs")
+    return (f"Qwen-Image-Edit, -2509 and -2511 share one architecture; these runs measured the full-size model with "
+            f"random weights (`--model synthetic`) at 1024x1024, {full['steps']} steps CFG {full['cfg_scale']:g} on "
+            f"the whole card, 4 steps CFG 1 on the smaller ones, on {source('card-full')} and {source('card-24')}. "
+            f"Host RAM and disk are the bf16 weights' sizes from the model's parameter counts "
+            f"(`ghostedit/models/__init__.py`).\n\n{table}\n\n"
+            f"Disk: {sum(weights.values()):.1f} GiB of weights (transformer {weights['dit']:.1f}, text encoder "
+            f"{weights['text_encoder']:.1f}, VAE {weights['vae']:.2f}). Driver: one that runs CUDA "
+            f"{environment['cuda']} (torch {environment['torch']}); {driver}.\n")
 
 
 def lora_switch() -> str:
@@ -1253,7 +1293,8 @@ def targets() -> str:
                                  "configuration": "measured on"}) + "\n"
 
 
-SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "dit-shapes": dit_shapes, "ready": ready,
+SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "gpu-needs": gpu_needs,
+            "dit-shapes": dit_shapes, "ready": ready,
             "ready-again": ready_again, "restart-ab": restart_ab, "head-start": head_start,
             "multi-kernel": multi_kernel, "persistent-rows": persistent_rows, "end-to-end": end_to_end,
             "step-cache": step_cache,
