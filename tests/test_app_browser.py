@@ -495,16 +495,17 @@ def test_qwen_image_21_generates_without_an_image_edits_four_and_shows_transpare
     from PIL import Image
 
     page = open_page(browser, app_21)
+    open_section(page, "model_section")
     page.locator("#model input[role=combobox]").click()
     offered = page.locator("ul[role=listbox] li[role=option]").all_inner_texts()
     assert "Qwen/Qwen-Image-2.1" in offered and "Qwen/Qwen-Image-2.1-Turbo" in offered, offered
     page.keyboard.press("Escape")
+    open_section(page, "generation_section")
     assert page.locator("#cfg input[type=number]").input_value() == "1", "2.1 runs without guidance by default"
     page.locator("#prompt textarea").fill("a lighthouse at dusk")
     for elem_id, value in (("steps", 2), ("width", 64), ("height", 64)):
         set_number(page, elem_id, value)
-    page.locator("#run").click()
-    wait_for_rows(page, 1)
+    run_and_wait(page, 1)
     after = page.locator("#result img").last
     assert all("conic-gradient" in background for background in page.evaluate(
         "() => [...document.querySelectorAll('#result img')].map(image => getComputedStyle(image).backgroundImage)"))
@@ -520,8 +521,7 @@ def test_qwen_image_21_generates_without_an_image_edits_four_and_shows_transpare
     for elem_id in ("input_image", "input_image_2", "input_image_3", "input_image_4"):
         page.locator(f"#{elem_id} input[type=file]").set_input_files(str(half))
     page.locator("#prompt textarea").fill("put the four together")
-    page.locator("#run").click()
-    wait_for_rows(page, 2)
+    run_and_wait(page, 2)
     png = Image.open(io.BytesIO(page.request.get(page.locator("#result img").last.get_attribute("src")).body()))
     assert png.mode == "RGBA"
     page.context.close()

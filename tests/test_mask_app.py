@@ -58,6 +58,7 @@ def test_a_stroke_painted_on_the_image_is_the_runs_mask(browser, app):
         page.wait_for_selector("#run", timeout=60_000)
         page.locator("#input_image input[type=file]").set_input_files(str(HOUSE))
         page.locator("#prompt textarea").fill(SMALL["prompt"])
+        page.locator("#generation_section .label-wrap").first.click()  # a closed section, titled with what is set
         for elem_id, value in (("steps", 2), ("width", 128), ("height", 128)):
             box = page.locator(f"#{elem_id} input[type=number]")
             box.fill(str(value))
