@@ -24,8 +24,8 @@ from .device import synchronize
 GIB = 1024**3
 
 # The order in which stages are shown; a run reports the ones it went through.
-STAGE_ORDER = ("load", "prepare", "LoRA switch", "compile warm-up", "image encoding", "text encoding", "denoising",
-               "decoding")
+STAGE_ORDER = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up", "image encoding", "text encoding",
+               "denoising", "decoding")
 EDIT_STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]  # an edit's own, after the one-time stages
 # An edit's own stages, timed on a GPU by events on its clock, as the denoising steps are: the CPU goes on into the
 # next stage while the GPU finishes this one's work (the text encoder's processor while the VAE encodes, say), where

@@ -51,7 +51,7 @@ STEP_CACHE = "step-cache"
 
 
 # What a first run does once, before the edit itself
-ONE_TIME_STAGES = ("load", "prepare", "LoRA switch", "compile warm-up")
+ONE_TIME_STAGES = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up")
 
 
 def add_edit_probe_arguments(parser, config: str = "best") -> None:
