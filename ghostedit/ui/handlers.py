@@ -7,20 +7,20 @@ import random
 import secrets
 import tempfile
 import threading
+import time
 import traceback
 from collections import OrderedDict
 from pathlib import Path
 
 import gradio as gr
 from gradio.utils import get_upload_folder
-from PIL import Image
 
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
 from ..errors import GhostEditError, InvalidRequestError
 from ..images import fit
 from ..telemetry import GIB, RunCancelled
-from . import live
+from . import live, media
 from .history import COMPARISON_RULE, History
 from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
                        seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
@@ -30,6 +30,8 @@ from .system import cache_table, hardware_markdown, options_json, options_table,
 
 
 MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
+BEFORE_VIEWS = 16  # the inputs' views kept (the same input edited again shows the same file)
+DOWNLOAD_PNG = "⬇ Output as PNG (full quality)"
 REUSED_REQUEST = ["prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width", "height"]
 
 
@@ -66,6 +68,9 @@ class Handlers:
         self._cancel_events: dict[str, threading.Event] = {}
         self._exports = Path(tempfile.mkdtemp(prefix="ghostedit-exports-"))
         self._browser_histories: OrderedDict[str, History] = OrderedDict()
+        # the images sent to the page, in Gradio's file cache (served from there, never copied again)
+        self._views = self.upload_folder / "ghostedit-views"
+        self._before_views: OrderedDict[str, str] = OrderedDict()  # edit key -> the input's view at the output size
 
     # ---- choices shown on the page ----
 
@@ -82,6 +87,7 @@ class Handlers:
     def edit(self, values: dict, history: History, request: gr.Request, progress):
         """`count` images of one edit, with seeds seed, seed+1, ...: each joins the history, all show in the run's
         gallery."""
+        started = time.perf_counter()
         try:
             config = panel_config(self.loras, values)
             self.engine.check(config)
@@ -94,10 +100,11 @@ class Handlers:
             result = yield from self._stream(edit, config, request, progress, heading)
             if result is None:
                 return
-            record = history.add(result)
-            images.append((result.image, f"seed {edit.seed} · run #{record.number}"))
-            yield (live.done_status(result, heading), _before_after(result), live.run_summary(result),
-                   live.result_json(result, record.number), history.table(), images, history)
+            record, before_after, serving = self._shown(result, history, started)
+            images.append((record.view, f"seed {edit.seed} · run #{record.number}"))
+            yield (live.done_status(result, heading), before_after, live.run_summary(result),
+                   live.result_json(result, record.number, serving), history.table(), images, history)
+            started = time.perf_counter()  # the next image's own time
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
         words = variants()
@@ -116,23 +123,25 @@ class Handlers:
         except Exception as error:
             raise user_error(error) from error
         finished, images = [], []
+        started = time.perf_counter()
         for index, (name, config) in enumerate(runs, 1):
             heading = f"**Variant {index} of {len(runs)}: {words[name]}** ({config.label})\n\n"
             result = yield from self._stream(edit, config, request, progress, heading)
             if result is None:
                 return
-            record = history.add(result)
+            record, before_after, serving = self._shown(result, history, started)
             if name == "baseline":
                 history.set_baseline(record.number)
-            finished.append(live.result_json(result, record.number))
-            images.append((result.image, record.label))
+            finished.append(live.result_json(result, record.number, serving))
+            images.append((record.view, record.label))
             status = live.done_status(result, heading)
             if index == len(runs):
                 status = f"### ✅ Ran {len(runs)} variants: see the comparison below\n" + "\n".join(
                     f"- {note}" for note in notes)
-            yield (status, _before_after(result), live.run_summary(result),
+            yield (status, before_after, live.run_summary(result),
                    {"state": "done" if index == len(runs) else "running", "runs": finished, "notes": notes},
                    history.table(), images, history)
+            started = time.perf_counter()
 
     def _edit_request(self, values: dict):
         images = uploaded_images([values.get(name) for name in ("image", "image_2", "image_3")], self.upload_folder)
@@ -143,12 +152,13 @@ class Handlers:
         """Yields the live view while the engine runs; returns the result, or None when the run was cancelled."""
         cancel = threading.Event()
         self._cancel_events[request.session_hash] = cancel
-        notice = self.prepare_notice(config)
+        notice = self.prepare_notice(config)  # before the run starts: it reads what the run will change
+        run = live.stream_run(self.engine, edit, config, cancel)  # the engine starts now, not after this first view
         skip = gr.skip()  # the previous result stays up until this run's replaces it, and after a cancel
-        yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip, {"state": "starting"},
-               skip, skip, skip)
         try:
-            for item in live.stream_run(self.engine, edit, config, cancel):
+            yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip,
+                   {"state": "starting"}, skip, skip, skip)
+            for item in run:
                 if not isinstance(item, live.Live):
                     return item
                 if item.event is not None and item.event.stage == "done":
@@ -168,7 +178,34 @@ class Handlers:
                    {"state": "failed", "message": failure.message}, skip, skip, skip)
             raise failure from error
         finally:
+            run.close()  # a page closed before the run ended cancels it (live.stream_run)
             self._cancel_events.pop(request.session_hash, None)
+
+    def _shown(self, result, history: History, started: float):
+        """A finished run joins the history, and its images are made ready to show (JPEG views: ui/media.py);
+        returns the run's record, the before/after pair and where the handler's time went beside the engine's."""
+        record = history.add(result)
+        with media.Stopwatch() as encoding:
+            record.view = media.view_file(result.image, self._views)
+            before_after = (self._before_view(result, record.edit_key), record.view)
+        handler_s = time.perf_counter() - started
+        engine_s = result.telemetry.total_seconds
+        return record, before_after, {
+            "handler_s": handler_s, "engine_s": engine_s, "output_encoding_s": encoding.seconds,
+            "other_s": handler_s - engine_s - encoding.seconds,
+            "outside": "Gradio's queue before the handler starts, and the answer's way to the client after it, are "
+                       "not in handler_s; the image metrics come after the answer (/comparison)"}
+
+    def _before_view(self, result, edit_key: str) -> str:
+        """The first input at the output's size (resized once from the upload) as shown; the same edit again
+        (another configuration, steps or CFG) shows the same file."""
+        if edit_key not in self._before_views:
+            self._before_views[edit_key] = media.view_file(fit(result.request.images[0], result.image.size),
+                                                           self._views)
+            while len(self._before_views) > BEFORE_VIEWS:
+                self._before_views.popitem(last=False)
+        self._before_views.move_to_end(edit_key)
+        return self._before_views[edit_key]
 
     def cancel(self, request: gr.Request) -> None:
         cancel = self._cancel_events.get(request.session_hash)
@@ -267,19 +304,32 @@ class Handlers:
 
     # ---- the comparison ----
 
-    def compare_views(self, history: History, request: gr.Request):
-        """Gallery, charts, baseline picker, exports, the table's column widths and the runs to reuse, for the
-        session's history."""
-        folder = self._exports / (request.session_hash or "api")
-        csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
+    def compare_views(self, history: History):
+        """Gallery, charts, baseline picker, the table's column widths and the runs to reuse, for the session's
+        history: what shows at once after a run (the image metrics follow in `comparison`)."""
         return (history.gallery(), history.stage_chart(), history.memory_chart(),  # bars in data order: run order
                 gr.update(choices=[(run.label, run.number) for run in history.runs], value=history.baseline_number),
-                gr.update(value=csv_path, interactive=csv_path is not None),
-                gr.update(value=json_path, interactive=json_path is not None),
                 _comparison_caption(history),
                 gr.update(column_widths=column_widths(history.table())),  # here: the API's table stays plain data
                 gr.update(choices=[(run.label, run.number) for run in reversed(history.runs)],
                           value=history.runs[-1].number if history.runs else None))
+
+    def comparison(self, history: History, request: gr.Request):
+        """The session's comparison table with every image difference against the baseline (PSNR, SSIM) computed,
+        its CSV and JSON exports, and the latest run's output as a lossless PNG. An edit answers before these are
+        made (its table shows them as pending): the page asks for them right after each run, an API client when it
+        wants them."""
+        history.compute_metrics()
+        latest = history.runs[-1] if history.runs else None
+        if latest is not None and latest.png is None:
+            latest.png = media.png_file(latest.image, self._views)
+        folder = self._exports / (request.session_hash or "api")
+        csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
+        return (history.table(),  # its column widths were set for it, pending cells as wide as computed ones
+                gr.update(value=csv_path, interactive=csv_path is not None),
+                gr.update(value=json_path, interactive=json_path is not None),
+                gr.update(value=latest and latest.png, interactive=latest is not None,
+                          label=f"⬇ Run {latest.label} as PNG" if latest else DOWNLOAD_PNG))
 
     @staticmethod
     def set_baseline(number, history: History):
@@ -321,11 +371,6 @@ class Handlers:
             "variants": variants(),
             "model": {"source": self.engine.spec.source, "default_steps": self.engine.spec.default_steps},
         }
-
-
-def _before_after(result) -> tuple[Image.Image, Image.Image]:
-    """The first input at the output's size (resized once from the upload), beside the output."""
-    return fit(result.request.images[0], result.image.size), result.image
 
 
 def _comparison_caption(history: History) -> str:

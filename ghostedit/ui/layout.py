@@ -9,7 +9,7 @@ import gradio as gr
 from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
 from .. import figures
-from .handlers import Handlers
+from .handlers import DOWNLOAD_PNG, Handlers
 from .hub import NO_PRESET, HubControls, model_choices, preset_choices
 from .history import COLUMNS, OTHER_STAGE, History
 from .tables import column_widths
@@ -28,8 +28,8 @@ EXAMPLES = [
 ]
 # one colour per stage, every stage in the legend (compiling too, before any run compiled), in the order they run
 STAGE_COLORS = dict(zip([stage_words(stage) for stage in STAGE_ORDER] + [OTHER_STAGE],
-                        ["#64748b", "#a855f7", "#f472b6", "#ef4444", "#f59e0b", "#eab308", "#6366f1", "#10b981",
-                         "#cbd5e1"]))
+                        ["#64748b", "#0ea5e9", "#a855f7", "#f472b6", "#ef4444", "#f59e0b", "#eab308", "#6366f1",
+                         "#10b981", "#cbd5e1"], strict=True))
 GPU_QUEUE = dict(concurrency_id="gpu")  # edits and variant batches: one job at a time per GPU (worker)
 LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job
 # the prepare notice: one at a time, in the order asked for (side by side, an older one finishing last would show
@@ -128,10 +128,12 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
             ui.status = gr.Markdown("Ready: the live status of a run shows here.", elem_id="status")
-            ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="pil", interactive=False,
-                                       elem_id="result", max_height=560, format="png")
+            # the views are JPEG files (ui/media.py); the download is the lossless PNG, made after the picture shows
+            ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="filepath", interactive=False,
+                                       elem_id="result", max_height=560, buttons=["fullscreen"])
+            ui.download_png = gr.DownloadButton(DOWNLOAD_PNG, interactive=False, size="sm", elem_id="download_png")
             ui.images = gr.Gallery(label="This run's images (one per seed)", columns=4, height=220,
-                                   object_fit="contain", format="png", elem_id="run_images")
+                                   object_fit="contain", buttons=["fullscreen"], elem_id="run_images")
         with gr.Column(scale=1):
             ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
             with gr.Accordion("Run telemetry (JSON)", open=False):
@@ -276,8 +278,7 @@ def _compare_section() -> SimpleNamespace:
                                     elem_id="memory_plot", min_width=300)
     gr.HTML(_stage_legend(), elem_id="stage_legend")
     ui.gallery = gr.Gallery(label="Outputs side by side", columns=6, fit_columns=False, height=260,
-                            object_fit="contain", format="png",
-                            elem_id="outputs_gallery")
+                            object_fit="contain", buttons=["fullscreen"], elem_id="outputs_gallery")
     return ui
 
 
@@ -312,14 +313,16 @@ def panel_notice(handlers: Handlers, edit) -> dict:
 
 def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, browser_key, concurrency: int) -> None:
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, edit.images, history]
-    compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
-                       compare.download_csv, compare.download_json, compare.caption, compare.table,
-                       compare.reuse_run]
+    compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline, compare.caption,
+                       compare.table, compare.reuse_run]
+    comparison_outputs = [compare.table, compare.download_csv, compare.download_json, edit.download_png]
     names = api.edit_parameters()
 
-    def after_history_changed(event):
-        """The views of the history, and the history kept for this browser."""
+    def after_history_changed(event, comparison_api: dict = PRIVATE):
+        """The views of the history; then, off the edit's way, its image metrics, exports and PNG; and the history
+        kept for this browser."""
         return (event.then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
+                .then(handlers.comparison, history, comparison_outputs, **comparison_api, **LIGHT)
                 .then(handlers.remember_history, [browser_key, history], None, **PRIVATE, **LIGHT))
 
     edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles, "
@@ -341,7 +344,8 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
         # messages that name the parameter). Gradio's gr.Image would open an upload with Pillow before GhostEdit's
         # safe reader sees it, and would open any file on the server named by a payload without FileData's "meta".
         after_history_changed(button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result],
-                                           preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE)).then(
+                                           preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE),
+                              dict(api_name="comparison") if name == "edit" else PRIVATE).then(
             **panel_notice(handlers, edit))
     edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)
     edit.seed_button.click(handlers.random_seed, None, edit.seed, queue=False, **PRIVATE)

@@ -13,6 +13,7 @@ from ..telemetry import ProgressEvent
 STAGE_WORDS = {
     "load": "loading the model",
     "download": "downloading the model",
+    "LoRA read": "reading LoRA files",
     "prepare": "preparing",
     "preparing": "preparing",
     "compile warm-up": "compiling",
@@ -40,9 +41,16 @@ _FINISHED = object()
 
 
 def stream_run(engine, request, config, cancel: threading.Event, tick_seconds: float = 1.0):
-    """Runs `engine.run` in a worker thread; yields a Live at every progress event and every `tick_seconds` without
-    one, then the EditResult. An engine error is raised here. If the consumer stops listening (a closed page), the
-    run is cancelled at its next step instead of holding the device."""
+    """Starts `engine.run` in a worker thread at once and returns the stream of it: a Live at every progress event
+    and every `tick_seconds` without one, then the EditResult. An engine error is raised from the stream. If the
+    consumer stops listening (a closed page) or closes the stream, the run is cancelled at its next step instead of
+    holding the device."""
+    stream = _stream(engine, request, config, cancel, tick_seconds)
+    next(stream)  # the engine starts now (not when the first item is asked for), and closing cancels from here on
+    return stream
+
+
+def _stream(engine, request, config, cancel: threading.Event, tick_seconds: float):
     events: queue.Queue = queue.Queue()
     outcome: dict = {}
 
@@ -59,6 +67,7 @@ def stream_run(engine, request, config, cancel: threading.Event, tick_seconds: f
     worker.start()
     latest, arrived = None, waiting_since
     try:
+        yield  # started: stream_run returns the stream here
         while (item := _next(events, tick_seconds)) is not _FINISHED:
             if item is not None:
                 latest, arrived = item, time.perf_counter()
@@ -206,8 +215,9 @@ def lora_line(lora: dict) -> str:
     return line
 
 
-def result_json(result, run_number: int) -> dict:
-    """The finished run for API clients: configuration, sizes, what each toggle did, and the full telemetry."""
+def result_json(result, run_number: int, serving: dict | None = None) -> dict:
+    """The finished run for API clients: configuration, sizes, what each toggle did, the full telemetry, and with
+    `serving` where the app's handler spent its time beside the engine's `total_s` (ui/handlers.py)."""
     request = result.request
     return {
         "state": "done",
@@ -221,4 +231,5 @@ def result_json(result, run_number: int) -> dict:
         "attention_ran": result.attention_backend,
         "prepared_report": dict(result.prepared_report),
         "telemetry": result.telemetry.summary(),
+        **({"serving": serving} if serving is not None else {}),
     }
