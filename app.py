@@ -11,6 +11,7 @@ import argparse
 import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home; the app works offline
+os.environ.setdefault("MPLBACKEND", "agg")  # a server draws no windows: Gradio's first event need not probe for one
 
 try:  # ZeroGPU needs `spaces` imported before torch touches CUDA; outside a Space it changes nothing
     import spaces  # noqa: F401

@@ -18,10 +18,12 @@ from gradio.utils import get_upload_folder
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
 from ..errors import GhostEditError, InvalidRequestError
+from ..engine.startup import StartUp
 from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live, media
 from .history import COMPARISON_RULE, History
+from .startup import WAITING_FOR_STARTUP, startup_words
 from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
                        seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
                        variants)
@@ -31,7 +33,6 @@ from .system import cache_table, hardware_markdown, options_json, options_table,
 
 MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
 BEFORE_VIEWS = 16  # the inputs' views kept (the same input edited again shows the same file)
-DOWNLOAD_PNG = "⬇ Output as PNG (full quality)"
 REUSED_REQUEST = ["prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width", "height"]
 
 
@@ -60,8 +61,10 @@ def builtin_loras(engine) -> dict:
 
 
 class Handlers:
-    def __init__(self, engine, lora_dir: Path):
+    def __init__(self, engine, lora_dir: Path, startup: StartUp | None = None):
+        """`startup`: the engine's background warm-up (engine/startup.py), shown on the page; none by default."""
         self.engine = engine
+        self.startup = startup or StartUp(engine, []).start()
         self.loras = LoraLibrary(lora_dir, builtin_loras(engine))
         self.options = engine.options()
         self.upload_folder = Path(get_upload_folder())
@@ -166,7 +169,9 @@ class Handlers:
                 if item.event is not None and item.event.total_steps:
                     progress((item.event.step, item.event.total_steps), desc=live.stage_words(item.event.stage),
                              unit="steps")
-                yield live.live_status(item, heading), skip, skip, live.progress_json(item), skip, skip, skip
+                waiting = WAITING_FOR_STARTUP if self.startup.busy else None
+                yield (live.live_status(item, heading, waiting), skip, skip, live.progress_json(item), skip, skip,
+                       skip)
         except RunCancelled as cancelled:
             yield (heading + f"### ⏹ Cancelled ({cancelled}): the result shown is the last finished run's", skip, skip,
                    {"state": "cancelled", "message": str(cancelled)}, skip, skip, skip)
@@ -214,6 +219,19 @@ class Handlers:
             return
         cancel.set()
         gr.Info("Cancelling: the run stops at the next step.")
+
+    # ---- start-up ----
+
+    def startup_view(self):
+        """The start-up notice, and its timer: polling while start-up goes on."""
+        return (startup_words(self.startup.status(), dict(self.startup.events)),
+                gr.Timer(active=self.startup.busy))
+
+    def startup_status(self) -> dict:
+        """What the start-up warm-up is doing or did: `state` (warming, ready, failed or off), the configuration
+        being warmed, seconds since start, each worker's stage now, and each configuration warmed with its stage
+        times."""
+        return self.startup.status()
 
     # ---- before a run ----
 
@@ -314,22 +332,23 @@ class Handlers:
                 gr.update(choices=[(run.label, run.number) for run in reversed(history.runs)],
                           value=history.runs[-1].number if history.runs else None))
 
-    def comparison(self, history: History, request: gr.Request):
+    def comparison(self, history: History):
         """The session's comparison table with every image difference against the baseline (PSNR, SSIM) computed,
-        its CSV and JSON exports, and the latest run's output as a lossless PNG. An edit answers before these are
-        made (its table shows them as pending): the page asks for them right after each run, an API client when it
-        wants them."""
+        and the latest run's output as a lossless PNG file. An edit answers before these are made (its table says
+        "pending"): the page asks for them right after each run, an API client when it wants them."""
         history.compute_metrics()
         latest = history.runs[-1] if history.runs else None
         if latest is not None and latest.png is None:
             latest.png = media.png_file(latest.image, self._views)
+        # the table's column widths were set for it by compare_views, its pending cells as wide as computed ones
+        return history.table(), latest and latest.png
+
+    def exports(self, history: History, request: gr.Request):
+        """The history as CSV and JSON files for the export buttons (after `comparison`: the metrics are in)."""
         folder = self._exports / (request.session_hash or "api")
         csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
-        return (history.table(),  # its column widths were set for it, pending cells as wide as computed ones
-                gr.update(value=csv_path, interactive=csv_path is not None),
-                gr.update(value=json_path, interactive=json_path is not None),
-                gr.update(value=latest and latest.png, interactive=latest is not None,
-                          label=f"⬇ Run {latest.label} as PNG" if latest else DOWNLOAD_PNG))
+        return (gr.update(value=csv_path, interactive=csv_path is not None),
+                gr.update(value=json_path, interactive=json_path is not None))
 
     @staticmethod
     def set_baseline(number, history: History):

@@ -9,7 +9,7 @@ import gradio as gr
 from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
 from .. import figures
-from .handlers import DOWNLOAD_PNG, Handlers
+from .handlers import Handlers
 from .hub import NO_PRESET, HubControls, model_choices, preset_choices
 from .history import COLUMNS, OTHER_STAGE, History
 from .tables import column_widths
@@ -71,11 +71,13 @@ TOGGLE_THEME = """
 CLOSE_TOASTS = "() => document.querySelectorAll('[data-testid=toast-close]').forEach((button) => button.click())"
 
 
-def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
-    """`concurrency`: edits served at once, one per worker of a pool (engine/workers.py); 1 for a plain Engine."""
-    handlers = Handlers(engine, lora_dir)
+def build_app(engine, lora_dir: Path, concurrency: int = 1, startup=None) -> gr.Blocks:
+    """`concurrency`: edits served at once, one per worker of a pool (engine/workers.py); 1 for a plain Engine.
+    `startup`: the engine's background warm-up (engine/startup.py), whose progress the page shows."""
+    handlers = Handlers(engine, lora_dir, startup)
     with gr.Blocks(title="GhostEdit", analytics_enabled=False) as demo:
         gr.Markdown(_intro(engine, concurrency))
+        _startup_notice(demo, handlers)
         history = gr.State(History())
         # this browser's key to its history on the server: the history survives a page reload
         browser_key = gr.BrowserState(None, storage_key="ghostedit-history")
@@ -93,6 +95,15 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
         tools.add_tools(handlers, on_gpu, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
     return demo
+
+
+def _startup_notice(demo: gr.Blocks, handlers: Handlers) -> None:
+    """What the start-up warm-up is doing (loading, its download, compiling), polled each second until it ends."""
+    notice = gr.Markdown(elem_id="startup", elem_classes="ghost-note")
+    timer = gr.Timer(1.0, active=handlers.startup.busy)
+    for trigger in (demo.load, timer.tick):
+        trigger(handlers.startup_view, None, [notice, timer], show_progress="hidden", **PRIVATE, **LIGHT)
+    gr.api(handlers.startup_status, api_name="startup", **LIGHT)
 
 
 def _intro(engine, concurrency: int) -> str:
@@ -131,7 +142,8 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
             # the views are JPEG files (ui/media.py); the download is the lossless PNG, made after the picture shows
             ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="filepath", interactive=False,
                                        elem_id="result", max_height=560, buttons=["fullscreen"])
-            ui.download_png = gr.DownloadButton(DOWNLOAD_PNG, interactive=False, size="sm", elem_id="download_png")
+            ui.download_png = gr.File(label="The output as PNG (full quality), once shown", interactive=False,
+                                      height=60, elem_id="download_png")
             ui.images = gr.Gallery(label="This run's images (one per seed)", columns=4, height=220,
                                    object_fit="contain", buttons=["fullscreen"], elem_id="run_images")
         with gr.Column(scale=1):
@@ -315,7 +327,7 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, edit.images, history]
     compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline, compare.caption,
                        compare.table, compare.reuse_run]
-    comparison_outputs = [compare.table, compare.download_csv, compare.download_json, edit.download_png]
+    comparison_outputs = [compare.table, edit.download_png]
     names = api.edit_parameters()
 
     def after_history_changed(event, comparison_api: dict = PRIVATE):
@@ -323,6 +335,7 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
         kept for this browser."""
         return (event.then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
                 .then(handlers.comparison, history, comparison_outputs, **comparison_api, **LIGHT)
+                .then(handlers.exports, history, [compare.download_csv, compare.download_json], **PRIVATE, **LIGHT)
                 .then(handlers.remember_history, [browser_key, history], None, **PRIVATE, **LIGHT))
 
     edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles, "

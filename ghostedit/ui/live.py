@@ -119,12 +119,13 @@ def progress_bar(event: ProgressEvent | None) -> str:
             f'aria-label="{stage_words(event.stage)}: step {event.step} of {event.total_steps}"></progress>\n\n')
 
 
-def live_status(live: Live, heading: str = "") -> str:
-    """Markdown for the live view: stage, step i/N, s/step, elapsed, ETA, current and peak memory."""
+def live_status(live: Live, heading: str = "", waiting: str | None = None) -> str:
+    """Markdown for the live view: stage, step i/N, s/step, elapsed, ETA, current and peak memory; before the run
+    has the engine, `waiting` says what it waits for (default: another job)."""
     event, elapsed = live.event, live.elapsed
     if event is None:
         return (f"{heading}### ⏳ Waiting for the engine… {elapsed:.0f} s\n"
-                "Another job is using the device; this run starts when it ends.")
+                + (waiting or "Another job is using the device; this run starts when it ends."))
     title = stage_words(event.stage).capitalize()
     if event.total_steps:
         title += f" · step {event.step}/{event.total_steps}"
