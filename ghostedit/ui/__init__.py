@@ -34,11 +34,13 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
 
 
 def _first_event_imports() -> None:
-    """Gradio settles matplotlib's backend around the first event it serves (gradio.utils.MatplotlibBackendMananger:
-    matplotlib and pyplot imported, 0.7 to 1.3 s on two cores, on the server's event loop, which answers nothing
-    meanwhile): done here, in the background, before a page or a client asks."""
+    """What the first events would import, done here in the background before a page or a client asks: Gradio
+    settles matplotlib's backend around the first event it serves (gradio.utils.MatplotlibBackendMananger: matplotlib
+    and pyplot imported, most of a second on two cores, on the server's event loop, which answers nothing
+    meanwhile); the first comparison imports scikit-image and SciPy (metrics.py)."""
     import matplotlib
     matplotlib.get_backend()
+    from .. import metrics  # noqa: F401
 
 
 def launch_options() -> dict:

@@ -38,6 +38,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home; the app works offline
+    os.environ.setdefault("MPLBACKEND", "agg")  # a server draws no windows: Gradio's first event need not probe
     from ..arguments import model_and_device
     from ..device import UnavailableOptionError
     from ..engine.startup import configurations
