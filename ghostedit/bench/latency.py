@@ -121,14 +121,14 @@ class Caller:
         self.request = {name: value for name, value in given.items() if value is not None}  # else the app's default
         self.image = (args.image or [str(EDIT_IMAGE)])[0]
 
-    def edit(self, kind: str, case: str, parameters: dict) -> dict:
+    def edit(self, kind: str, config: OptimizationConfig, parameters: dict) -> dict:
         from gradio_client import handle_file
         start = time.perf_counter()
         outputs = self.client.submit(image=handle_file(self.image), **self.request, **parameters,
                                      api_name="/edit").result(timeout=CALL_TIMEOUT_S)
         client_s = time.perf_counter() - start
         self.app.edits += 1
-        return call_row(kind, case, client_s, outputs[3])
+        return {**call_row(kind, config.label, client_s, outputs[3]), "text": config.text}
 
     def comparison_s(self) -> float:
         """The follow-up that computes the image metrics and the PNG (off every edit's way)."""
@@ -147,7 +147,8 @@ def call_row(kind: str, case: str, client_s: float, run: dict) -> dict:
             "handler_outside_engine_s": serving["handler_s"] - telemetry["total_s"],
             "outside_handler_s": client_s - serving["handler_s"],
             "stages_s": stages, "unnamed_s": telemetry["total_s"] - sum(stages.values()),
-            "cache_hit": telemetry["cache_hit"], "worker": telemetry["worker"]}
+            "cache_hit": telemetry["cache_hit"], "worker": telemetry["worker"],
+            "compile": run["prepared_report"].get("compile")}  # says whether a compiled package was loaded
 
 
 def gradio_traces(app: App) -> list[dict]:
@@ -253,7 +254,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         groups.setdefault((row["case"], row["kind"]), []).append(row)
     summary = []
     for (case, kind), members in groups.items():
-        line = {"case": f"{case}: {kind}", "calls": len(members)}
+        line = {"case": f"{case}: {kind}", "kind": kind, "config": case, "text": members[0].get("text"),
+                "calls": len(members)}
         for key in ("client_s", "engine_s", "gap_s", "handler_outside_engine_s", "outside_handler_s",
                     "postprocess_per_update_ms", "unnamed_s"):
             values = [row[key] for row in members if row.get(key) is not None]
@@ -282,7 +284,7 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
             rows, notes = [], []
             if index == 0:
                 caller = Caller(app, run)
-                row = caller.edit("first edit after start", run_configs[0].label, edit_parameters(run_configs[0]))
+                row = caller.edit("first edit after start", run_configs[0], edit_parameters(run_configs[0]))
                 row.update(page_up_s=app.page_up_s, launch_to_picture_s=time.perf_counter() - app.launched)
                 rows.append(row)
                 timeline.mark("first edit after start")
@@ -291,13 +293,13 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
                 parameters = edit_parameters(config)
                 kinds = ["first call"] if not rows or rows[-1]["case"] != config.label else []
                 for kind in kinds + ["warm"] * run.repeats:
-                    rows.append(caller.edit(kind, config.label, parameters))
+                    rows.append(caller.edit(kind, config, parameters))
                 rows[-1]["comparison_s"] = caller.comparison_s()
                 timeline.mark(config.label)
             if run.lora_switch:
                 caller = Caller(app, run)
                 for call in range(run.lora_switch + 1):  # the first call reads and fuses the first LoRA
-                    rows.append(caller.edit("LoRA switch", run_configs[0].label,
+                    rows.append(caller.edit("LoRA switch", run_configs[0],
                                             edit_parameters(run_configs[0], loras[call % 2])))
                     rows[-1]["switch_s"] = rows[-1]["stages_s"].get("LoRA switch", 0.0)
                 timeline.mark("LoRA switches")
