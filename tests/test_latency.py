@@ -169,3 +169,28 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
     block = docs.latency()
     assert re.search(r"\| latency-4 +\| stock: first edit after start +\| +1 \|", block), block
     assert f"{first['client_s']:.2f} s" in block and "never compiled it" in block
+
+
+def test_the_page_says_it_is_ready_and_fills_the_comparison_after_the_picture(fresh_app):
+    """In a browser: the start-up notice says the app is warmed up; after a run, the follow-up event fills the
+    comparison's image metrics and offers the output as a PNG, without another run."""
+    from playwright.sync_api import sync_playwright
+    wait_for_startup(quick_client(fresh_app))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                             args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.goto(fresh_app.url, wait_until="load")
+            page.wait_for_function("() => document.querySelector('#startup')?.innerText.includes('Ready')")
+            page.locator("#input_image input[type=file]").set_input_files(HOUSE)
+            page.locator("#prompt textarea").fill("make it night")
+            page.wait_for_function("() => document.querySelector('#input_image img') !== null")
+            page.locator("#run").click()
+            page.wait_for_function("() => document.querySelector('#status').innerText.includes('Done in')",
+                                   timeout=300_000)
+            page.wait_for_selector("#download_png a[download^='ghostedit-run-'][download$='.png']", timeout=60_000)
+            page.wait_for_selector("#history .virtual-row")
+            assert "identical" in page.locator("#history").inner_text()  # the baseline's PSNR, computed after
+        finally:
+            browser.close()

@@ -339,7 +339,7 @@ class Handlers:
         history.compute_metrics()
         latest = history.runs[-1] if history.runs else None
         if latest is not None and latest.png is None:
-            latest.png = media.png_file(latest.image, self._views)
+            latest.png = media.png_file(latest.image, self._views, f"ghostedit-run-{latest.number}")
         # the table's column widths were set for it by compare_views, its pending cells as wide as computed ones
         return history.table(), latest and latest.png
 

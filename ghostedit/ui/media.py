@@ -13,21 +13,20 @@ from PIL import Image
 VIEW_QUALITY = 95
 
 
-def _saved(image: Image.Image, folder: Path, suffix: str, **options) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{uuid.uuid4().hex}{suffix}"
+def _saved(image: Image.Image, path: Path, **options) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, **options)
     return str(path)
 
 
 def view_file(image: Image.Image, folder: Path) -> str:
     """The image as the page shows it: a JPEG file (quality 95) in `folder`."""
-    return _saved(image.convert("RGB"), folder, ".jpg", format="JPEG", quality=VIEW_QUALITY)
+    return _saved(image.convert("RGB"), folder / f"{uuid.uuid4().hex}.jpg", format="JPEG", quality=VIEW_QUALITY)
 
 
-def png_file(image: Image.Image, folder: Path) -> str:
-    """The image at full quality, for keeping: a PNG file in `folder`."""
-    return _saved(image, folder, ".png", format="PNG")
+def png_file(image: Image.Image, folder: Path, name: str = "edited") -> str:
+    """The image at full quality, for keeping: `name`.png (the name a download gets) in a new folder in `folder`."""
+    return _saved(image, folder / uuid.uuid4().hex / f"{name}.png", format="PNG")
 
 
 class Stopwatch:
