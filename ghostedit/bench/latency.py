@@ -61,7 +61,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
@@ -79,7 +79,7 @@ def start_app(source: str, device: str, dtype: str | None, warm_up: list[str], l
     with open(log, "w") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                    env={**os.environ, "GRADIO_PROFILING": "1"})
-    while not _answers(url):
+    while not answers(url):
         if process.poll() is not None or time.perf_counter() - launched > APP_START_TIMEOUT_S:
             process.kill()
             raise SystemExit(f"the app did not start (exit code {process.poll()}):\n{log.read_text()[-3000:]}")
