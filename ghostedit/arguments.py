@@ -15,8 +15,10 @@ DEFAULT_PROMPT = "turn the scene into a ghostly night"  # the bench's and the pr
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="tiny, synthetic, a Hugging Face repo id (modelscope:<id> for ModelScope) or a local "
-                             "folder (default: tiny without a GPU, Qwen/Qwen-Image-Edit-2509 with one)")
+                        help="tiny, synthetic (Qwen-Image-Edit), tiny-2.1, tiny-2.1-turbo, synthetic-2.1, "
+                             "synthetic-2.1-turbo (Qwen-Image-2.1), a Hugging Face repo id such as "
+                             "Qwen/Qwen-Image-2.1 (modelscope:<id> for ModelScope) or a local folder (default: tiny "
+                             "without a GPU, Qwen/Qwen-Image-Edit-2509 with one)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                         help="one dtype for every component (default: what is fast on the device: bf16 on a GPU; "
@@ -32,29 +34,49 @@ def model_and_device(args) -> tuple[str, str]:
     return args.model or default_source(device), device
 
 
-def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool = True) -> None:
+def add_request_arguments(parser: argparse.ArgumentParser, image_required: bool = True,
+                          prompt_required: bool | None = None) -> None:
     parser.add_argument("--image", action="append", required=image_required, default=None,
-                        help=f"input image; repeat for up to {MAX_INPUT_IMAGES}, edited together")
-    parser.add_argument("--prompt", required=image_required, default=DEFAULT_PROMPT,
-                        help="the edit instruction")
+                        help=f"input image; repeat for up to {MAX_INPUT_IMAGES}, edited together (the model's own "
+                             "limit: Qwen-Image-Edit 1, -2509 and -2511 3, Qwen-Image-2.1 10, or none: "
+                             "text-to-image)")
+    parser.add_argument("--prompt", required=image_required if prompt_required is None else prompt_required,
+                        default=DEFAULT_PROMPT, help="the edit instruction (without --image: what to generate)")
     parser.add_argument("--negative-prompt", default="", help="what the edit should avoid (used when --cfg > 1)")
     parser.add_argument("--steps", type=int, default=None,
                         help="denoising steps (default: the model's, tiny 4, real 40)")
     parser.add_argument("--cfg", type=float, default=None,
                         help=f"true classifier-free guidance scale, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; "
-                             "1 runs one DiT forward per step instead of two (default 4; a Lightning preset's 1)")
+                             "1 runs one DiT forward per step instead of two (default: the model's, Qwen-Image-Edit "
+                             "4, Qwen-Image-2.1 1; a Lightning preset's 1)")
     parser.add_argument("--seed", type=int, default=0,
                         help=f"noise seed, {SEED_RANGE[0]} to {SEED_RANGE[1]} (default 0)")
     parser.add_argument("--width", type=int, default=None,
-                        help="output width, a multiple of 16 (default: the first image's aspect ratio at the "
-                             "model's default area; give both or neither)")
-    parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16")
+                        help="output width, a multiple of 16 (Qwen-Image-2.1: 32) (default: the aspect ratio of "
+                             "the image the model takes it from at the model's default area; give both or neither)")
+    parser.add_argument("--height", type=int, default=None, help="output height, a multiple of 16 (2.1: 32)")
+    parser.add_argument("--mask", default=None, metavar="FILE",
+                        help="an inpainting mask for the first --image (white = change; in a file with transparency, "
+                             "transparent = change), of its aspect ratio: the edit keeps the rest, and the output "
+                             "takes the first image's aspect ratio")
+    parser.add_argument("--strength", type=float, default=1.0,
+                        help="how much of the first --image to redo, above 0 to 1: the edit starts from it noised to "
+                             "that point and runs that share of the steps (default 1: from noise)")
+    parser.add_argument("--padding-mask-crop", type=int, default=None, metavar="PIXELS",
+                        help="with --mask: edit only the box around the mask widened by PIXELS, then lay the result "
+                             "over the image")
+    parser.add_argument("--paste-back", action="store_true",
+                        help="with --mask: the first image's own pixels outside the mask, exactly")
 
 
-def request_from_args(args, default_steps: int, default_cfg: float = DEFAULT_CFG) -> EditRequest:
-    return EditRequest(images=args.image, prompt=args.prompt, negative_prompt=args.negative_prompt,
+def request_from_args(args, default_steps: int, default_cfg: float = DEFAULT_CFG,
+                      keep_alpha: bool = False) -> EditRequest:
+    """`keep_alpha`: the model reads the images' alpha (Qwen-Image-2.1)."""
+    return EditRequest(images=args.image or [], prompt=args.prompt, negative_prompt=args.negative_prompt,
                        steps=args.steps or default_steps, cfg_scale=default_cfg if args.cfg is None else args.cfg,
-                       seed=args.seed, width=args.width, height=args.height)
+                       seed=args.seed, width=args.width, height=args.height, keep_alpha=keep_alpha,
+                       mask=args.mask, strength=args.strength, padding_mask_crop=args.padding_mask_crop,
+                       paste_back=args.paste_back)
 
 
 def add_preset_argument(parser: argparse.ArgumentParser) -> None:

@@ -69,10 +69,21 @@ def cmd_edit(args) -> int:
     if parallel.world_size_from_environment() > 1:  # started by torchrun: one edit on every process
         return _parallel_edit(args)
     engine = _engine(args)
+    print_licence(engine)
     config, steps, cfg = apply_preset(args, engine.spec.source, config_from_args(args), engine.spec.default_steps)
-    result = engine.run(request_from_args(args, steps, cfg), config, on_progress=print_progress)
+    family = engine.family
+    if family is not None and not args.preset:
+        cfg = family.default_cfg
+    result = engine.run(request_from_args(args, steps, cfg, keep_alpha=bool(family and family.rgba)), config,
+                        on_progress=print_progress)
     _report_edit(args, result)
     return 0
+
+
+def print_licence(engine) -> None:
+    """The model's licence, where it is not Apache 2.0 (Qwen-Image-2.1's is for research, not commercial use)."""
+    if engine.spec.licence:
+        print(f"licence: {engine.spec.known_family.name} is released under the {engine.spec.licence}")
 
 
 def _parallel_edit(args) -> int:
@@ -96,11 +107,23 @@ def _parallel_edit(args) -> int:
 
 
 def _report_edit(args, result) -> None:
-    result.image.save(args.out)
+    image = result.image
+    if image.mode == "RGBA" and Path(args.out).suffix.lower() in (".jpg", ".jpeg", ".bmp"):
+        print(f"WARNING: {Path(args.out).suffix} has no alpha channel: the image is composited over white (save it "
+              "as .png, .webp or .tiff to keep its transparency)")
+        image = _over_white(image)
+    image.save(args.out)
     print(format_telemetry(result))
     print(f"saved {args.out}")
     if args.json:
         Path(args.json).write_text(json.dumps(result.telemetry.summary(), indent=2))
+
+
+def _over_white(image):
+    from PIL import Image
+    background = Image.new("RGB", image.size, (255, 255, 255))
+    background.paste(image, mask=image.getchannel("A"))
+    return background
 
 
 def options_text(engine) -> str:
@@ -119,7 +142,9 @@ def options_text(engine) -> str:
 
 
 def cmd_options(args) -> int:
-    print(options_text(_engine(args)))
+    engine = _engine(args)
+    print_licence(engine)
+    print(options_text(engine))
     return 0
 
 
@@ -171,13 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ghostedit", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    edit = commands.add_parser("edit", help="edit an image and print the telemetry",
-                               description="Edit 1 to 3 images with an instruction; print the stage and step times.")
+    edit = commands.add_parser("edit", help="edit images (or, with Qwen-Image-2.1, generate one) and print the "
+                                            "telemetry",
+                               description="Edit images with an instruction (Qwen-Image-Edit: 1 to 3; Qwen-Image-2.1: "
+                                           "1 to 10, or none to generate from the prompt); print the stage and step "
+                                           "times.")
     add_model_arguments(edit)
-    add_request_arguments(edit)
+    add_request_arguments(edit, image_required=False, prompt_required=True)
     add_toggle_arguments(edit)
     add_preset_argument(edit)
-    edit.add_argument("--out", required=True, help="where to write the edited image (PNG, JPEG, WebP...)")
+    edit.add_argument("--out", required=True, help="where to write the edited image (PNG, JPEG, WebP...; PNG keeps "
+                                                   "Qwen-Image-2.1's alpha channel)")
     edit.add_argument("--json", default=None, help="also write the telemetry as JSON here")
     edit.add_argument("--parallel", choices=MODES, default=os.environ.get("GHOSTEDIT_PARALLEL", "auto"),
                       help=MODE_HELP + "; the environment's GHOSTEDIT_PARALLEL sets the default")

@@ -14,17 +14,19 @@ from PIL import Image
 
 from .errors import InputImageError, InvalidRequestError
 from .images import load_image
+from .masks import check_fits, load_mask
 from .optimize import registry
 
 LORA_MODES = ("fused", "runtime")
 MAX_LORAS = 4
 LORA_SPEC = re.compile(r"(?P<path>.+?)(?::(?P<scale>[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)(?::(?P<mode>fused|runtime))?)?")
 
-MAX_INPUT_IMAGES = 3
+MAX_INPUT_IMAGES = 10  # the most any model takes (Qwen-Image-2.1); each family's own limits are checked at run time
 STEPS_RANGE = (1, 100)
 CFG_RANGE = (1.0, 20.0)
 SIZE_RANGE = (64, 2048)
 SEED_RANGE = (0, 2**32 - 1)
+STRENGTH_RANGE = (0.0, 1.0)
 MAX_PROMPT_CHARS = 2000  # ~500 tokens; the edit pipeline encodes the whole prompt, it never truncates
 # Qwen's chat-template tokens ("<|im_end|>", "<|image_pad|>"...): in a prompt they would break the template
 CONTROL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>")
@@ -300,7 +302,17 @@ class EditRequest:
     is refused with InvalidRequestError, never clamped: a clamped value would quietly run something other than
     what was asked, and the app's controls cannot send such values, so only API callers see the message.
     `images` may be PIL images, paths, bytes or binary file objects: each is loaded and checked by
-    images.load_image (InputImageError) and kept as an RGB PIL image."""
+    images.load_image (InputImageError) and kept as an RGB PIL image (`keep_alpha`: RGBA where it has transparency,
+    for a model that reads alpha); so may `mask` (masks.load_mask: white = change, or transparent = change in a file
+    with transparency), kept in mode L or RGB. No image: text-to-image, for a model that generates (the engine checks
+    the model's own limits).
+
+    The mask, `strength`, `padding_mask_crop` and `paste_back` act on the image being edited, the first one (the
+    page's "Image to edit"); with either of the first two the edit starts from that image (models/exact.py Start
+    says how), and without a size the output takes that image's aspect ratio. `strength` s (0 to 1] runs the last
+    s of the steps from the image noised to that point (1: from noise, as a plain edit). `padding_mask_crop`: edit
+    only the box around the mask widened by that many pixels of the output, then lay the result over the image;
+    `paste_back`: the image's own pixels outside the mask, exactly."""
     images: tuple[Image.Image, ...]
     prompt: str
     negative_prompt: str = ""
@@ -309,6 +321,11 @@ class EditRequest:
     seed: int = 0
     width: int | None = None
     height: int | None = None
+    mask: Image.Image | None = None
+    strength: float = 1.0
+    padding_mask_crop: int | None = None
+    paste_back: bool = False
+    keep_alpha: bool = False
 
     def __post_init__(self):
         self._set("prompt", _checked_prompt("prompt", self.prompt))
@@ -323,10 +340,42 @@ class EditRequest:
         for name in ("width", "height"):
             if getattr(self, name) is not None:
                 self._set(name, _side(name, getattr(self, name)))
-        self._set("images", _checked_images(self.images))  # last: the slowest check
+        self._set("strength", _real_number("strength", self.strength, STRENGTH_RANGE))
+        if self.strength == 0:  # any other strength runs at least one step (first_step)
+            raise InvalidRequestError("strength 0 would run no step and give the image back: use a strength above "
+                                      "0, up to 1")
+        if self.padding_mask_crop is not None:
+            self._set("padding_mask_crop", _whole_number("padding_mask_crop", self.padding_mask_crop,
+                                                         (0, SIZE_RANGE[1])))
+        if not isinstance(self.paste_back, bool):
+            raise InvalidRequestError(f"paste_back must be true or false; got {self.paste_back!r}")
+        if self.mask is None and (self.padding_mask_crop is not None or self.paste_back):
+            raise InvalidRequestError("padding_mask_crop and paste_back act on the mask's outside: give a mask")
+        self._set("images", _checked_images(self.images, self.keep_alpha))  # last: the slowest checks
+        if (self.mask is not None or self.strength < 1) and not self.images:
+            raise InvalidRequestError("a mask and a strength below 1 act on an input image: give one")
+        if self.mask is not None:
+            self._set("mask", _checked_mask(self.mask, self.images[0]))
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)
+
+    @property
+    def starts_from_image(self) -> bool:
+        """Whether the edit starts from its first image (a mask or a strength below 1), not from noise alone."""
+        return self.mask is not None or self.strength < 1.0
+
+    def start_settings(self) -> dict:
+        """How the edit starts from its first image, for its telemetry: {} for a plain edit."""
+        if not self.starts_from_image:
+            return {}
+        return {"mask": None if self.mask is None else list(self.mask.size), "strength": self.strength,
+                "padding_mask_crop": self.padding_mask_crop, "paste_back": self.paste_back}
+
+
+def first_step(steps: int, strength: float) -> int:
+    """The step a strength starts at, as diffusers' get_timesteps counts it (strength 1: the first)."""
+    return int(max(steps - min(steps * strength, steps), 0))
 
 
 def _checked_prompt(name: str, value) -> str:
@@ -372,18 +421,27 @@ def _check_range(name: str, value, bounds):
     return value
 
 
-def _checked_images(images) -> tuple[Image.Image, ...]:
+def _checked_images(images, keep_alpha: bool) -> tuple[Image.Image, ...]:
     if isinstance(images, (Image.Image, str, bytes, os.PathLike)):
         images = [images]
     images = list(images)
-    if not 1 <= len(images) <= MAX_INPUT_IMAGES:
-        raise InvalidRequestError(f"an edit takes 1 to {MAX_INPUT_IMAGES} input images; got {len(images)}")
-    return tuple(_loaded(image, index, len(images)) for index, image in enumerate(images, 1))
+    if len(images) > MAX_INPUT_IMAGES:
+        raise InvalidRequestError(f"a run takes at most {MAX_INPUT_IMAGES} input images; got {len(images)}")
+    return tuple(_loaded(image, index, len(images), keep_alpha) for index, image in enumerate(images, 1))
 
 
-def _loaded(image, index: int, count: int) -> Image.Image:
+def _checked_mask(mask, image: Image.Image) -> Image.Image:
     try:
-        return load_image(image)
+        mask = load_mask(mask)
+    except InputImageError as error:
+        raise InputImageError(f"the mask: {error}") from error
+    check_fits(mask, image)
+    return mask
+
+
+def _loaded(image, index: int, count: int, keep_alpha: bool) -> Image.Image:
+    try:
+        return load_image(image, keep_alpha)
     except InputImageError as error:
         if count == 1:
             raise

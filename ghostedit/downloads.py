@@ -27,9 +27,12 @@ from urllib.parse import unquote, urlparse
 
 from .errors import GhostEditError
 
-# What GhostEdit reads from a Qwen-Image-Edit repo: the rest (examples, READMEs, other precisions) is not fetched
-MODEL_PATTERNS = ("transformer/*", "text_encoder/*", "vae/*", "tokenizer/*", "processor/*", "scheduler/*",
-                  "model_index.json")
+# What GhostEdit reads from a Qwen-Image-Edit or Qwen-Image-2.1 repo (each model's configs, its safetensors weights
+# and their index, the tokenizer and processor files): the rest (examples, READMEs, other formats) is not fetched
+MODEL_PATTERNS = ("model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
+                  "transformer/diffusion_pytorch_model*.safetensors*", "text_encoder/config.json",
+                  "text_encoder/model*.safetensors*", "vae/config.json", "vae/diffusion_pytorch_model*.safetensors*",
+                  "tokenizer/*", "processor/*")
 MODELSCOPE_PREFIX = "modelscope:"
 DISK_MARGIN_BYTES = 1 << 30  # left free after a download: a full disk breaks more than the download
 POLL_SECONDS = 0.25

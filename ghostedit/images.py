@@ -38,13 +38,15 @@ HIGH_BIT_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 ImageSource = Union[str, os.PathLike, bytes, bytearray, BinaryIO, Image.Image]
 
 
-def load_image(source: ImageSource) -> Image.Image:
+def load_image(source: ImageSource, keep_alpha: bool = False, convert=None) -> Image.Image:
     """An RGB image from a path, bytes, a binary file object or a PIL image, checked and converted as described
-    above. Raises InputImageError with a message for the person who sent it."""
+    above (`keep_alpha`: RGBA where the image has transparency, for a model that reads alpha; `convert`: another
+    conversion than to_rgb, a mask's). Raises InputImageError with a message for the person who sent it."""
+    convert = convert or functools.partial(to_rgb, keep_alpha=keep_alpha)
     if isinstance(source, Image.Image):
-        return _checked_rgb(source)
+        return _checked(source, convert)
     with _open_verified(source) as image:
-        return _checked_rgb(image)
+        return _checked(image, convert)
 
 
 def image_notes(image: Image.Image) -> list[str]:
@@ -67,18 +69,23 @@ def check_image_size(width: int, height: int) -> None:
                               f"{MIN_INPUT_SIDE} pixels")
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB for the model: EXIF orientation applied, high bit depths scaled (not clipped) to 8 bits, transparency
-    composited on white."""
-    image = ImageOps.exif_transpose(image)
-    if image.mode in HIGH_BIT_DEPTH_MODES:
-        image = _to_8bit_gray(image)
+def to_rgb(image: Image.Image, keep_alpha: bool = False) -> Image.Image:
+    """RGB for the model: oriented_8bit, transparency composited on white (`keep_alpha`: kept, as RGBA)."""
+    image = oriented_8bit(image)
     if image.has_transparency_data:
         rgba = image.convert("RGBA")
+        if keep_alpha:
+            return rgba
         background = Image.new("RGB", image.size, (255, 255, 255))
         background.paste(rgba, mask=rgba.getchannel("A"))
         return background
     return image.convert("RGB")
+
+
+def oriented_8bit(image: Image.Image) -> Image.Image:
+    """EXIF orientation applied, high bit depths scaled (not clipped) to 8 bits."""
+    image = ImageOps.exif_transpose(image)
+    return _to_8bit_gray(image) if image.mode in HIGH_BIT_DEPTH_MODES else image
 
 
 def size_for_area(width: int, height: int, area: int, max_side: int | None = None) -> tuple[int, int]:
@@ -98,15 +105,15 @@ def fit(image: Image.Image, size: tuple[int, int]) -> Image.Image:
 
 # ---- reading untrusted files ----
 
-def _checked_rgb(image: Image.Image) -> Image.Image:
+def _checked(image: Image.Image, convert) -> Image.Image:
     check_image_size(*image.size)
     notes = [*image_notes(image), *_first_frame(image)]
     with _as_input_image_error("could not be decoded; the file may be corrupt or truncated"):
         image.load()
-        rgb = to_rgb(image)
+        converted = convert(image)
     if notes:
-        rgb.info[NOTES_KEY] = notes
-    return rgb
+        converted.info[NOTES_KEY] = notes
+    return converted
 
 
 def _open_verified(source) -> Image.Image:

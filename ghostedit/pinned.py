@@ -17,7 +17,7 @@ ALIGNMENT = 512         # each tensor starts on this boundary: a view of any dty
 
 
 # By default the allocator pins with cudaHostAlloc, which faults in every page on one thread; with these settings
-# it maps the pages on several threads and then registers them (docs/benchmarks.md: the weights' build time)
+# it maps the pages on several threads and then registers them (lab/LOG.md: the weights' build time)
 HOST_REGISTER = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 
 

@@ -53,21 +53,6 @@ def median_ms(fn, device: str, repeats: int, warmup: int = 0) -> float:
     return statistics.median(times)
 
 
-def back_to_back_ms(fn, calls: int, warmup: int = 0) -> float:
-    """Milliseconds per call of `fn` over `calls` calls launched back to back on a GPU (CUDA events around them
-    all, the CPU free to run ahead), after `warmup` untimed calls: against median_ms's calls timed alone, what a
-    call costs the GPU kept busy, where the power limit holds the clocks back."""
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
-
-
 # A stage's range in a torch.profiler trace is named this prefix and the stage's name
 STAGE_RANGE = "ghostedit stage: "
 
@@ -238,6 +223,7 @@ class RunTelemetry:
     notes: list[str] = field(default_factory=list)
     loras: list[dict] = field(default_factory=list)  # each LoRA: format, layers matched, keys not applied and why
     step_cache: dict | None = None  # what a step cache computed and skipped (optimize/step_cache.py)
+    dit_tokens: list[int] = field(default_factory=list)  # tokens each DiT forward computed (2.1: the prefix cache)
     peak: MemorySample | None = None
     total_seconds: float = 0.0
     worker: dict = field(default_factory=dict)  # the pool's worker that ran it (engine/workers.py); {} without a pool
@@ -275,6 +261,7 @@ class RunTelemetry:
             "loras": [dict(lora) for lora in self.loras],
             "worker": dict(self.worker) or None,
             "step_cache": self.step_cache,
+            "dit_tokens": list(self.dit_tokens),
         }
 
 
@@ -385,7 +372,7 @@ class RunRecorder:
         synchronize(self.device)
         start = time.perf_counter()
         try:
-            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):  # for scripts/gpu/profile_edit.py
+            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):  # for lab/probes/profile_edit.py
                 yield
         finally:
             synchronize(self.device)

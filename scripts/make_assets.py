@@ -53,9 +53,17 @@ def mountains():
     return image.filter(ImageFilter.SMOOTH)
 
 
+def house_mask():
+    """The house's front wall, door and windows (white = change): the masked edits' example and the bench's."""
+    image = Image.new("L", (SIZE, SIZE), 0)
+    ImageDraw.Draw(image).rectangle((150, 245, 360, 405), fill=255)
+    return image
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, draw in (("house", house), ("portrait", portrait), ("mountains", mountains)):
+    for name, draw in (("house", house), ("portrait", portrait), ("mountains", mountains),
+                       ("house-mask", house_mask)):
         draw().save(OUT / f"{name}.png", optimize=True)
         print(OUT / f"{name}.png")
 

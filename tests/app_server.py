@@ -29,14 +29,16 @@ class RunningApp:
 
 
 @contextlib.contextmanager
-def running_app(folder: Path, launcher: str | Path = "app.py", env: dict[str, str] | None = None):
-    """The app served from `launcher` (a script taking app.py's arguments), with `env` added to the environment."""
+def running_app(folder: Path, launcher: str | Path = "app.py", env: dict[str, str] | None = None, cwd: Path = REPO,
+                model: str = "tiny"):
+    """The app served from `launcher` (a script taking app.py's arguments) on `model`, with `env` added to the
+    environment, started in `cwd`."""
     port, lora_dir, log = free_port(), folder / "loras", folder / "server.log"
     url = f"http://127.0.0.1:{port}/"
     start = time.perf_counter()
     with open(log, "w") as log_file:
-        process = subprocess.Popen([sys.executable, str(launcher), "--model", "tiny", "--port", str(port),
-                                    "--lora-dir", str(lora_dir)], cwd=REPO, stdout=log_file,
+        process = subprocess.Popen([sys.executable, str(launcher), "--model", model, "--port", str(port),
+                                    "--lora-dir", str(lora_dir)], cwd=cwd, stdout=log_file,
                                    stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
         while not answers(url):

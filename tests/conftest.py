@@ -15,6 +15,26 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "assets" / "examples"
 ARTIFACTS = REPO / "test-artifacts"
+# Each test's tier by its file (the markers of pytest.ini); every test under tests/gpu/ is `gpu`
+TIERS = {"browser": ("test_app_browser.py",),
+         "server": ("test_app_api.py", "test_hardening_server.py", "test_mcp.py", "test_space.py", "test_workers.py",
+                    "test_compiled_package.py", "test_wheel.py")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.parent.name == "gpu":
+            item.add_marker(pytest.mark.gpu)
+        for tier, files in TIERS.items():
+            if item.path.name in files:
+                item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_report_header(config):
+    if config.option.markexpr == "not gpu":
+        return ("gpu tier (tests/gpu/) deselected: it needs a CUDA GPU; on the GPU machine: "
+                "python -m pytest -m gpu tests/gpu")
 
 
 @pytest.fixture(scope="session")

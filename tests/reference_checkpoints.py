@@ -173,3 +173,79 @@ def _build_vae(folder: Path) -> None:
     model = AutoencoderKLQwenImage(**VAE)
     model.save_config(folder)
     save_file(_bf16(model), str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
+
+
+# ---- Qwen-Image-2.1 and its Turbo (diffusers' QwenImage21Pipeline) ----
+
+# The schedule of Qwen's 2.1 repos as GhostEdit assumes it (the released scheduler_config.json is not in any source
+# here; DiffSynth's "Qwen-Image" template and LightX2V's 2.1 scheduler both compute this one): GhostEdit computes
+# whatever a folder's config says, as diffusers does, so the tests hold it for this one
+SCHEDULER_CONFIG_21 = {**SCHEDULER_CONFIG, "_diffusers_version": "0.42.0"}
+# Turbo's as GhostEdit assumes it: its sigmas used as they are (shift 1, no resolution shift, no terminal stretch)
+TURBO_SCHEDULER_CONFIG_21 = {**SCHEDULER_CONFIG_21, "use_dynamic_shifting": False, "shift": 1.0,
+                             "shift_terminal": None}
+# Qwen/Qwen-Image-2.1-Turbo's model_index.json `sample_sigmas` (DiffSynth's Turbo example passes the same list)
+TURBO_SIGMAS = [1.0, 0.978453, 0.95418, 0.926626, 0.89508, 0.845148, 0.704534, 0.414568]
+MODELS_21 = {"Qwen-Image-2.1": None, "Qwen-Image-2.1-Turbo": TURBO_SIGMAS}  # repo: its model_index sample_sigmas
+
+
+def build_21(root: Path, repo: str) -> Path:
+    """The tiny 2.1 `repo` (a key of MODELS_21) under root/repo, built with diffusers' and transformers' classes;
+    returns the folder."""
+    from ghostedit.models.qwen_image_21 import tiny
+    from ghostedit.models.qwen_image_21.processor import write_processor as write_processor_21
+
+    folder = Path(root) / repo
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    _write_json(folder / "model_index.json", _model_index_21(MODELS_21[repo]))
+    write_processor_21(folder / "processor", min_pixels=tiny.MIN_PIXELS)
+    (folder / "scheduler").mkdir()
+    _write_json(folder / "scheduler" / "scheduler_config.json",
+                TURBO_SCHEDULER_CONFIG_21 if MODELS_21[repo] else SCHEDULER_CONFIG_21)
+    _build_transformer_21(folder / "transformer", seed=SEED + (10 if MODELS_21[repo] else 0))
+    _build_text_encoder_21(folder / "text_encoder", special_token_ids(folder / "processor"))
+    _build_vae_21(folder / "vae")
+    return folder
+
+
+def _model_index_21(sample_sigmas: list[float] | None) -> dict:
+    """The released model_index.json (the embedded tiny 2.1 writes the same), Turbo's with its sigmas."""
+    from ghostedit.models.qwen_image_21.tiny import MODEL_INDEX
+    return {**MODEL_INDEX, **({"sample_sigmas": sample_sigmas} if sample_sigmas is not None else {})}
+
+
+def _build_transformer_21(folder: Path, seed: int) -> None:
+    from diffusers import QwenImage21Transformer2DModel
+
+    from ghostedit.models.qwen_image_21 import tiny
+
+    model = tiny.init_like_trained(QwenImage21Transformer2DModel(**tiny.TRANSFORMER), seed)
+    model.save_config(folder)
+    _save_sharded(_bf16(model), folder, "diffusion_pytorch_model")
+
+
+def _build_text_encoder_21(folder: Path, token_ids: dict) -> None:
+    """Written as transformers 4.x wrote Qwen3-VL: its config.json with rope_scaling, its weights keyed
+    `model.language_model...`, `model.visual...`, `lm_head.weight` (the keys DiffSynth's converter maps)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from ghostedit.models.qwen_image_21 import tiny
+
+    config_json = tiny.text_encoder_config(token_ids)
+    torch.manual_seed(SEED + 1)
+    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**config_json))
+    folder.mkdir(parents=True)
+    _write_json(folder / "config.json", config_json)
+    _save_sharded(_bf16(model), folder, "model")
+
+
+def _build_vae_21(folder: Path) -> None:
+    from diffusers import AutoencoderKLQwenImage21
+
+    from ghostedit.models.qwen_image_21 import tiny
+
+    torch.manual_seed(SEED + 2)
+    model = AutoencoderKLQwenImage21(**tiny.VAE)
+    model.save_config(folder)
+    save_file(_bf16(model), str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})

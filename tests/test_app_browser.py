@@ -207,3 +207,52 @@ def test_unavailable_choice_shows_the_reason_and_is_refused(page):
     except PlaywrightTimeoutError:
         pytest.fail(f"the earlier error is still shown: {toast_texts(page)}")
     wait_for_rows(page, 1)
+
+
+# ---- Qwen-Image-2.1 on the page ----
+
+@pytest.fixture(scope="module")
+def app_21(tmp_path_factory):
+    from app_server import running_app
+    with running_app(tmp_path_factory.mktemp("app-2.1"), model="tiny-2.1") as running:
+        yield running
+
+
+def test_qwen_image_21_generates_without_an_image_edits_four_and_shows_transparency(browser, app_21, tmp_path):
+    """The tiny 2.1 on the page: both 2.1 repos offered; a run with no input image (text-to-image); a run with four
+    transparent references; the output a PNG with its alpha channel, shown over a checkerboard."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    page = open_page(browser, app_21)
+    page.locator("#model input[role=combobox]").click()
+    offered = page.locator("ul[role=listbox] li[role=option]").all_inner_texts()
+    assert "Qwen/Qwen-Image-2.1" in offered and "Qwen/Qwen-Image-2.1-Turbo" in offered, offered
+    page.keyboard.press("Escape")
+    assert page.locator("#cfg input[type=number]").input_value() == "1", "2.1 runs without guidance by default"
+    page.locator("#prompt textarea").fill("a lighthouse at dusk")
+    for elem_id, value in (("steps", 2), ("width", 64), ("height", 64)):
+        set_number(page, elem_id, value)
+    page.locator("#run").click()
+    wait_for_rows(page, 1)
+    after = page.locator("#result img").last
+    assert all("conic-gradient" in background for background in page.evaluate(
+        "() => [...document.querySelectorAll('#result img')].map(image => getComputedStyle(image).backgroundImage)"))
+    png = Image.open(io.BytesIO(page.request.get(after.get_attribute("src")).body()))
+    assert png.mode == "RGBA" and png.size == (64, 64)
+
+    pixels = np.zeros((48, 64, 4), dtype=np.uint8)
+    pixels[..., 2], pixels[:, 32:, 3] = 200, 255
+    half = tmp_path / "half.png"
+    Image.fromarray(pixels, "RGBA").save(half)
+    page.get_by_text("More input images").click()
+    for elem_id in ("input_image", "input_image_2", "input_image_3", "input_image_4"):
+        page.locator(f"#{elem_id} input[type=file]").set_input_files(str(half))
+    page.locator("#prompt textarea").fill("put the four together")
+    page.locator("#run").click()
+    wait_for_rows(page, 2)
+    png = Image.open(io.BytesIO(page.request.get(page.locator("#result img").last.get_attribute("src")).body()))
+    assert png.mode == "RGBA"
+    page.context.close()

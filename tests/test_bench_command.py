@@ -182,3 +182,46 @@ def test_the_lora_switch_level_runs_as_bench_sh_runs_it(tmp_path):
         "first LoRA (none to A)", "A to B", "B to A + B stacked", "back to none", "none to A again"]
     assert all(row["switch_s"] > 0 and row["new_compiled_frames"] == 0 for row in results["rows"])
     assert results["runtime_scale"]["cache_hit"]
+
+
+def test_the_masked_row_runs_as_bench_sh_chains_it(tmp_path, monkeypatch):
+    """bench.sh e2e's best process ends with the same edit under the house's mask, without the unmasked baseline
+    it inherits (`--baseline-from ""`); a masked baseline is refused for an unmasked run, and the mask is for whole
+    edits only."""
+    from ghostedit.bench.pipeline import DEFAULT_IMAGE
+    mask = str(DEFAULT_IMAGE.with_name("house-mask.png"))
+    request = ("--level", "pipeline", "--steps", "2", "--width", "64", "--height", "64", "--repeats", "1")
+    from ghostedit.engine import Engine
+    runs, run = [], Engine.run
+
+    def recorded_run(self, edit, *args, **kwargs):
+        runs.append(edit)
+        return run(self, edit, *args, **kwargs)
+    monkeypatch.setattr(Engine, "run", recorded_run)
+    bench(tmp_path / "plain", *request, "--configs", "baseline",
+          "--then", "--out-dir", str(tmp_path / "mask"), "--baseline-from", "", "--mask", mask, "--strength", "0.8")
+    masked = json.loads((tmp_path / "mask" / "results.json").read_text())
+    assert masked["start"] == {"mask": "house-mask.png", "strength": 0.8} and "baseline_from" not in masked
+    assert [edit.mask is not None for edit in runs] == [False, False, True, True]
+    with pytest.raises(SystemExit, match="differs from this one in start"):
+        bench(tmp_path / "refused", *request, "--baseline-from", str(tmp_path / "mask"), "--configs", "baseline")
+    with pytest.raises(SystemExit, match="for --level pipeline"):
+        bench(tmp_path / "dit", "--level", "dit", "--shapes", "64", "--mask", mask)
+
+
+def test_the_2_1_level_runs_each_case_on_stock_diffsynth_and_on_each_configuration(tmp_path):
+    """`--level 2.1` (scripts/gpu/bench.sh qwen21) on the tiny 2.1, its cases at 64 px: stock DiffSynth first (its
+    DiT over the same weights), then GhostEdit's configurations, each with its first and cached steps and tokens."""
+    args = build_parser().parse_args(["bench", "--model", "tiny-2.1", "--device", "cpu", "--out-dir", str(tmp_path),
+                                      "--level", "2.1", "--width", "64", "--cases", "turbo-1024-1ref", "t2i-1024",
+                                      "--configs", "baseline", "prefix-cache=off"])
+    assert args.run(args) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(row["case"], row["config"]) for row in rows] == [
+        (case, config) for case in ("turbo-1024-1ref", "t2i-1024")
+        for config in ("DiffSynth (stock)", "GhostEdit stock", "GhostEdit prefix-cache-off")]
+    stock, ours, uncached = rows[:3]
+    assert len(ours["step_s"]) == 8 and ours["tokens_cached"] == 16 < ours["tokens_first"]
+    assert stock["tokens_cached"] == 16, "stock's cache computes the target's 4x4 tokens too"
+    assert uncached["tokens_cached"] == uncached["tokens_first"]
+    assert ours["speedup_cached"] > 0 and (tmp_path / "table.md").read_text().count("\n") == 8

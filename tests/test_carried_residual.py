@@ -4,7 +4,7 @@ the flag's run-time context, and captured by cuda-graph, here the stand-in captu
 addition is the same float32 operation moved from the end of one block to the start of the next, so the forward's
 output equals the released blocks' bit for bit; so does a block called alone, and the per-token modulation of
 zero_cond_t models. What the move is for,
-Inductor fusing the addition into the next LayerNorm, is measured on the GPU (docs/benchmarks.md)."""
+Inductor fusing the addition into the next LayerNorm, is measured on the GPU (lab/LOG.md)."""
 import contextlib
 
 import pytest

@@ -55,3 +55,34 @@ def test_runtime_lora_label_shows_its_scale(tmp_path):
     from ghostedit.models.tiny import ensure_tiny_lora
     label = LoraChoice.from_file(ensure_tiny_lora("peft"), 0.8, "runtime").label
     assert label.endswith("runtime ×0.8") and "@" not in label
+
+
+def test_qwen_image_21_generates_from_the_prompt_alone_and_edits_transparent_references(tmp_path, capsys):
+    """`ghostedit edit` on a 2.1 folder (the tiny one, in the released layout) without --image (text-to-image) and
+    with two transparent references: the licence line first, a PNG with its alpha channel, the prefix cache's
+    tokens in the telemetry JSON."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from ghostedit.cli import main
+    from ghostedit.models.qwen_image_21.tiny import ensure_tiny_model
+
+    rgba = np.zeros((48, 64, 4), dtype=np.uint8)
+    rgba[..., 0], rgba[:, 32:, 3] = 200, 255
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "half.png")
+    generated, edited = tmp_path / "generated.png", tmp_path / "edited.png"
+    assert main(["edit", "--model", str(ensure_tiny_model()), "--device", "cpu", "--prompt", "a lighthouse",
+                 "--steps", "2", "--width", "64", "--height", "64", "--out", str(generated)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0] == ("licence: Qwen-Image-2.1 is released under the Qwen Research License "
+                                       "(non-commercial use only)")
+    assert "CFG 1," in printed, "2.1 runs without guidance by default"
+    assert Image.open(generated).mode == "RGBA" and Image.open(generated).size == (64, 64)
+    assert main(["edit", "--model", "tiny-2.1", "--device", "cpu", "--prompt", "make it blue", "--steps", "2",
+                 "--image", str(tmp_path / "half.png"), "--image", str(tmp_path / "half.png"),
+                 "--out", str(edited), "--json", str(tmp_path / "run.json")]) == 0
+    assert Image.open(edited).mode == "RGBA"
+    tokens = json.loads((tmp_path / "run.json").read_text())["dit_tokens"]
+    assert len(tokens) == 2 and tokens[1] < tokens[0]

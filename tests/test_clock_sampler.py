@@ -6,7 +6,7 @@ import time
 import pytest
 
 from ghostedit import telemetry
-from ghostedit.bench import docs
+from lab.docs import render as docs
 
 IDLE, POWER_CAP, THERMAL = 0x1, 0x4, 0x20
 

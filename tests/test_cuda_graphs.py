@@ -5,7 +5,7 @@ model_fn, with a stand-in capture that replays by running the captured forward a
 read. That checks what a real graph depends on: each replay must
 see the new inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or
 another configuration drop the graphs. The captured kernels themselves are the GPU's: on the GPU the graphed
-forward's output equals the loop's bit for bit (docs/benchmarks.md, section 1)."""
+forward's output equals the loop's bit for bit (lab/LOG.md, section 1)."""
 import contextlib
 import inspect
 

@@ -204,8 +204,8 @@ def test_the_page_announces_downloads_streams_their_progress_and_switches_models
     for refused in ("/etc", "someone/huge-model"):  # the API is public: only the offered models
         with pytest.raises(gr.Error):
             controls.switch_model(refused)
-    notice, steps, *slots = controls.switch_model(REPO)
-    assert handlers.engine.spec.source == REPO and steps["value"] == 40
+    notice, steps, cfg, *slots = controls.switch_model(REPO)
+    assert handlers.engine.spec.source == REPO and steps["value"] == 40 and cfg["value"] == 4.0
     assert f"⬇ Qwen/Qwen-Image-Edit-2509: 2.9 MB in {len(NEEDED)} files" in notice and "still to download" in notice
     # the fake Hub has no lightx2v repo: the preset says so before anything runs
     assert "⚠️ lightx2v/Qwen-Image-Lightning (revision main) is not on the Hub" in controls.preset_notice("lightning-4")
@@ -243,3 +243,21 @@ def test_a_file_finishing_while_progress_is_measured_counts_as_finished(tmp_path
         return stat(path, *args, **kwargs)
     monkeypatch.setattr(Path, "stat", finishing_stat)
     assert plan.bytes_on_disk() == 100
+
+
+def test_a_qwen_image_2_1_repo_fetches_what_ghostedit_reads_and_is_recognised_from_it(tmp_path, monkeypatch):
+    """A repo in Qwen/Qwen-Image-2.1-Turbo's layout (the tiny one's files, processor/ and no tokenizer/) beside files
+    GhostEdit does not read: the plan lists the configs, weights and processor only; the folder is the Turbo."""
+    from ghostedit.models import resolve
+    from ghostedit.models.qwen_image_21.tiny import ensure_tiny_model
+
+    source = ensure_tiny_model(turbo=True, root=tmp_path / "tiny")
+    needed = {str(path.relative_to(source)): path.read_bytes() for path in source.rglob("*") if path.is_file()}
+    extra = {"README.md": b"# card", "assets/teaser.png": b"png", "transformer/diffusion_pytorch_model.gguf": b"q"}
+    repo = "Qwen/Qwen-Image-2.1-Turbo"
+    with hub_serving({repo: Repo({**needed, **extra})}, tmp_path / "hf-cache", monkeypatch):
+        events = []
+        folder = downloads.model_folder(repo, on_progress=events.append, on_plan=events.append)
+    assert {f.path for f in events[0].files} == set(needed)
+    assert "processor" in events[0].summary and "tokenizer" not in events[0].summary
+    assert resolve(str(folder)).family.name == "Qwen-Image-2.1-Turbo"

@@ -190,7 +190,7 @@ def test_telemetry_has_every_stage(house):
 
 
 def test_every_stage_is_a_range_in_a_profiler_trace(engine, house):
-    """scripts/gpu/profile_edit.py files each kernel under the stage whose range it falls in."""
+    """lab/probes/profile_edit.py files each kernel under the stage whose range it falls in."""
     from torch.profiler import ProfilerActivity, profile
 
     from ghostedit.telemetry import STAGE_RANGE

@@ -1,12 +1,15 @@
-"""Measured figures are generated from the committed bench results: each figure block of README.md and
-docs/benchmarks.md equals what its results say now, no measured figure stands outside a block, and the UI's
-source holds none (it reads them through ghostedit/figures.py)."""
+"""Measured figures are generated from the committed bench results: each figure block of README.md,
+docs/benchmarks.md and lab/LOG.md equals what its results say now, no measured figure stands outside a block, the
+UI's source holds none (it reads them through ghostedit/figures.py), and the package data the app reads them from
+(ghostedit/data/figures.json) is what the results say and holds all it reads."""
 import re
 from pathlib import Path
 
 import pytest
 
-from ghostedit.bench import docs
+from ghostedit import figures
+from ghostedit.optimize import registry
+from lab.docs import render as docs
 
 ROOT = Path(__file__).resolve().parent.parent
 # A number with the unit of a measurement: milliseconds, seconds (per step), GiB, TFLOP/s, or a speedup
@@ -20,7 +23,7 @@ def test_every_block_is_what_the_results_say(path):
     assert found, f"{path.name} has no figure block"
     for name, body in found:
         assert body == docs.SECTIONS[name](), (
-            f"the '{name}' block of {path.name} differs from the committed results: run python -m ghostedit.bench.docs")
+            f"the '{name}' block of {path.name} differs from the committed results: run python -m lab.docs")
 
 
 @pytest.mark.parametrize("path", docs.FILES, ids=lambda path: path.name)
@@ -47,8 +50,36 @@ def test_a_changed_result_changes_its_block(monkeypatch):
     assert "99.500" in docs.rewrite(committed_page)  # so the committed page no longer matches its results
 
 
+def test_the_package_data_is_what_the_results_say():
+    assert docs.PACKAGE_DATA.read_text() == docs.package_data(), (
+        "ghostedit/data/figures.json differs from the committed results: run python -m lab.docs")
+
+
+def test_the_app_shows_from_the_package_data_what_the_results_say(monkeypatch):
+    """Each toggle's measured info and ZeroGPU's durations, read from the package data, equal what the whole
+    committed results give: the package data holds every key the app reads (figures.READS)."""
+    from ghostedit.ui import gpu
+
+    def shown() -> tuple[dict, list]:
+        for cached in (gpu.measured_costs, gpu.encode_decode_s, gpu.lora_switch_s):
+            cached.cache_clear()
+        info = {setting: figures.toggle_info(setting) for setting in registry.settings()}
+        seconds = [gpu.gpu_seconds(arguments, 1024 * 1024, 40) for arguments in (
+            {}, {"steps": 4, "cfg_scale": 1}, {"fp8": "torchao", "compile": "regional", "width": 512, "height": 512},
+            {"fp8": "storage", "lora": "a.safetensors", "lora_2": "b.safetensors"})]
+        return info, seconds
+
+    from_package = shown()
+    assert "Measured on" in from_package[0]["fp8"] and "Measured on" in from_package[0]["step-cache"]
+    monkeypatch.setattr(figures, "results", lambda part: docs.results(part) if part in figures.READS else None)
+    try:
+        assert shown() == from_package
+    finally:
+        monkeypatch.undo()
+        shown()  # gpu.py's caches as the package data fills them, for the tests after this one
+
+
 def test_the_step_cache_shows_its_measured_gain_and_image_difference():
-    from ghostedit import figures
     from ghostedit.config import OptimizationConfig
     cached = figures.row(figures.CACHE_RUN, OptimizationConfig.parse("best,step-cache=fbcache-0.08"))
     info = figures.toggle_info("step-cache")

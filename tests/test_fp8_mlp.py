@@ -1,6 +1,6 @@
 """The fused GELU quantization (fused-gelu-quant) on the CPU: what it needs and says when it cannot run, the shapes
 compiled blocks see for its op, and its Triton kernel run by Triton's interpreter against torchao's scales. Its
-speed and its output against torchao's on the GPU: scripts/gpu/gelu_quant_probe.py (docs/benchmarks.md, section 6)."""
+speed and its output against torchao's on the GPU: gelu_quant_probe.py (lab/probes/README.md; lab/LOG.md, section 6)."""
 import os
 import subprocess
 import sys

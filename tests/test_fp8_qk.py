@@ -1,7 +1,7 @@
 """The fused q/k normalization, rotation and FP8 cast (fused-qk-norm-rope) on the CPU: what it needs and says when it
 cannot run, the shapes compiled blocks see for its op, and its Triton kernel run by Triton's interpreter against
 GhostEdit's unfused computation (DiffSynth's RMSNorm, the real-rope rotation, the FP8 attention's cast). Its speed
-and the DiT's output with it on the GPU: scripts/gpu/qk_norm_rope_probe.py and the bench (docs/benchmarks.md)."""
+and the DiT's output with it on the GPU: qk_norm_rope_probe.py (lab/probes/README.md) and the bench (lab/LOG.md)."""
 import os
 import subprocess
 import sys

@@ -53,7 +53,7 @@ def test_tools_are_listed_with_their_arguments_described(mcp_app):
     assert "MCP tools edit_image, options, system" in mcp_app.log.read_text()
     edit = tools["edit_image"]
     properties = edit.inputSchema["properties"]
-    assert set(edit.inputSchema["required"]) == {"image", "prompt"}
+    assert set(edit.inputSchema["required"]) == {"prompt"}  # no image: text-to-image (Qwen-Image-2.1)
     assert "instruction" in edit.description and "the edited image" in edit.description
     assert properties["steps"]["description"].startswith("denoising steps, 1 to")
     assert properties["fp8"]["enum"][:2] == ["off", "storage"] and properties["fp8"]["default"] == "off"
@@ -61,6 +61,8 @@ def test_tools_are_listed_with_their_arguments_described(mcp_app):
     assert properties["compile"]["enum"] == ["off", "regional", "max-autotune"]
     assert properties["rewrites"]["items"]["enum"][0] == "joint-layout"
     assert "fused (into the weights) or runtime" in properties["lora_mode"]["description"]
+    assert "white = change" in properties["mask"]["description"] and properties["strength"]["default"] == 1.0
+    assert properties["paste_back"]["type"] == "boolean" and "above 0 to 1" in properties["strength"]["description"]
     assert "available" in tools["options"].description and "GPU" in tools["system"].description
 
 

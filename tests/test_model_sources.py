@@ -18,5 +18,5 @@ def test_sources_resolve_to_their_kind(tmp_path):
 
 def test_local_folder_without_the_layout_is_refused_clearly(tmp_path):
     (tmp_path / "transformer").mkdir()
-    with pytest.raises(UnsupportedModel, match=r"not a Qwen-Image-Edit model folder: it has no model_index.json"):
+    with pytest.raises(UnsupportedModel, match=r"not a Qwen-Image model folder: it has no model_index.json"):
         resolve(str(tmp_path))

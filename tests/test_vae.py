@@ -1,7 +1,7 @@
 """The VAE as an image network (`vae=image`): the released function without the causal padding's zero frames; its
 RMS norms fused with their SiLU (`vae=image-fused`), the kernel run by Triton's interpreter on the CPU; and the VAE's
 input, computed on the device with the reference's bits. The fused norms' bits and speed on the GPU:
-scripts/gpu/vae_norm_probe.py and docs/benchmarks.md."""
+vae_norm_probe.py (lab/probes/README.md) and lab/LOG.md."""
 import copy
 import os
 import subprocess

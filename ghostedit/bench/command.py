@@ -38,12 +38,18 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--repeats", type=int, default=2,
                        help="pipeline: warm runs per configuration after the cold one (0: report the cold run); "
                             "dit: timed forwards")
-    bench.add_argument("--level", choices=("pipeline", "dit", "lora-switch", "latency"), default="pipeline",
+    bench.add_argument("--level", choices=("pipeline", "dit", "lora-switch", "2.1", "latency"), default="pipeline",
                        help="pipeline: whole edits; dit: one DiT forward at the edit's shape (CUDA events); "
                             "lora-switch: fused LoRA switches on the first configuration, and a runtime LoRA's scale; "
+                            "2.1: a Qwen-Image-2.1 model (--model synthetic-2.1) under each configuration against "
+                            "stock DiffSynth's QwenImage21Pipeline with its KV cache, case by case (--cases); "
                             "latency: what a person waits for: the real app started in a process of its own and "
                             "/edit called through gradio_client, the client's wall time beside the engine's total "
                             "(bench/latency.py)")
+    bench.add_argument("--cases", nargs="+", default=None, metavar="CASE",
+                       help="2.1 level: any of 1024-1ref (40 steps), turbo-1024-1ref (8 steps), 2048-1ref and "
+                            "2048-4ref (20 steps), t2i-1024 (40 steps) (default: all); --width runs every case at "
+                            "that side instead (a rehearsal on a CPU)")
     bench.add_argument("--warm-up", nargs="+", default=None, metavar="CONFIG",
                        help="latency level: the app's --warm-up (default: the first configuration)")
     bench.add_argument("--lora-switch", type=int, default=0, metavar="CALLS",
@@ -135,7 +141,17 @@ def runs_of(args) -> list[argparse.Namespace]:
     out_dirs = [Path(run.out_dir).resolve() for run in runs]
     if len(set(out_dirs)) < len(out_dirs):
         raise SystemExit("--then: give each run its own --out-dir")
+    if any(run.level != "pipeline" and start_of(run) for run in runs):
+        raise SystemExit("--mask, --strength, --padding-mask-crop and --paste-back are for --level pipeline: one DiT "
+                         "forward of a masked edit has a plain edit's inputs")
     return runs
+
+
+def start_of(args) -> dict:
+    """The masked or partial edit the pipeline level runs, for results.json (empty for a plain edit)."""
+    given = {"mask": args.mask and Path(args.mask).name, "strength": args.strength if args.strength != 1.0 else None,
+             "padding_mask_crop": args.padding_mask_crop, "paste_back": args.paste_back or None}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def cmd_bench(args) -> int:
@@ -164,7 +180,7 @@ def cmd_bench(args) -> int:
         context = {"model": engine.spec.source, "device": engine.device, "gpu_memory_gib": args.gpu_memory,
                    "configs": [config.text for config in run_configs], "environment": where,
                    "process": timeline.process, "process_timeline": timeline.marks}
-        run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline}[run_args.level]
+        run = {"dit": _dit, "lora-switch": _lora_switch, "pipeline": _pipeline, "2.1": _qwen_image_21}[run_args.level]
         # results.json holds the marks made before its writing
         run(run_args, engine, run_configs, Path(run_args.out_dir), context, timeline)
         timeline.mark("results written")
@@ -239,6 +255,37 @@ def _latency(args, timeline: ProcessTimeline) -> int:
     return 0
 
 
+def _qwen_image_21(args, engine, configs, out_dir: Path, context: dict, timeline: ProcessTimeline) -> None:
+    from ..models.family import QWEN_IMAGE_21_DIT
+    from . import qwen_image_21
+    if engine.family is None or engine.family.dit != QWEN_IMAGE_21_DIT:
+        raise SystemExit("--level 2.1 benches a Qwen-Image-2.1 model: --model synthetic-2.1 (or tiny-2.1, a 2.1 "
+                         "folder or repo)")
+    cases = args.cases or list(qwen_image_21.CASES)
+    unknown = [name for name in cases if name not in qwen_image_21.CASES]
+    if unknown:
+        raise SystemExit(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(qwen_image_21.CASES)}")
+    rows = []
+
+    def on_row(row):
+        rows.append(row)
+        timeline.mark(f"{row['config']} at {row['case']}")
+        write_results(out_dir, {**context, "rows": rows})  # kept even if a later case fails
+        cached = f"{row['cached_step_s']:.3f}" if row["cached_step_s"] is not None else "-"
+        print(f"{row['case']} ({row['words']}), {row['config']}: {row['end_to_end_s']:.2f} s end to end, first step "
+              f"{row['first_step_s']:.3f} s, cached step {cached} s, tokens {row['tokens_first']} then "
+              f"{row['tokens_cached']}", flush=True)
+        return row
+    results = qwen_image_21.run_bench(engine, configs, cases, args.seed, on_row, side=args.width)
+    write_results(out_dir, {**context, **results})
+    (out_dir / "table.md").write_text(markdown_table(results["rows"], qwen_image_21.COLUMNS) + "\n")
+    write_bar_charts(out_dir / "chart.png", args.title or f"GhostEdit {engine.spec.source} on {engine.device}",
+                     [f"{row['case']}: {row['config']}" for row in results["rows"]],
+                     [row["end_to_end_s"] for row in results["rows"]], "seconds end to end (lower is better)",
+                     [row["peak_gib"] or 0 for row in results["rows"]], "peak GiB")
+    print(markdown_table(results["rows"], qwen_image_21.COLUMNS))
+
+
 @contextlib.contextmanager
 def peak_memory(device: str):
     """The GPU memory peak (torch's allocated and reserved) of what runs inside, in GiB; empty on a CPU."""
@@ -276,12 +323,12 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
     context.update(step_cache_threshold_override=args.step_cache_threshold, cold_rows_after=cold_rows_after)
     baseline = None
     if args.baseline_from:
-        baseline = pipeline.earlier_baseline(Path(args.baseline_from), request, args.repeats)
+        baseline = pipeline.earlier_baseline(Path(args.baseline_from), request, args.repeats, start_of(args))
         context.update(baseline_from=Path(args.baseline_from).name)
     with threshold_override(args.step_cache_threshold):
         rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row, baseline)
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
-                   repeats=args.repeats)
+                   repeats=args.repeats, start=start_of(args))
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",
                            context)
     print(pipeline.table(rows))

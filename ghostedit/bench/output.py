@@ -46,7 +46,7 @@ def environment() -> dict:
             "diffsynth": package_version("diffsynth"), "torchao": package_version("torchao"),
             "cpu": cpu_model(), "cpu_cores": cpu_cores()}
     if torch.cuda.is_available():
-        # cuDNN as loaded: a newer one than torch's pin can come first on sys.path (scripts/gpu/library_ab.sh)
+        # cuDNN as loaded: a newer one than torch's pin can come first on sys.path (lab/probes/README.md: library_ab.sh)
         info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
     return info
 

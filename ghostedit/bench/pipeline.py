@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 
 from pathlib import Path
@@ -52,31 +51,6 @@ STEP_CACHE = "step-cache"
 
 # What a first run does once, before the edit itself
 ONE_TIME_STAGES = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up")
-
-
-def add_edit_probe_arguments(parser, config: str = "best") -> None:
-    """The options the whole-edit probes of scripts/gpu share: where results go, the configuration, and the edit's
-    steps, CFG and size (the full-size synthetic model on the GPU; `--model tiny --device cpu` rehearses)."""
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--config", default=config)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--cfg", type=float, default=1.0)
-    parser.add_argument("--side", type=int, default=1024)
-    parser.add_argument("--model", default="synthetic", help="tiny with --device cpu rehearses the script")
-    parser.add_argument("--device", default="cuda")
-
-
-def edit_probe(args):
-    """A whole-edit probe's engine (its --model on its --device) and the bench's edit (its image and default prompt)
-    at the probe's size, steps and CFG: (engine, request)."""
-    from PIL import Image
-
-    from ..arguments import DEFAULT_PROMPT
-    from ..config import EditRequest
-    from ..engine import Engine
-    request = EditRequest(images=[Image.open(DEFAULT_IMAGE).convert("RGB")], prompt=DEFAULT_PROMPT, width=args.side,
-                          height=args.side, steps=args.steps, cfg_scale=args.cfg, seed=0)
-    return Engine(args.model, device=args.device), request
 
 
 def stage_medians(summaries: list[dict], stages) -> dict[str, float]:
@@ -199,12 +173,13 @@ def run_bench(engine, request, configs: list[OptimizationConfig], repeats: int, 
     return rows
 
 
-def earlier_baseline(folder: Path, request, repeats: int) -> dict:
+def earlier_baseline(folder: Path, request, repeats: int, start: dict) -> dict:
     """The first row of the run whose results are in `folder` (results.json, output-0.png), made by another process
-    with this request's steps, CFG, size and repeats (refused otherwise: its figures would compare other work)."""
+    with this request's steps, CFG, size, mask and strength (`start`) and repeats (refused otherwise: its figures
+    would compare other work)."""
     from PIL import Image
-    found = json.loads((folder / "results.json").read_text())
-    asked = {"steps": request.steps, "cfg_scale": request.cfg_scale, "repeats": repeats}
+    found = {"start": {}, **json.loads((folder / "results.json").read_text())}
+    asked = {"steps": request.steps, "cfg_scale": request.cfg_scale, "repeats": repeats, "start": start}
     differing = {key: (found.get(key), value) for key, value in asked.items() if found.get(key) != value}
     if request.width is not None and found["size"] != [request.width, request.height]:
         differing["size"] = (found["size"], [request.width, request.height])

@@ -59,9 +59,16 @@ class Engine:
     def load_count(self) -> int:
         return self.store.load_count
 
+    @property
+    def family(self):
+        """The model's family: the loaded one, or what the source is known as before loading (None for a repo id
+        that is not a released one, until its files are read)."""
+        pipe = self.store.pipe
+        return pipe.family if pipe is not None else self.spec.known_family
+
     def options(self) -> dict[str, dict[str, Availability]]:
-        """Every setting's choices with whether each can run on this machine, and why not."""
-        return report.options(self.device)
+        """Every setting's choices with whether each can run on this machine and this model, and why not."""
+        return report.options(self.device, self.family.dit if self.family else None)
 
     def check(self, config: OptimizationConfig) -> None:
         """Raises UnavailableOptionError with the reason if `config` cannot run here; never falls back."""
@@ -70,6 +77,11 @@ class Engine:
                     registry.availability(toggle, value, self.device))
                    for toggle in registry.toggles() if (value := config.value(toggle.name)) != toggle.default
                    or toggle.group is None]
+        if self.family is not None:
+            checks += [(f"{toggle.group or toggle.name} {toggle.name if toggle.group else value} on "
+                        f"{self.family.name}", registry.family_availability(toggle, value, self.family.dit))
+                       for toggle in registry.toggles() if (value := config.value(toggle.name)) != toggle.default
+                       or toggle.group is None]
         checks.append(("memory", placements.fits(self.placement(config), self.store.sizes(), config)))
         for what, available in checks:
             if not available.ok:
@@ -190,8 +202,9 @@ class Engine:
 def _pipeline_with_dit(base, dit):
     """A pipeline of the base's kind over the base's encoders, VAE and processors, with its own DiT."""
     pipe = type(base)(device=base.device, torch_dtype=base.torch_dtype)
-    for name in ("text_encoder", "vae", "tokenizer", "processor", "blockwise_controlnet", "units"):
-        setattr(pipe, name, getattr(base, name))
+    for name in ("text_encoder", "vae", "tokenizer", "processor", "blockwise_controlnet", "controlnet", "units"):
+        if hasattr(base, name):  # 2.1's pipeline has a controlnet where the Edit one has a blockwise one
+            setattr(pipe, name, getattr(base, name))
     pipe.use_family(base.family)  # its own schedule, as the family computes it
     pipe.dit = dit
     return pipe

@@ -39,9 +39,9 @@ class PrepareTimes:
         return self._times.get(self._key(config))
 
 
-def options(device: str) -> dict:
-    """Every setting's choices with whether each can run here, and why not."""
-    return registry.options(device)
+def options(device: str, family: str | None = None) -> dict:
+    """Every setting's choices with whether each can run here (and on the DiT family `family`), and why not."""
+    return registry.options(device, family)
 
 
 def cached(view) -> list[dict]:

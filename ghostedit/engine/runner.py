@@ -16,14 +16,17 @@ from PIL import Image
 
 from .. import images as image_utils, parallel
 from ..config import SIZE_RANGE, EditRequest, InvalidRequestError
+from ..device import UnavailableOptionError
 from ..errors import error_summary
 from ..models import exact
+from ..models.family import QWEN_IMAGE_21_DIT
 from ..optimize import compile as compile_blocks, lora as lora_layers, packages, registry
 from ..telemetry import RunRecorder, RunTelemetry
 from .prepare import PreparedPipeline
 
 # DiffSynth pipeline units whose time is a stage of its own
-UNIT_STAGES = {"PromptEmbedder": "text encoding", "EditImageEmbedder": "image encoding"}
+UNIT_STAGES = {"PromptEmbedder": "text encoding", "EditImageEmbedder": "image encoding",
+               "StartEmbedder": "image encoding", "QwenImage21Unit_PromptEmbedder": "text encoding"}
 # Text tokens assumed for the sequence length of a DiT forward before the prompt is encoded ("auto" attention)
 TEXT_TOKENS_ESTIMATE = 256
 
@@ -42,8 +45,8 @@ class EditResult:
 
     @functools.cached_property
     def inputs(self) -> list[Image.Image]:
-        """The input images as the model saw them (the VAE's condition images), made when asked for: outside the
-        run's time, which resizes them once inside the pipeline."""
+        """The input images as the model saw them (the VAE's condition images; none for text-to-image), made when
+        asked for: outside the run's time, which resizes them once inside the pipeline."""
         return exact.condition_images(self.family, self.request.images)
 
 
@@ -89,16 +92,35 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
     sequence_length = sum(w * h // 256 for w, h in [(width, height), *condition_sizes])
     contexts, ran = dit_contexts(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder)
     recorder.telemetry.parallel = parallel.describe()
+    start = exact.Start.of(request, (width, height))  # None: a plain edit
     with contexts, _Instrumented(prepared, recorder), parallel.edit_context(prepared.pipe, prepared.dit,
                                                                              request.cfg_scale):
-        image = prepared.pipe(prompt=request.prompt, negative_prompt=request.negative_prompt,
-                              cfg_scale=request.cfg_scale, edit_image=list(request.images),
-                              edit_image_auto_resize=False, zero_cond_t=family.zero_cond_t,
-                              height=height, width=width, seed=request.seed, num_inference_steps=request.steps,
+        image = prepared.pipe(**pipeline_arguments(request, family, config, width, height, recorder.telemetry, start),
                               progress_bar_cmd=lambda timesteps: recorder.timed_steps(on_device(timesteps, device)))
+        image = start.finished(image) if start else image
         recorder.decoding_done()
     return EditResult(image, family, request, config, width, height, ran.get("attention", "diffsynth"),
                       {**prepared.report, **ran.get("words", {})}, recorder.finish())
+
+
+def pipeline_arguments(request: EditRequest, family, config, width: int, height: int, telemetry, start) -> dict:
+    """What the family's pipeline is called with: the Edit models' DiffSynth QwenImagePipeline (with `start`, the
+    image a masked or partial-strength edit starts from), or Qwen-Image-2.1's (which also takes the DiT's run
+    options, and counts the tokens each DiT forward computed into the telemetry)."""
+    common = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "cfg_scale": request.cfg_scale,
+              "height": height, "width": width, "seed": request.seed, "num_inference_steps": request.steps}
+    if family.dit == QWEN_IMAGE_21_DIT:
+        if parallel.current() is not None:
+            raise UnavailableOptionError(f"{family.name} runs in one process: CFG parallel and Ulysses are written "
+                                         "for the Edit DiT's pipeline and forward (start it without torchrun)")
+        if start is not None:
+            raise UnavailableOptionError(f"{family.name} takes no mask or strength: they follow diffusers' "
+                                         "QwenImageEditInpaintPipeline, written for the Edit models")
+        from ..models.qwen_image_21.pipeline import dit_options
+        return {**common, "edit_image": list(request.images) or None, "dit_options": dit_options(config),
+                "prefix_cache": config.value("prefix-cache") == "on", "count_tokens": telemetry.dit_tokens.append}
+    return {**common, "edit_image": list(request.images), "edit_image_auto_resize": False,
+            "zero_cond_t": family.zero_cond_t, "input_image": start, "denoising_strength": request.strength}
 
 
 def on_device(timesteps: torch.Tensor, device: str) -> torch.Tensor:
@@ -110,17 +132,29 @@ def on_device(timesteps: torch.Tensor, device: str) -> torch.Tensor:
 
 def fit_inputs(request: EditRequest, family):
     """The output size (the request's, else the family's default: its area at the aspect ratio of the input image
-    the reference takes it from, at most SIZE_RANGE's side) and the sizes of the condition images the VAE encodes
+    the reference takes it from, or of the first where the edit starts from it, at most SIZE_RANGE's side) and the sizes of the condition images the VAE encodes
     (each input resized once from its original by the family's rule, as the reference does, in the pipeline)."""
-    if len(request.images) > family.max_images:
-        raise InvalidRequestError(f"{family.name} edits {family.max_images} image(s) at a time; got {len(request.images)}")
+    count, multiple = len(request.images), family.size_multiple
+    if count > family.max_images:
+        raise InvalidRequestError(f"{family.name} edits {family.max_images} image(s) at a time; got {count}")
+    if count < family.min_images:
+        raise InvalidRequestError(f"{family.name} edits images: give at least {family.min_images} (it does not "
+                                  "generate from the prompt alone)")
+    if family.sample_sigmas is not None and request.steps != len(family.sample_sigmas):
+        raise InvalidRequestError(f"{family.name} runs the {len(family.sample_sigmas)} fixed sigmas of its "
+                                  f"model_index.json: steps must be {len(family.sample_sigmas)}; got {request.steps}")
     if request.width:
         width, height = request.width, request.height
+        if width % multiple or height % multiple:
+            raise InvalidRequestError(f"{family.name} takes sides in multiples of {multiple}; got {width}x{height}")
     else:
-        width, height = family.default_size([image.size for image in request.images])
+        sized_by = request.images[:1] if request.starts_from_image else request.images
+        width, height = family.default_size([image.size for image in sized_by])
         if max(width, height) > SIZE_RANGE[1]:
             width, height = image_utils.size_for_area(width, height, width * height, SIZE_RANGE[1])
-    return width, height, exact.condition_sizes(family, request.images)
+            width, height = width // multiple * multiple, height // multiple * multiple
+    return width, height, exact.condition_sizes(family, request.images,
+                                                (width, height) if request.starts_from_image else None)
 
 
 def package_compiled_code(prepared: PreparedPipeline, device: str) -> None:
@@ -184,5 +218,5 @@ def _shape_signature(inputs: dict) -> tuple:
             return tuple(value.shape)
         if isinstance(value, (list, tuple)):
             return tuple(shapes(v) for v in value)
-        return None
+        return getattr(value, "shape_key", None)  # an input that changes the shapes inside (2.1's prefix cache)
     return tuple((name, shapes(value)) for name, value in sorted(inputs.items()) if shapes(value) is not None)

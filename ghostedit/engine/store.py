@@ -119,7 +119,7 @@ class ModelStore:
 def _freeze_what_lives() -> None:
     """Leaves every object alive now (torch, the base modules: hundreds of thousands) out of later collections: a
     full collection walks them all, and the first forward's compile, which allocates many objects, set off several
-    (the garbage collector's A/B, docs/benchmarks.md section 2). Garbage is collected first so that none is frozen."""
+    (the garbage collector's A/B, lab/LOG.md section 2). Garbage is collected first so that none is frozen."""
     gc.collect()
     gc.freeze()
 

@@ -138,6 +138,11 @@ class WorkerPool:
 
     # ---- what can run here: the front engine, which holds no weights ----
 
+    @property
+    def family(self):
+        """The model's family (the workers all run the front engine's source)."""
+        return self.front.family
+
     def options(self):
         return self.front.options()
 

@@ -1,4 +1,5 @@
-"""Model sources: the embedded tiny model, the full-size synthetic one, and real weights (hub repo or local folder)."""
+"""Model sources: the embedded tiny models, the full-size synthetic ones, and real weights (hub repo or local folder).
+Qwen-Image-Edit (`tiny`, `synthetic`) and Qwen-Image-2.1 (`tiny-2.1`, `synthetic-2.1`, and their `-turbo`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +8,8 @@ from pathlib import Path
 import torch
 
 from ..device import Availability
-from .family import SYNTHETIC, TINY, Family, detect, exact_pipeline
+from .family import (QWEN_IMAGE_21_DIT, RELEASED, SYNTHETIC, SYNTHETIC_21, SYNTHETIC_21_TURBO, TINY, TINY_21,
+                     TINY_21_TURBO, Family, detect, exact_pipeline)
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 # Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
@@ -15,6 +17,17 @@ DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 FULL_SIZE_PARAMETERS = {"dit": 20_430_000_000, "text_encoder": 8_290_000_000, "vae": 127_000_000}
 HUB_DEFAULT_STEPS = 40  # what a repo id shows before its files are read (2509 and 2511's; the original Edit's 50)
 TINY_PARAMETERS = {"dit": 340_480, "text_encoder": 226_272, "vae": 668_043}
+# Qwen-Image-2.1's components (counted on the meta device from the released configs: the 7.1B DiT, Qwen3-VL-8B, the
+# RGBA VAE)
+FULL_SIZE_PARAMETERS_21 = {"dit": 7_115_124_736, "text_encoder": 8_767_123_696, "vae": 337_740_404}
+TINY_PARAMETERS_21 = {"dit": 164_032, "text_encoder": 260_704, "vae": 134_428}
+# The embedded models by name: (kind, family)
+EMBEDDED = {"tiny": ("tiny", TINY), "synthetic": ("synthetic", SYNTHETIC), "tiny-2.1": ("tiny", TINY_21),
+            "tiny-2.1-turbo": ("tiny", TINY_21_TURBO), "synthetic-2.1": ("synthetic", SYNTHETIC_21),
+            "synthetic-2.1-turbo": ("synthetic", SYNTHETIC_21_TURBO)}
+EMBEDDED_MODELS = {"tiny": "Qwen-Image-Edit", "synthetic": "Qwen-Image-Edit", "tiny-2.1": "Qwen-Image-2.1",
+                   "synthetic-2.1": "Qwen-Image-2.1", "tiny-2.1-turbo": "Qwen-Image-2.1-Turbo",
+                   "synthetic-2.1-turbo": "Qwen-Image-2.1-Turbo"}  # what each embedded model is built as
 
 
 @dataclass(frozen=True)
@@ -38,22 +51,40 @@ class ModelSpec:
 
     @property
     def default_steps(self) -> int:
-        return self.family.default_steps if self.family else HUB_DEFAULT_STEPS
+        return self.known_family.default_steps if self.known_family else HUB_DEFAULT_STEPS
 
     @property
     def default_area(self) -> int:
-        return self.family.default_area if self.family else 1024 * 1024
+        return self.known_family.default_area if self.known_family else 1024 * 1024
+
+    @property
+    def known_family(self) -> Family | None:
+        """The family, or for a released repo id not downloaded yet, the one its name is released as (what the
+        page and the CLI show before the download; the folder's own configs decide at load)."""
+        return self.family or RELEASED.get(self.source.removeprefix("hf:").removeprefix("modelscope:"))
+
+    @property
+    def licence(self) -> str | None:
+        """The licence of real weights where it is not Apache 2.0 (Qwen-Image-2.1's research licence); the embedded
+        models' random weights are GhostEdit's own."""
+        family = self.known_family
+        return family.licence if family and self.kind in ("hub", "local") else None
 
     def nominal_sizes(self, dtypes: dict[str, torch.dtype]):
         """Bytes of each component in its dtype, from the model's parameter counts (before anything is loaded)."""
-        parameters = TINY_PARAMETERS if self.kind == "tiny" else FULL_SIZE_PARAMETERS
+        is_21 = self.known_family is not None and self.known_family.dit == QWEN_IMAGE_21_DIT
+        if self.kind == "tiny":
+            parameters = TINY_PARAMETERS_21 if is_21 else TINY_PARAMETERS
+        else:
+            parameters = FULL_SIZE_PARAMETERS_21 if is_21 else FULL_SIZE_PARAMETERS
         return Sizes(*(parameters[name] * dtypes[name].itemsize for name in ("dit", "text_encoder", "vae")))
 
     @property
     def description(self) -> str:
+        model = EMBEDDED_MODELS.get(self.family.name) if self.family else None
         return {
-            "tiny": "embedded tiny Qwen-Image-Edit (random weights, for CPUs and tests)",
-            "synthetic": "full-size Qwen-Image-Edit architecture with random weights (benchmarks)",
+            "tiny": f"embedded tiny {model} (random weights, for CPUs and tests)",
+            "synthetic": f"full-size {model} architecture with random weights (benchmarks)",
             "hub": f"{self.source} from the model hub",
             "local": f"weights in {self.source}",
         }[self.kind]
@@ -67,10 +98,8 @@ def default_source(device: str) -> str:
 def resolve(source: str) -> ModelSpec:
     """What `source` names; a folder is recognised from its own configs (family.py) and refused here if GhostEdit
     cannot run it exactly."""
-    if source == "tiny":
-        return ModelSpec(source, "tiny", TINY)
-    if source == "synthetic":
-        return ModelSpec(source, "synthetic", SYNTHETIC)
+    if source in EMBEDDED:
+        return ModelSpec(source, *EMBEDDED[source])
     if Path(source).expanduser().is_dir():
         folder = Path(source).expanduser().resolve()
         return ModelSpec(str(folder), "local", detect(folder))
@@ -96,6 +125,12 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
     from .exact import ExactPipeline, install_module_patches
     install_module_patches()
     torch_dtype = dtypes["dit"]
+    if spec.kind in ("tiny", "synthetic") and spec.family.dit == QWEN_IMAGE_21_DIT:
+        from .qwen_image_21 import load_embedded_pipeline
+        pipe = load_embedded_pipeline(spec, device, torch_dtype, base_dit_on_gpu, dit_only, text_encoder_on_gpu)
+        if not dit_only:
+            apply_component_dtypes(pipe, dtypes)
+        return pipe
     if spec.kind == "synthetic" and dit_only:
         from .synthetic import build_synthetic_dit
         pipe = ExactPipeline(device=device, torch_dtype=torch_dtype)

@@ -96,12 +96,28 @@ def _vae_kwargs(config: dict, folder: Path) -> dict:
     return {name: config[name] for name in names if name in config}
 
 
-def _files(folder: Path, component: str, pattern: str) -> list[str]:
+def weight_files(folder: Path, component: str, pattern: str,
+                 layout: str = "transformer/, text_encoder/, vae/, processor/, tokenizer/") -> list[str]:
+    """The files of `component` matching `pattern`; none is a refusal that names the folders the layout needs."""
     files = sorted(glob.glob(str(folder / component / pattern)))
     if not files:
         raise UnsupportedModel(f"{folder} has no {component}/{pattern}: a model folder needs the released layout "
-                               "(transformer/, text_encoder/, vae/, processor/, tokenizer/)")
+                               f"({layout})")
     return files
+
+
+def model_table_entry(files: list[str], model_name: str, model_class: str, kwargs: dict,
+                      converter: str | None = None) -> ModelConfig:
+    """The weight files of one model entered in DiffSynth's model table by their hash (an entry of the same hash
+    replaced), with the class that builds the configured model; their ModelConfig."""
+    path = files if len(files) > 1 else files[0]
+    model_hash = hash_model_file(path)
+    MODEL_CONFIGS[:] = [c for c in MODEL_CONFIGS if c["model_hash"] != model_hash]
+    entry = {"model_hash": model_hash, "model_name": model_name, "model_class": model_class, "extra_kwargs": kwargs}
+    if converter:
+        entry["state_dict_converter"] = converter
+    MODEL_CONFIGS.append(entry)
+    return ModelConfig(path=path)
 
 
 def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], ModelConfig, ModelConfig]:
@@ -120,18 +136,10 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], ModelConfig,
     }
     configs = []
     for component, model_name, pattern in COMPONENTS:
-        files = _files(folder, component, pattern)
-        path = files if len(files) > 1 else files[0]
+        files = weight_files(folder, component, pattern)
         cls, diffsynth_cls, kwargs, converter = entries[component]
-        model_hash = hash_model_file(path)
-        MODEL_CONFIGS[:] = [c for c in MODEL_CONFIGS if c["model_hash"] != model_hash]
-        entry = {"model_hash": model_hash, "model_name": model_name, "model_class": _path(cls),
-                 "extra_kwargs": kwargs}
-        if converter:
-            entry["state_dict_converter"] = converter
-        MODEL_CONFIGS.append(entry)
         VRAM_MANAGEMENT_MODULE_MAPS[_path(cls)] = VRAM_MANAGEMENT_MODULE_MAPS[_path(diffsynth_cls)]
-        configs.append(ModelConfig(path=path))
+        configs.append(model_table_entry(files, model_name, _path(cls), kwargs, converter))
     for name in ("tokenizer", "processor"):
         if not (folder / name).is_dir():
             raise UnsupportedModel(f"{folder} has no {name}/ folder")

@@ -45,6 +45,9 @@ class CastingVAE(torch.nn.Module):
     def encode(self, x, **kwargs):
         return self.vae.encode(x.to(self.dtype), **kwargs).to(self.pipeline_dtype)
 
+    def encode_sample(self, x, noise):
+        return self.vae.encode_sample(x.to(self.dtype), noise.to(self.dtype)).to(self.pipeline_dtype)
+
     def decode(self, x, **kwargs):
         return self.vae.decode(x.to(self.dtype), **kwargs).to(self.pipeline_dtype)
 

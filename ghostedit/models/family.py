@@ -3,9 +3,11 @@ one entry each, and how a folder is recognised as one of them from its own confi
 
 An entry says everything that differs between the models of the family: its released repo, the Lightning LoRA
 distilled for it, which DiffSynth pipeline computes it, the prompt template, how the input images reach the text encoder and the VAE (ConditionRule), whether the DiT runs with
-`zero_cond_t`, and the defaults of a request. A new model of a DiT family that DiffSynth runs (Qwen-Image-2.1, its
-QwenImage21Pipeline) is one more entry, with its own template and rule. What GhostEdit cannot run exactly is refused
-by `detect`, naming what is missing or different.
+`zero_cond_t`, and the defaults of a request. Qwen-Image-2.1 and its Turbo (diffusers' QwenImage21Pipeline, DiffSynth's
+QwenImage21Pipeline on GhostEdit's own DiT) are entries of a DiT family of their own: text-to-image as well as edits
+with up to 10 references, RGBA, sides in multiples of 32, the schedule read from the folder's scheduler config and
+Turbo's `sample_sigmas` from its model_index.json. What GhostEdit cannot run exactly is refused by `detect`, naming
+what is missing or different.
 """
 from __future__ import annotations
 
@@ -47,6 +49,11 @@ class Computation:
     scheduler: dict = field(hash=False)  # the schedule it computes: the scheduler config must say the same
 
 
+QWEN_IMAGE_DIT = "qwen-image"        # the Edit models' DiT (DiffSynth's QwenImageDiT)
+QWEN_IMAGE_21_DIT = "qwen-image-2.1"  # 2.1's single-stream block-causal DiT (models/qwen_image_21/dit.py)
+QWEN_RESEARCH_LICENSE = "Qwen Research License (non-commercial use only)"
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -60,11 +67,29 @@ class Family:
     default_area: int           # output pixels when the request gives no size
     repo: str | None = None     # the released Hugging Face repo id
     lightning: tuple[str, str] | None = None  # lightx2v's Lightning LoRA: (repo, file with {steps})
+    dit: str = QWEN_IMAGE_DIT   # the DiT family (which toggles apply: optimize/registry.py)
+    min_images: int = 1         # 0: text-to-image too
+    size_multiple: int = SIZE_MULTIPLE  # output sides are multiples of this
+    rgba: bool = False          # inputs keep their alpha channel, outputs have one
+    licence: str | None = None  # shown when the model is chosen, where it is not Apache 2.0
+    default_cfg: float = 4.0    # a request's CFG scale unless it gives one (2.1: 1, no guidance)
+    schedule: dict | None = field(default=None, hash=False, compare=False)  # the folder's scheduler config (2.1)
+    sample_sigmas: tuple[float, ...] | None = None  # model_index.json's fixed schedule (Turbo)
 
     def default_size(self, image_sizes: list[tuple[int, int]]) -> tuple[int, int]:
+        """The output size a request without one gets: the family's area at the aspect ratio of the input image
+        the reference takes it from (square without images)."""
+        if not image_sizes:
+            side = round(self.default_area ** 0.5)
+            return side // self.size_multiple * self.size_multiple, side // self.size_multiple * self.size_multiple
         width, height = image_sizes[0 if self.condition.size_from == "first" else -1]
         width, height = dimensions(self.default_area, width / height)
-        return width // SIZE_MULTIPLE * SIZE_MULTIPLE, height // SIZE_MULTIPLE * SIZE_MULTIPLE
+        return width // self.size_multiple * self.size_multiple, height // self.size_multiple * self.size_multiple
+
+    @property
+    def steps_fixed(self) -> bool:
+        """Whether the step count is the model's own (Turbo: one step per sample sigma)."""
+        return self.sample_sigmas is not None
 
 
 def dimensions(area: int, ratio: float) -> tuple[int, int]:
@@ -108,12 +133,47 @@ QWEN_IMAGE_EDIT_2511 = replace(
     QWEN_IMAGE_EDIT_2509, name="Qwen-Image-Edit-2511", zero_cond_t=True, repo="Qwen/Qwen-Image-Edit-2511",
     lightning=("lightx2v/Qwen-Image-Edit-2511-Lightning", "Qwen-Image-Edit-2511-Lightning-{steps}steps-V1.0-bf16.safetensors"))
 
-FAMILIES = (QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511)
+# Qwen-Image-2.1: what diffusers' QwenImage21Pipeline computes. Its schedule is the folder's scheduler config (the
+# schedule's shape must be one diffusers' FlowMatchEulerDiscreteScheduler computes as GhostEdit does: these keys)
+SCHEDULER_21 = {"_class_name": "FlowMatchEulerDiscreteScheduler", "time_shift_type": "exponential",
+                "invert_sigmas": False, "stochastic_sampling": False, "use_karras_sigmas": False,
+                "use_exponential_sigmas": False, "use_beta_sigmas": False}
+# The released scheduler config as GhostEdit assumes it where no folder gives one (the embedded models; a repo id
+# before download): DiffSynth's "Qwen-Image" template, which its QwenImage21Pipeline runs
+RELEASED_SCHEDULE_21 = {key: value for key, value in SCHEDULER.items() if key != "_class_name"}
+# Qwen/Qwen-Image-2.1-Turbo's model_index.json `sample_sigmas` (the terminal 0 left out), as DiffSynth's example
+TURBO_SIGMAS = (1.0, 0.978453, 0.95418, 0.926626, 0.89508, 0.845148, 0.704534, 0.414568)
+QWEN_IMAGE_21_COMPUTATION = Computation(
+    pipeline="diffsynth.pipelines.qwen_image_21.QwenImage21Pipeline",
+    exact="ghostedit.models.qwen_image_21.pipeline.ExactPipeline21",
+    checkpoint="ghostedit.models.qwen_image_21.checkpoint.model_configs",
+    transformer_class="QwenImage21Transformer2DModel", scheduler=SCHEDULER_21)
+QWEN_IMAGE_21 = Family(
+    name="Qwen-Image-2.1", pipeline_class="QwenImage21Pipeline", computation=QWEN_IMAGE_21_COMPUTATION,
+    template="2.1", max_images=10,
+    condition=ConditionRule(vae_area=1024 * 1024, vl_area=None, size_from="last"),
+    zero_cond_t=False, default_steps=40, default_area=1024 * 1024, repo="Qwen/Qwen-Image-2.1",
+    dit=QWEN_IMAGE_21_DIT, min_images=0, size_multiple=32, rgba=True, licence=QWEN_RESEARCH_LICENSE,
+    default_cfg=1.0, schedule=RELEASED_SCHEDULE_21)
+# Turbo's, as GhostEdit assumes it where no folder gives one: its sigmas used as they are (shift 1)
+TURBO_SCHEDULE_21 = {**RELEASED_SCHEDULE_21, "use_dynamic_shifting": False, "shift": 1.0, "shift_terminal": None}
+QWEN_IMAGE_21_TURBO = replace(QWEN_IMAGE_21, name="Qwen-Image-2.1-Turbo", repo="Qwen/Qwen-Image-2.1-Turbo",
+                              default_steps=len(TURBO_SIGMAS), sample_sigmas=TURBO_SIGMAS,
+                              schedule=TURBO_SCHEDULE_21)
+
+FAMILIES = (QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511, QWEN_IMAGE_21, QWEN_IMAGE_21_TURBO)
 
 # The embedded tiny model and the synthetic one compute as 2509 does; the tiny one at a quarter of the sides
 TINY = replace(QWEN_IMAGE_EDIT_2509, name="tiny", default_steps=4, default_area=256 * 256, repo=None, lightning=None,
                condition=replace(QWEN_IMAGE_EDIT_2509.condition, vae_area=256 * 256, vl_area=96 * 96))
 SYNTHETIC = replace(QWEN_IMAGE_EDIT_2509, name="synthetic", repo=None, lightning=None)
+# The embedded 2.1 models compute as 2.1 (and Turbo) do; the tiny ones at a quarter of the sides
+TINY_21 = replace(QWEN_IMAGE_21, name="tiny-2.1", default_steps=4, default_area=256 * 256, repo=None,
+                  condition=replace(QWEN_IMAGE_21.condition, vae_area=256 * 256))
+TINY_21_TURBO = replace(TINY_21, name="tiny-2.1-turbo", default_steps=len(TURBO_SIGMAS), sample_sigmas=TURBO_SIGMAS,
+                        schedule=TURBO_SCHEDULE_21)
+SYNTHETIC_21 = replace(QWEN_IMAGE_21, name="synthetic-2.1", repo=None)
+SYNTHETIC_21_TURBO = replace(QWEN_IMAGE_21_TURBO, name="synthetic-2.1-turbo", repo=None)
 
 RELEASED = {family.repo: family for family in FAMILIES}
 
@@ -129,7 +189,7 @@ def read_json(folder: Path, relative: str) -> dict:
     try:
         return json.loads((Path(folder) / relative).read_text())
     except FileNotFoundError:
-        raise UnsupportedModel(f"{folder} is not a Qwen-Image-Edit model folder: it has no {relative}") from None
+        raise UnsupportedModel(f"{folder} is not a Qwen-Image model folder: it has no {relative}") from None
 
 
 def detect(folder: Path) -> Family:
@@ -156,6 +216,11 @@ def detect(folder: Path) -> Family:
     if different:
         raise UnsupportedModel(f"{folder}: scheduler/scheduler_config.json differs from the schedule GhostEdit "
                                f"computes in {different} (expected {({k: engine.scheduler[k] for k in different})})")
+    if engine is QWEN_IMAGE_21_COMPUTATION:  # Turbo is the one whose model_index.json fixes the sigmas
+        sigmas = read_json(folder, "model_index.json").get("sample_sigmas")
+        family = QWEN_IMAGE_21_TURBO if sigmas else QWEN_IMAGE_21
+        return replace(family, schedule=configs["scheduler"], sample_sigmas=tuple(sigmas) if sigmas else None,
+                       default_steps=len(sigmas) if sigmas else family.default_steps)
     zero_cond_t = bool(transformer.get("zero_cond_t", False))
     for family in candidates:
         if family.zero_cond_t == zero_cond_t:

@@ -1,4 +1,4 @@
-"""Real Qwen-Image-Edit weights: a local folder in the released layout, or a Hugging Face / ModelScope repo id
+"""Real Qwen-Image-Edit and Qwen-Image-2.1 weights: a local folder in the released layout, or a Hugging Face / ModelScope repo id
 ("modelscope:<id>") that becomes one. A repo id is downloaded on first use (downloads.py: size announced, disk
 checked, progress, resume, offline from the cache), then loaded like any local folder. Which model it is comes from
 the folder's own configs (family.py); DiffSynth loads the weights (checkpoint.py) and the pipeline computes as the
@@ -19,8 +19,9 @@ def load_pretrained_pipeline(spec, device: str, torch_dtype: torch.dtype, on_dow
     folder = Path(spec.source) if spec.kind == "local" else download_model(spec.source, on_download)
     computation = (spec.family or detect(folder)).computation
     family, weights, tokenizer, processor = load(computation.checkpoint)(folder)
+    tokenizer = {} if tokenizer is None else {"tokenizer_config": tokenizer}  # 2.1's processor holds its tokenizer
     pipe = load(computation.pipeline).from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=weights,
-                                                      tokenizer_config=tokenizer, processor_config=processor)
+                                                      processor_config=processor, **tokenizer)
     return exact_pipeline(pipe, family)
 
 

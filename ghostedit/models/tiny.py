@@ -5,9 +5,6 @@ download: the files are generated on first use, registered in DiffSynth's model 
 computes, and loaded through ``QwenImagePipeline.from_pretrained`` exactly as real weights are.
 """
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -20,7 +17,7 @@ from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig
 
 from ..diffsynth_patches import check_version
-from ..paths import ghostedit_home, write_atomically  # ghostedit_home re-exported: $GHOSTEDIT_HOME or ~/.cache/ghostedit
+from ..paths import generated_once, ghostedit_home, write_atomically  # ghostedit_home: $GHOSTEDIT_HOME or ~/.cache/ghostedit
 from .checkpoint import ConfiguredQwenImageDiT, ConfiguredTextEncoder
 from .processor import special_token_ids, write_processor
 
@@ -149,26 +146,9 @@ def generate_tiny_model(folder: Path) -> None:
 
 
 def ensure_tiny_model(folder: Path | None = None) -> Path:
-    """Generate the tiny model on first use and return its folder.
-
-    Files are written to a temporary folder that is then renamed, so an existing folder is a complete one
-    and concurrent processes are safe (the first rename wins; the others discard their copy).
-    """
-    folder = Path(folder) if folder is not None else ghostedit_home() / TINY_MODEL_NAME
-    if folder.is_dir():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    staging.chmod(0o755)  # mkdtemp makes it private; the cache is not secret
-    try:
-        generate_tiny_model(staging)
-        os.rename(staging, folder)
-    except OSError:
-        if not folder.is_dir():  # only losing the race to another process leaves the folder in place
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder
+    """Generate the tiny model on first use (once, safely: paths.generated_once) and return its folder."""
+    return generated_once(Path(folder) if folder is not None else ghostedit_home() / TINY_MODEL_NAME,
+                          generate_tiny_model)
 
 
 def register_tiny_models(folder: Path) -> None:

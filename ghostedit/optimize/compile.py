@@ -166,7 +166,7 @@ def keep_multi_kernel_picks() -> None:
 def start_compile_workers() -> None:
     """Starts Inductor's worker processes, which compile the generated Triton kernels, if they are not running.
     torch starts them once Dynamo hands its first graph over, and each worker imports torch and Triton first: on
-    the H100 machine a cold first call waited seconds for them (docs/benchmarks.md, section 2). Started when
+    the H100 machine a cold first call waited seconds for them (lab/LOG.md, section 2). Started when
     preparation begins, they start while the DiT's weights are quantized and copied, which is GPU work."""
     from torch._inductor.async_compile import maybe_warm_pool
     maybe_warm_pool()
@@ -177,7 +177,7 @@ def start_hashing_compile_keys() -> None:
     of this process includes (Inductor's `torch_key` and `CacheBase.get_system`, which reads and hashes Triton's
     compiler and library files; both kept for the process once made). Otherwise the first compile computes them
     in the first forward, a restart's too: with them made here, a restart's compile cache lookups took about half
-    as long on the H100 machine (docs/benchmarks.md, section 2, the restart A/Bs). Started when preparation begins:
+    as long on the H100 machine (lab/LOG.md, section 2, the restart A/Bs). Started when preparation begins:
     reading and hashing files leave the GIL to the preparation, whose quantization waits on copies to the GPU."""
     threading.Thread(target=_compile_keys, name="ghostedit-compile-keys", daemon=True).start()
 
@@ -207,10 +207,13 @@ def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | Non
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
     # one torch.compile for all blocks: each call with Inductor options copies Inductor's whole configuration, and
-    # one call per block was most of the preparation's compile step (docs/benchmarks.md, section 2)
+    # one call per block was most of the preparation's compile step (lab/LOG.md, section 2)
     compiled = torch.compile(torch.nn.Module._call_impl, dynamic=None, options=options or None)
     for block in blocks:
-        compile_over_tokens(block, compiled)
+        if getattr(model, "one_graph_per_step_kind", False):  # Qwen-Image-2.1: see its DiT
+            block._compiled_call_impl = functools.partial(compiled, block)
+        else:
+            compile_over_tokens(block, compiled)
     return len(blocks)
 
 
@@ -219,7 +222,7 @@ def compile_over_tokens(block: torch.nn.Module, compiled: Callable) -> None:
     dimensions dynamic and every other dimension static: one compiled graph serves every output size, number of
     edit images and prompt length, and Dynamo traces the widths, heads and batch as the numbers they are.
     `dynamic=True` made every dimension symbolic, and a restart's first forward, which traces the block again, took
-    longer (docs/benchmarks.md, section 2, the restart A/Bs). Marks count when Dynamo traces, and Dynamo keeps a
+    longer (lab/LOG.md, section 2, the restart A/Bs). Marks count when Dynamo traces, and Dynamo keeps a
     marked dimension dynamic in every later trace of the block's code (the blocks share it), so they are set until
     a call has gone through. A dimension that is not marked and changes makes Dynamo compile again with it dynamic
     (torch's automatic dynamic shapes)."""

@@ -3,7 +3,7 @@ loop, the output layers) captured once and replayed, so that the GPU runs the th
 to back instead of waiting for Python to launch each one (the gaps between kernels, and the whole forward whenever
 the CPU falls behind). Graphing the block loop alone left the layers around it to Python: torchao's FP8 linears
 outside the blocks cost the CPU about a millisecond each, and an H100 profile had the GPU idle for milliseconds
-around the loop's graph, waiting for them (docs/benchmarks.md, section 1).
+around the loop's graph, waiting for them (lab/LOG.md, section 1).
 
 A shape is captured at its second forward: the first runs the forward, on the tensors the graph will read, as the
 warm-up a capture needs (compile, autotuning, cuDNN's plans, Inductor's multi-kernel picks: none may happen

@@ -5,11 +5,11 @@ Under `fp8=torchao` each feed-forward layer runs: up projection (FP8 GEMM, bf16 
 (x * sigmoid(1.702 x)), then torchao quantizes the GELU's output per row for the down projection (the row's largest
 magnitude / 448, then divided and cast to float8_e4m3fn) before the next FP8 GEMM. Inductor fuses GELU and
 quantization into one persistent reduction that keeps each 12288-wide row in registers; the profile in
-docs/benchmarks.md (section 6) measured it as the largest kernel outside the GEMMs and the attention, at about
+lab/LOG.md (section 6) measured it as the largest kernel outside the GEMMs and the attention, at about
 half the memory bandwidth that reading the bf16 rows and writing the FP8 ones takes.
 
 The kernel here gives each row to one program, which holds the row in registers and computes its GELU once
-(measured against other layouts by scripts/gpu/gelu_quant_probe.py). It computes what torchao's quantization computes
+(measured against other layouts by lab/probes: gelu_quant_probe.py). It computes what torchao's quantization computes
 (the GELU rounded to bf16, torchao's scale and division, the same cast); a row of zeros gets a tiny scale instead
 of torchao's zero scale (whose division gives NaN). The down projection then runs on torchao's FP8 weight tensors
 through the same torch._scaled_mm call torchao makes, so a fused LoRA written into those tensors stays in effect.
@@ -23,7 +23,7 @@ import torch
 from .fp8 import FP8, FP8_MAX, is_torchao_fp8, torchao_fp8_linear
 
 SMALLEST_AMAX = 1e-12  # a row of zeros: any positive scale quantizes it to zeros
-# the fastest of scripts/gpu/gelu_quant_probe.py's candidates on an H100 (docs/benchmarks/gelu-quant/)
+# the fastest of gelu_quant_probe.py's candidates on an H100 (lab/results/gelu-quant/)
 WARPS = 8
 
 

@@ -6,7 +6,7 @@ With an FP8 attention (`cudnn-fp8`, `fa3-fp8`) each block computes, for q and fo
 RMSNorm, the rotary embedding (real cos/sin, the real-rope rewrite), the multiplication by the FP8 scale worked out
 from the bound of rewrites.qk_bounds, the cast to float8_e4m3fn, and then a byte copy that joins text and image
 along the sequence for the kernel. Inductor fuses the first part into one reduction kernel per stream that reads
-each row several times, and the join is a kernel of its own: the profile in docs/benchmarks.md (section 6)
+each row several times, and the join is a kernel of its own: the profile in lab/LOG.md (section 6)
 measured them as the largest glue around the attention.
 
 The kernel here gives each program a few tokens, and for each token loads all its heads of q and of k once, and
@@ -23,7 +23,7 @@ from . import fp8_attention
 from .fp8 import FP8, FP8_MAX, torchao_fp8_linear
 
 # tokens per program and warps: the fastest setting of the probe's sweep on the H100
-# (scripts/gpu/qk_norm_rope_probe.py, docs/benchmarks.md section 6)
+# (qk_norm_rope_probe.py in lab/probes/README.md, lab/LOG.md section 6)
 TOKENS, WARPS = 1, 2
 
 

@@ -138,6 +138,6 @@ def channel_bias_residual(x_ptr, bias_ptr, residual_ptr, out_ptr, n_values, n_ch
     tl.store(out_ptr + offsets, (biased + residual).to(dtype), mask=inside)
 
 
-# the kernels' names, as the profiler lists them (scripts/gpu/profile_dit.py counts them as GhostEdit's)
+# the kernels' names, as the profiler lists them (lab/probes/profile_dit.py counts them as GhostEdit's)
 NAMES = (gelu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__, channel_rms_norm.__name__,
          channel_bias_residual.__name__)

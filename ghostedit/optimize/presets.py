@@ -13,9 +13,9 @@ _DIT = ("fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+fused-qkv+
 _FP8_ATTENTION = "+fused-qk-norm-rope+fp8-attention-out,attention=cudnn-fp8"  # the FP8 attention and its two rewrites
 # FlashAttention-3's FP8 kernel writes bf16, so the output rewrite goes; it needs a wheel the index lacks
 # (scripts/gpu/build_fa3_wheel.sh). Measured faster than cuDNN's at an edit's prompt length, slower at 256 tokens
-# (docs/benchmarks.md, section 6)
+# (lab/LOG.md, section 6)
 _FA3_FP8_ATTENTION = "+fused-qk-norm-rope,attention=fa3-fp8"
-_ENCODERS = "vae=image-fused,text-encoder=graphed"  # lossless, measured faster (docs/benchmarks/run-toggles/)
+_ENCODERS = "vae=image-fused,text-encoder=graphed"  # lossless, measured faster (lab/results/run-toggles/)
 EXACT = f"{_DIT},{_ENCODERS}"
 BEST = f"{_DIT}{_FP8_ATTENTION},{_ENCODERS}"
 BEST_FA3 = f"{_DIT}{_FA3_FP8_ATTENTION},{_ENCODERS}"
@@ -48,10 +48,12 @@ class PresetError(ValueError):
 def model_family(source: str):
     """Which edit model `source` is, as its models/family.py entry: a released repo by its id, a folder (or another
     repo) by its own configs (family.detect). A model without a Lightning LoRA is refused."""
+    from ..models import EMBEDDED
     from ..models.family import RELEASED, UnsupportedModel, detect
-    if source in ("tiny", "synthetic"):
+    if source in EMBEDDED:
         raise PresetError(f"the {source} model has random weights and no Lightning LoRA: Lightning presets need "
-                          f"{', '.join(RELEASED)} or a folder of one")
+                          f"{', '.join(repo for repo, family in RELEASED.items() if family.lightning)} or a folder "
+                          "of one")
     repo = source.removeprefix("modelscope:").removeprefix("hf:")
     family = RELEASED.get(repo)
     if family is None:

@@ -10,6 +10,11 @@ compiled code, and an availability check that gives the reason when a choice can
 
 A flag is a toggle with the choices "off" and "on" that belongs to a group (the lossless rewrites): the command line,
 the API and the page show a group as one multi-choice setting, e.g. `rewrites=real-rope+joint-layout`.
+
+A toggle acts on a DiT family's forward (models/family.py names them: the Edit models' DiT, Qwen-Image-2.1's): it
+says, for each family, that it applies or why it does not (`families`; a choice may add its own reasons). A toggle
+that says nothing was written for the Edit DiT alone. Away from its default, a toggle that does not apply to the
+model's family is refused with its reason.
 """
 from __future__ import annotations
 
@@ -20,11 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 from ..device import Availability
+from ..models.family import QWEN_IMAGE_21_DIT
 
 PREPARED = "prepared"   # the toggle changes the prepared pipeline: part of the cache key
 RUN = "run"             # the toggle changes only how a run goes: switching it prepares nothing
 PLACEMENT = "placement"  # the toggle changes where the model's weights live (the model store applies it)
 OFF, ON = "off", "on"
+# Why a toggle that says nothing about Qwen-Image-2.1 does not apply to it
+NOT_PORTED = {QWEN_IMAGE_21_DIT: "written for the Qwen-Image-Edit DiT (DiffSynth's QwenImageDiT and GhostEdit's "
+                                 "rewrites of it); Qwen-Image-2.1's single-stream DiT (models/qwen_image_21/dit.py) "
+                                 "has no such path yet"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class Choice:
     requires: tuple[Requires, ...] = ()
     implies: tuple[tuple[str, str], ...] = ()   # (toggle, value) set by this choice
     needs_fused_loras: str = ""                 # why, when runtime LoRAs cannot run with this choice
+    families: dict = field(default_factory=dict, hash=False, compare=False)  # DiT family -> why not there
 
 
 @dataclass
@@ -98,6 +109,8 @@ class Toggle:
     availability: Callable[[str, str], Availability] = staticmethod(lambda value, device: Availability.yes())
     tag: Callable[[str], str] | None = None        # its part of a configuration's label (default: name-value)
     component: str = "dit"                         # the model component it changes: dit, text_encoder or vae
+    families: dict = field(default_factory=lambda: dict(NOT_PORTED), hash=False, compare=False)  # DiT family -> why
+    # it does not apply there (a family it applies to is absent)
 
     def label_part(self, value: str) -> str | None:
         if value == self.default:
@@ -196,14 +209,28 @@ def availability(toggle: Toggle, value: str, device: str) -> Availability:
     return toggle.availability(value, device)
 
 
-def options(device: str) -> dict[str, dict[str, Availability]]:
-    """{setting: {choice: availability}}; a group lists its flags as its choices."""
+def family_availability(toggle: Toggle, value: str, family: str) -> Availability:
+    """Whether `value` of `toggle` runs on the DiT family `family`: its default always does (a toggle that does not
+    apply is then simply not there), any other value where neither the toggle nor the choice gives a reason."""
+    reason = toggle.choice(value).families.get(family)
+    if not reason and value != toggle.default:
+        reason = toggle.families.get(family)
+    return Availability.no(reason) if reason else Availability.yes()
+
+
+def options(device: str, family: str | None = None) -> dict[str, dict[str, Availability]]:
+    """{setting: {choice: availability}} on this device (and for the DiT family `family`, when given); a group
+    lists its flags as its choices."""
+    def available(toggle: Toggle, value: str) -> Availability:
+        here = toggle.availability(value, device)
+        return family_availability(toggle, value, family) if here.ok and family else here
+
     result: dict[str, dict[str, Availability]] = {}
     for toggle in toggles():
         if toggle.group is None:
-            result[toggle.name] = {value: toggle.availability(value, device) for value in toggle.values}
+            result[toggle.name] = {value: available(toggle, value) for value in toggle.values}
         else:
-            result.setdefault(toggle.group, {})[toggle.name] = toggle.availability(ON, device)
+            result.setdefault(toggle.group, {})[toggle.name] = available(toggle, ON)
     return result
 
 

@@ -25,8 +25,8 @@ def availability(device: str) -> Availability:
     gpu = needs_cuda(device, "Transformer Engine FP8", min_capability=(8, 9))
     if not gpu.ok:
         return gpu
-    # Found, not imported: importing TE changes the whole process (see docs/benchmarks.md), so only a run that
-    # asks for TE pays for it; a broken install then fails at preparation with TE's own message.
+    # Found, not imported: importing TE changes the whole process (lab/probes/README.md: te_probe.py), so only a run
+    # that asks for TE pays for it; a broken install then fails at preparation with TE's own message.
     if importlib.util.find_spec("transformer_engine") is None:
         return Availability.no("transformer_engine is not installed (see scripts/gpu/build_te_wheel.sh)")
     return Availability.yes()

@@ -1,7 +1,7 @@
 """The text encoder's layers replayed as CUDA graphs (`text-encoder=graphed`, with the vision windows joined).
 
 An H100 profile of a warm edit had the GPU idle most of the text-encoding stage while Python launched the 7B text
-encoder's small kernels one by one (docs/benchmarks.md, section 6). Each decoder layer and vision block is captured as
+encoder's small kernels one by one (lab/LOG.md, section 6). Each decoder layer and vision block is captured as
 a graph of its own per input shape (cuda_graphs.ShapeGraphs), so a layer costs one replay and the copies of its
 inputs instead of dozens of launches. Layers, not the whole encoder: the code between them reads values back from
 the GPU (the rotary positions, the window boundaries), which a graph cannot hold. The text encoder runs once per

@@ -6,7 +6,7 @@ frame with kernel_t - 1 frames of zeros in front and convolves all of them: with
 work multiply zeros. The padded frames contribute nothing, so the output is the 2-D convolution of the frame with the
 kernel's last temporal slice: the same function, up to floating-point rounding (cuDNN sums in another order). Run
 channels-last, cuDNN's NHWC kernels also skip the layout conversions it makes around every NCHW convolution (an H100
-profile of an edit: docs/benchmarks/profile-edit). A convolution that sees cached frames or more than one frame (a
+profile of an edit: lab/results/profile-edit). A convolution that sees cached frames or more than one frame (a
 video) runs as released.
 
 The same profile had most of the VAE's GPU time in elementwise kernels around its RMS norms: the reference's float32
@@ -14,7 +14,7 @@ normalization (a cast, a norm, a division, a cast back), then the scale, gamma, 
 over tensors of up to 100 M values at 1024x1024. GhostEdit's Triton kernel (kernels.channel_rms_norm) reads each
 pixel's channels once and writes the result once, rounding to bf16 where those kernels round; on the H100 its
 outputs match theirs bit for bit but where the sum of squares, summed in another order, rounds otherwise
-(scripts/gpu/vae_norm_probe.py). The upsampling before each upsampling convolution also runs in the VAE's dtype
+(lab/probes: vae_norm_probe.py). The upsampling before each upsampling convolution also runs in the VAE's dtype
 instead of through float32 (nearest neighbours copy values: the same bits), the layers that write NCHW hand their
 output on channels-last, and each residual block's two convolutions leave their bias to the kernel after them
 (PyTorch adds it in a strided pass of its own). A norm of a video's frames, or on a CPU, runs as released, with its
@@ -82,7 +82,7 @@ def image_convolutions(vae):
 
 # ---- vae=image-fused: the RMS norms and the residual blocks' ends in GhostEdit's kernels ----
 
-ROW_VALUES, WARPS = 4096, 8   # values per Triton program (whole rows), warps: scripts/gpu/vae_norm_probe.py
+ROW_VALUES, WARPS = 4096, 8   # values per Triton program (whole rows), warps: vae_norm_probe.py (lab/probes)
 RESIDUAL_BLOCK = 4096   # values per program of the residual addition
 NORMALIZE_EPS = 1e-12   # F.normalize's default, which the released norm uses
 

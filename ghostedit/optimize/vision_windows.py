@@ -3,7 +3,7 @@
 Qwen2.5-VL's vision tower attends within windows of image patches (over all of them in a few full-attention blocks).
 With PyTorch's SDPA, transformers reads the window sizes back from the GPU at every block (a synchronization) and
 makes one attention call per window, so on a GPU the tower mostly waits for Python to launch small kernels (py-spy
-samples of warm edits, scripts/gpu/cpu_stacks.py). Here a block's windows are one call: each patch attends to the
+samples of warm edits, lab/probes/cpu_stacks.py). Here a block's windows are one call: each patch attends to the
 patches of its own window through a block-diagonal mask built on the device from the window boundaries. That is the
 same attention, up to floating-point rounding.
 

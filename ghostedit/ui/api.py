@@ -11,14 +11,18 @@ from gradio.data_classes import FileData
 
 from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from ..optimize import registry
+from .mask_inputs import START_PARAMETERS, start_types
 from .settings import (LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA, lora_parameter, lora_parameters,
                        setting_parameter, variants)
 
+# The input images' parameters: image, image_2 ... image_10 (Qwen-Image-2.1 takes up to 10; the Edit models 1 to 3)
+IMAGE_PARAMETERS = ("image", *(f"image_{number}" for number in range(2, MAX_INPUT_IMAGES + 1)))
 REQUEST_PARAMETERS = {
-    "image": "the image to edit (a file)",
-    "image_2": f"an optional second input image, edited together with the first (up to {MAX_INPUT_IMAGES})",
-    "image_3": "an optional third input image",
-    "prompt": "the edit instruction, e.g. 'make it a haunted house at night'",
+    "image": "the image to edit (a file); none: text-to-image, with a model that generates (Qwen-Image-2.1)",
+    "image_2": f"an optional second input image, edited together with the first (up to {MAX_INPUT_IMAGES} with "
+               "Qwen-Image-2.1, 3 with Qwen-Image-Edit-2509/2511)",
+    **{name: f"an optional input image number {name.removeprefix('image_')}" for name in IMAGE_PARAMETERS[2:]},
+    "prompt": "the edit instruction, e.g. 'make it a haunted house at night' (text-to-image: what to make)",
     "negative_prompt": "what the edit should avoid (used when cfg_scale > 1)",
     "steps": f"denoising steps, {STEPS_RANGE[0]} to {STEPS_RANGE[1]} (default: the model's)",
     "cfg_scale": f"true classifier-free guidance, {CFG_RANGE[0]:g} to {CFG_RANGE[1]:g}; 1 halves the DiT work",
@@ -47,22 +51,23 @@ def parameter_descriptions() -> dict[str, str]:
             toggle = registry.get(setting)
             described[setting_parameter(setting)] = (f"{toggle.help}. One of: " + "; ".join(
                 f"{choice.value} ({choice.label})" for choice in toggle.choices) + f". Default {toggle.default}")
-    return described
+    return {**described, **START_PARAMETERS}
 
 
 def edit_parameters() -> list[str]:
-    """The parameters of /edit in order: the request, the LoRA slots, then one per setting of the registry."""
+    """The parameters of /edit in order: the request, the LoRA slots, one per setting of the registry, then the
+    mask and strength (last: a caller passing the others by position is not moved)."""
     return list(REQUEST_PARAMETERS) + lora_parameters() + [setting_parameter(setting)
-                                                           for setting in registry.settings()]
+                                                           for setting in registry.settings()] + list(START_PARAMETERS)
 
 
-def parameter_types(default_steps: int) -> dict[str, tuple[object, object]]:
+def parameter_types(default_steps: int, default_cfg: float = 4.0) -> dict[str, tuple[object, object]]:
     """{API parameter: (type hint, default)} for typed endpoints (gr.api, MCP tools): a toggle takes one of its
     values (a JSON-schema enum), a group a list of its flags. inspect.Parameter.empty: required."""
     required = inspect.Parameter.empty
-    types = {"image": (FileData, required), "image_2": (FileData | None, None), "image_3": (FileData | None, None),
+    types = {**{name: (FileData | None, None) for name in IMAGE_PARAMETERS},
              "prompt": (str, required), "negative_prompt": (str, ""), "steps": (int, default_steps),
-             "cfg_scale": (float, 4.0), "seed": (int, 0), "width": (int, 0), "height": (int, 0),
+             "cfg_scale": (float, default_cfg), "seed": (int, 0), "width": (int, 0), "height": (int, 0),
              "count": (int, 1)}
     for slot in range(1, LORA_SLOTS + 1):
         types[lora_parameter(slot)] = (str, NO_LORA)
@@ -75,15 +80,15 @@ def parameter_types(default_steps: int) -> dict[str, tuple[object, object]]:
         else:
             toggle = registry.get(setting)
             types[setting_parameter(setting)] = (Literal[toggle.values], toggle.default)
-    return types
+    return {**types, **start_types()}
 
 
 def typed_tool(body: Callable, name: str, summary: str, names: list[str], default_steps: int,
-               returns: tuple[str, object]) -> Callable:
+               returns: tuple[str, object], default_cfg: float = 4.0) -> Callable:
     """A function named `name` with one typed parameter per name, required ones first (then the request), which
     calls `body(values, request)`; its docstring says what each argument means and which values it takes (Args)
     and what comes back (Returns), as Gradio's API page and MCP tool list read them. `returns`: (words, type)."""
-    described, types = parameter_descriptions(), parameter_types(default_steps)
+    described, types = parameter_descriptions(), parameter_types(default_steps, default_cfg)
     names = sorted(names, key=lambda parameter: types[parameter][1] is not inspect.Parameter.empty)
 
     def call(*arguments, **keywords):

@@ -64,9 +64,11 @@ def gpu_seconds(arguments: dict, default_area: int, default_steps: int, runs: in
     return min(GPU_SECONDS_MAX, math.ceil(runs * edit * MARGIN))
 
 
-def on_gpu(fn: Callable, spec, runs_for: Callable[[dict], int] = lambda arguments: 1) -> Callable:
+def on_gpu(fn: Callable, spec, runs_for: Callable[[dict], int] = lambda arguments: 1,
+           arguments_of: Callable[[dict], dict] = lambda arguments: arguments) -> Callable:
     """`fn` as a ZeroGPU entry point for the model `spec` (its default size and steps), asking for gpu_seconds of
-    the call's arguments, where `runs_for` tells from them how many edits the call makes."""
+    the call's arguments (or of the /edit values `arguments_of` finds in them), where `runs_for` tells from them
+    how many edits the call makes."""
     try:
         import spaces
     except ImportError:
@@ -78,7 +80,7 @@ def on_gpu(fn: Callable, spec, runs_for: Callable[[dict], int] = lambda argument
         # that cannot be read here asks for the most time rather than failing before the handler runs
         try:
             arguments = signature.bind_partial(*args, **kwargs).arguments
-            return gpu_seconds(arguments, spec.default_area, spec.default_steps, runs_for(arguments))
+            return gpu_seconds(arguments_of(arguments), spec.default_area, spec.default_steps, runs_for(arguments))
         except (TypeError, ValueError):
             return GPU_SECONDS_MAX
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 from gradio.utils import get_upload_folder
+from PIL import Image
 
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
@@ -23,6 +24,8 @@ from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live, media
 from .history import COMPARISON_RULE, History
+from .mask_inputs import start_values
+from .api import IMAGE_PARAMETERS
 from .startup import WAITING_FOR_STARTUP, startup_words
 from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, panel_config, preset_size, reused_values,
                        seeded_requests, toggle_choices, toggle_parameters, uploaded_images, variant_configs,
@@ -147,9 +150,11 @@ class Handlers:
             started = time.perf_counter()
 
     def _edit_request(self, values: dict):
-        images = uploaded_images([values.get(name) for name in ("image", "image_2", "image_3")], self.upload_folder)
+        images = uploaded_images([values.get(name) for name in IMAGE_PARAMETERS], self.upload_folder)
+        family = self.engine.family
         return edit_request(images, values.get("prompt"), values.get("negative_prompt"), values.get("steps"),
-                            values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"))
+                            values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"),
+                            keep_alpha=bool(family and family.rgba), **start_values(values, self.upload_folder))
 
     def _stream(self, edit, config, request: gr.Request, progress, heading: str):
         """Yields the live view while the engine runs; returns the result, or None when the run was cancelled."""
@@ -202,11 +207,13 @@ class Handlers:
                        "not in handler_s; the image metrics come after the answer (/comparison)"}
 
     def _before_view(self, result, edit_key: str) -> str:
-        """The first input at the output's size (resized once from the upload) as shown; the same edit again
-        (another configuration, steps or CFG) shows the same file."""
+        """The first input at the output's size (resized once from the upload) as shown, and for text-to-image
+        (no input) an empty, transparent image of the output's size; the same edit again (another configuration,
+        steps or CFG) shows the same file."""
         if edit_key not in self._before_views:
-            self._before_views[edit_key] = media.view_file(fit(result.request.images[0], result.image.size),
-                                                           self._views)
+            before = (fit(result.request.images[0], result.image.size) if result.request.images
+                      else Image.new("RGBA", result.image.size))
+            self._before_views[edit_key] = media.view_file(before, self._views)
             while len(self._before_views) > BEFORE_VIEWS:
                 self._before_views.popitem(last=False)
         self._before_views.move_to_end(edit_key)

@@ -21,8 +21,9 @@ TICK_SECONDS = 0.5
 
 
 def model_choices(current: str) -> list[tuple[str, str]]:
-    """The released family, the tiny model, and the current source if it is neither (a local folder)."""
-    choices = [(repo, repo) for repo in reversed(RELEASED)] + [("tiny (random weights, CPU)", "tiny")]
+    """The released models, the tiny ones, and the current source if it is neither (a local folder)."""
+    choices = [(repo, repo) for repo in reversed(RELEASED)] + [("tiny (random weights, CPU)", "tiny"),
+                                                              ("tiny-2.1 (random weights, CPU)", "tiny-2.1")]
     if current not in dict((value, label) for label, value in choices):
         choices.append((current, current))
     return choices
@@ -31,9 +32,10 @@ def model_choices(current: str) -> list[tuple[str, str]]:
 def model_words(engine) -> str:
     """What the chosen model is and, for a hub repo, what its download weighs against the free disk."""
     spec = engine.spec
-    if spec.kind != "hub":
-        return f"Model: {spec.description}."
-    return downloads.model_download_words(spec.source) if engine.load_count == 0 else f"Model: {spec.description}."
+    licence = f"\n\n⚖️ {spec.known_family.name} is released under the **{spec.licence}**." if spec.licence else ""
+    if spec.kind != "hub" or engine.load_count:
+        return f"Model: {spec.description}." + licence
+    return downloads.model_download_words(spec.source) + licence
 
 
 def preset_choices() -> list[tuple[str, str]]:
@@ -115,8 +117,10 @@ class HubControls:
             old.close()
             handlers.engine = engine
             handlers.loras = LoraLibrary(handlers.loras.folder, builtin_loras(engine))
+            handlers.options = engine.options()  # what the model's family runs, with the reasons for the rest
         engine = handlers.engine
         return (model_words(engine), gr.update(value=engine.spec.default_steps),
+                gr.update(value=engine.family.default_cfg if engine.family else 4.0),
                 *[gr.update(choices=handlers.loras.choices(), value=NO_LORA)] * LORA_SLOTS)
 
     def model_notice(self):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from ..config import CFG_RANGE, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
+from ..config import CFG_RANGE, MAX_INPUT_IMAGES, SEED_RANGE, SIZE_RANGE, STEPS_RANGE
 from .gpu import on_gpu
 from .. import figures
 from .handlers import Handlers
@@ -16,7 +16,8 @@ from .tables import column_widths
 from .live import stage_words
 from ..telemetry import STAGE_ORDER
 from ..optimize import registry
-from . import api, tools
+from . import api, openai_api, tools
+from .mask_inputs import add_mask_inputs
 from .settings import (ASPECT_PRESETS, DEFAULT_VARIANTS, FROM_INPUT, LORA_SLOTS, MAX_IMAGES_PER_RUN, NO_LORA,
                        lora_parameter, lora_parameters, setting_parameter, toggle_parameters, variants)
 
@@ -45,6 +46,8 @@ CSS = """
 .ghost-legend {display: flex; flex-wrap: wrap; gap: 0.3em 1em; font-size: 0.85em}
 .ghost-legend-item {white-space: nowrap}
 .ghost-swatch {display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; border-radius: 2px}
+#result img, #run_images img {background: repeating-conic-gradient(#c8c8c8 0% 25%, #ffffff 0% 50%) 50% / 16px 16px
+  !important}
 """
 
 # In-page behaviour Gradio has no component for. Run on Enter in the instruction (Shift+Enter: a new line) or
@@ -93,6 +96,7 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1, startup=None) -> gr.
         _wire_hub(demo, HubControls(handlers), handlers, edit, concurrency)
         _wire_system(demo, handlers, system, system_tab)
         tools.add_tools(handlers, on_gpu, dict(concurrency_limit=concurrency, **GPU_QUEUE))
+        openai_api.add_queue_endpoint(demo, handlers, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
     return demo
 
@@ -152,33 +156,39 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
                 ui.run_json = gr.JSON(elem_id="run_json")
     ui.toggles = [ui.controls[name] for name in lora_parameters()] + [ui.controls[setting_parameter(setting)]
                                                                       for setting in registry.settings()]
-    ui.request = [ui.image, ui.image_2, ui.image_3, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
+    ui.request = [ui.image, *ui.more_images, ui.prompt, ui.negative_prompt, ui.steps, ui.cfg_scale, ui.seed,
                   ui.width, ui.height, ui.count]
-    ui.panel = ui.request + ui.toggles  # the order of api.edit_parameters()
+    ui.panel = ui.request + ui.toggles + ui.start  # the order of api.edit_parameters()
     return ui
 
 
 def _inputs(ui: SimpleNamespace) -> None:
-    ui.image = gr.Image(label="Image to edit", type="filepath", elem_id="input_image", height=300,
-                        sources=["upload", "clipboard"])
-    with gr.Accordion("More input images (optional: up to 3 in all)", open=False):
-        with gr.Row():
-            ui.image_2 = gr.Image(label="Image 2", type="filepath", elem_id="input_image_2", height=180)
-            ui.image_3 = gr.Image(label="Image 3", type="filepath", elem_id="input_image_3", height=180)
+    ui.image = gr.Image(label="Image to edit (none: Qwen-Image-2.1 generates from the instruction)",
+                        type="filepath", elem_id="input_image", height=300, sources=["upload", "clipboard"])
+    with gr.Accordion("More input images (optional: up to 3 in all with Qwen-Image-Edit-2509/2511, 10 with "
+                      "Qwen-Image-2.1)", open=False):
+        ui.more_images = []
+        for first in range(2, MAX_INPUT_IMAGES + 1, 3):
+            with gr.Row():
+                ui.more_images += [gr.Image(label=f"Image {number}", type="filepath", height=180,
+                                            elem_id=f"input_image_{number}")
+                                   for number in range(first, min(first + 3, MAX_INPUT_IMAGES + 1))]
     ui.prompt = gr.Textbox(label="Instruction", lines=2, elem_id="prompt",
                            info="Enter or Ctrl+Enter runs; Shift+Enter starts a new line",
                            placeholder="What should change? e.g. make it night and add snow")
     ui.negative_prompt = gr.Textbox(label="Negative prompt (optional)", elem_id="negative_prompt")
     gr.Examples([[str(ASSETS / "examples" / name), prompt] for name, prompt in EXAMPLES],
                 inputs=[ui.image, ui.prompt], label="Examples (images made by the project)")
+    add_mask_inputs(ui)
 
 
 def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
     with gr.Accordion("Model and presets", open=True):
         ui.model = gr.Dropdown(model_choices(engine.spec.source), value=engine.spec.source, label="Model",
                                elem_id="model",
-                               info="the Qwen-Image-Edit family (downloaded on the first run, with progress), the "
-                                    "tiny model, or the folder the app was started with (--model PATH)")
+                               info="the Qwen-Image-Edit family and Qwen-Image-2.1 (downloaded on the first run, "
+                                    "with progress), the tiny models, or the folder the app was started with "
+                                    "(--model PATH)")
         ui.model_notice = gr.Markdown(elem_id="model_notice", elem_classes="ghost-note")
         with gr.Row(equal_height=True):
             ui.preset = gr.Dropdown(preset_choices(), value=NO_PRESET, label="Preset", elem_id="preset", scale=3,
@@ -189,7 +199,8 @@ def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
         with gr.Row():
             ui.steps = gr.Slider(*STEPS_RANGE, value=engine.spec.default_steps, step=1, label="Steps",
                                  elem_id="steps")
-            ui.cfg_scale = gr.Slider(*CFG_RANGE, value=4.0, step=0.5, label="CFG scale", elem_id="cfg")
+            ui.cfg_scale = gr.Slider(*CFG_RANGE, value=engine.family.default_cfg if engine.family else 4.0, step=0.5,
+                                     label="CFG scale", elem_id="cfg")
         with gr.Row(equal_height=True):
             ui.seed = gr.Number(value=0, precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1], label="Seed",
                                 elem_id="seed", scale=3)
@@ -388,7 +399,8 @@ def _wire_hub(demo: gr.Blocks, hub: HubControls, handlers: Handlers, edit, concu
 
     def then_panel_notice(event):
         event.then(**panel_notice(handlers, edit))
-    then_panel_notice(edit.model.input(hub.switch_model, edit.model, [edit.model_notice, edit.steps, *slots],
+    then_panel_notice(edit.model.input(hub.switch_model, edit.model,
+                                       [edit.model_notice, edit.steps, edit.cfg_scale, *slots],
                                        api_name="switch_model", concurrency_limit=concurrency, **GPU_QUEUE))
     demo.load(hub.model_notice, None, edit.model_notice, **PRIVATE, **LIGHT)
     edit.preset.change(hub.preset_notice, edit.preset, edit.preset_notice, **PRIVATE, **LIGHT)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from ..telemetry import ProgressEvent
+from .mask_inputs import start_words
 
 # Engine stage names in the words the page uses
 STAGE_WORDS = {
@@ -181,8 +182,8 @@ def run_summary(result) -> str:
     summary = result.telemetry.summary()
     request = result.request
     lines = [f"**{result.config.label}** · {result.width}×{result.height} · {request.steps} steps · "
-             f"CFG {request.cfg_scale:g} · seed {request.seed} · attention ran: {result.attention_backend}"
-             f"{ran_on(summary)}", ""]
+             f"CFG {request.cfg_scale:g} · seed {request.seed}{start_words(request)} · attention ran: "
+             f"{result.attention_backend}{ran_on(summary)}", ""]
     if summary["cache_hit"]:
         lines.append("**Prepared pipeline: cache hit** (prepared by an earlier run, reused as is)")
     else:
@@ -229,6 +230,7 @@ def result_json(result, run_number: int, serving: dict | None = None) -> dict:
         "steps": request.steps,
         "cfg_scale": request.cfg_scale,
         "seed": request.seed,
+        "start": request.start_settings(),
         "attention_ran": result.attention_backend,
         "prepared_report": dict(result.prepared_report),
         "telemetry": result.telemetry.summary(),

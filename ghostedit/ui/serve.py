@@ -32,6 +32,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "runs warm: \"stock\", a preset (\"best\") or settings such as "
                              "\"fp8=torchao,compile=regional\"; \"off\": none (default: the page's default "
                              "configuration, stock; on a Space: GHOSTEDIT_WARM_UP)")
+    parser.add_argument("--api-key", default=os.environ.get("GHOSTEDIT_API_KEY") or None, metavar="KEY",
+                        help="require this bearer token on the OpenAI-compatible /v1 endpoints (or "
+                             "GHOSTEDIT_API_KEY; default: open, as the page; a Space keeps its own auth)")
     parser.add_argument("--workers", type=int, default=None,
                         help="edits served at once, one engine per worker: on CUDA the first N GPUs (default: every "
                              "visible GPU), on the CPU N CPU workers (default 1)")
@@ -47,6 +50,7 @@ def serve(args: argparse.Namespace) -> None:
     from ..errors import GhostEditError
     from ..loras import default_folder
     from . import create_app, launch_options
+    from .openai_api import routes as images_api
 
     source, device = model_and_device(args)
     try:
@@ -68,7 +72,8 @@ def serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --warm-up: {error}") from None
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
-                prevent_thread_lock=True, mcp_server=args.mcp, **launch_options())
+                prevent_thread_lock=True, mcp_server=args.mcp,
+                app_kwargs={"routes": images_api(demo, args.api_key)}, **launch_options())
     print(f"GhostEdit is serving on {demo.local_url}" + (f" and {demo.share_url}" if demo.share_url else
           " (add --share for a public gradio.live link)"), flush=True)
     if args.mcp:

@@ -131,12 +131,17 @@ def _listed(name: str, values) -> tuple:
 def uploaded_images(payloads, upload_folder: Path) -> list[str | bytes]:
     """The files behind input images as Gradio's API delivers them, unopened (None: no image): EditRequest reads
     each with images.load_image, which takes hostile files safely and says what is wrong with them. A payload is a
-    file in Gradio's upload folder or a base64 data URL; nothing else on the server is ever read."""
-    return [_uploaded_image(payload, upload_folder) for payload in payloads if payload is not None]
+    file in Gradio's upload folder or a base64 data URL (as FileData, or the URL itself: Gradio's MCP bridge hands an
+    optional image's over as sent); nothing else on the server is ever read. An empty payload is no image."""
+    return [_uploaded_image(payload, upload_folder) for payload in payloads if not _empty(payload)]
+
+
+def _empty(payload) -> bool:
+    return payload in (None, "") or (isinstance(payload, dict) and not payload.get("path") and not payload.get("url"))
 
 
 def _uploaded_image(payload, upload_folder: Path) -> str | bytes:
-    path, url = (payload.get("path"), payload.get("url")) if isinstance(payload, dict) else (None, None)
+    path, url = (payload.get("path"), payload.get("url")) if isinstance(payload, dict) else (None, payload)
     if isinstance(path, str):
         try:
             resolved = Path(path).resolve()
@@ -154,12 +159,14 @@ def _uploaded_image(payload, upload_folder: Path) -> str | bytes:
     raise InvalidRequestError("an input image must be an uploaded file or a data URL")
 
 
-def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, seed, width, height) -> EditRequest:
-    """Width and height 0 mean: the input's aspect ratio at the model's default area. EditRequest checks every value
-    (API callers can send anything)."""
+def edit_request(images, prompt: str, negative_prompt: str, steps, cfg_scale, seed, width, height,
+                 keep_alpha: bool = False, **start) -> EditRequest:
+    """Width and height 0 mean: the input's aspect ratio at the model's default area; `keep_alpha`: the model reads
+    the images' alpha (Qwen-Image-2.1); `start`: the mask and strength (mask_inputs.start_values). EditRequest checks
+    every value (API callers can send anything)."""
     return EditRequest(images=[image for image in images if image is not None], prompt=prompt or "",
                        negative_prompt=negative_prompt or "", steps=steps, cfg_scale=cfg_scale, seed=seed,
-                       width=width or None, height=height or None)
+                       width=width or None, height=height or None, keep_alpha=keep_alpha, **start)
 
 
 def reused_values(library: LoraLibrary, params: dict, toggles: dict) -> dict:

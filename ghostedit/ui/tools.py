@@ -23,10 +23,12 @@ def add_tools(handlers, on_gpu: Callable, concurrency: dict) -> None:
     """The agent endpoints, inside the Blocks context. `on_gpu` wraps the edit for ZeroGPU; `concurrency` is the
     edit events' queue settings (one edit per GPU worker at a time)."""
     edit = typed_tool(lambda values, request: _edit_image(handlers, values, request), "edit_image",
-                      "Edits 1 to 3 images with an instruction (Qwen-Image-Edit) under the chosen speed toggles, "
-                      "and waits for the result. An option this machine cannot run is refused with the reason "
-                      "(the options tool lists them).", edit_parameters(), handlers.engine.spec.default_steps,
-                      ("the edited image (PNG)", FileData))
+                      "Edits images with an instruction under the chosen speed toggles (Qwen-Image-Edit: 1 to 3; "
+                      "Qwen-Image-2.1: 1 to 10, or none to generate from the prompt), and waits for the result. An "
+                      "option this machine cannot run is refused with the reason (the options tool lists them).",
+                      edit_parameters(), handlers.engine.spec.default_steps,
+                      ("the edited image (PNG, with an alpha channel for Qwen-Image-2.1)", FileData),
+                      default_cfg=_default_cfg(handlers.engine))
 
     def options() -> dict:
         """Every speed toggle with its choices, whether each can run on this machine and why not; the LoRA names
@@ -50,6 +52,11 @@ def add_tools(handlers, on_gpu: Callable, concurrency: dict) -> None:
     gr.api(on_gpu(edit, handlers.engine.spec), api_name="edit_image", **concurrency)
     gr.api(options, api_name="options", concurrency_limit=None)
     gr.api(system, api_name="system", concurrency_limit=None)
+
+
+def _default_cfg(engine) -> float:
+    family = engine.family
+    return family.default_cfg if family else 4.0
 
 
 def keep_agent_tools(demo: gr.Blocks) -> list[str]:

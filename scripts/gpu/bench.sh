@@ -10,11 +10,13 @@
 #             compiled`, as a new machine gets it), and a restart (the compile cache on disk)
 #     e2e     whole edits at 1024x1024: e2e-4, 4 steps CFG 1 (stock, best, best + the Lightning schedule, a fused
 #             LoRA costing no time per step), then e2e-40, 40 steps CFG 4 (stock, best, best + $STEP_CACHE); stock
-#             in one process, best in another. The compiled text encoder was measured once (docs/benchmarks.md,
+#             in one process, best in another, which ends with e2e-4-mask: best's e2e-4 edit with $MASK (the
+#             masked row: compare with e2e-4's best). The compiled text encoder was measured once (lab/LOG.md,
 #             section 3), not in every run
 #   scripts/gpu/bench.sh cold      the never-compiled first use of ready again in five new processes one after
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
+#   scripts/gpu/bench.sh qwen21    issue 41: Qwen-Image-2.1 (synthetic) against stock DiffSynth, and on a 24 GB card
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
 #     card-full    every configuration the page offers, one after another in one process on the whole card
 #     lora-switch  fused LoRA switches on the best configuration (rank 32, 840 layers) and a runtime LoRA's scale
@@ -37,6 +39,7 @@ PYTHON=${PYTHON:-python3}
 BEST=${BEST:-best}    # ghostedit/optimize/presets.py
 EXACT=${EXACT:-exact}
 STEP_CACHE=${STEP_CACHE-step-cache=fbcache-0.08}  # the 40-step run adds best + it ("" leaves it out)
+MASK=${MASK:-assets/examples/house-mask.png}       # e2e-4-mask's mask, for the bench's image (house.png)
 # random weights never skip a step at the offered thresholds: the cache runs at this one instead, so that the cost
 # and gain of a served step are measured (bench --help, --step-cache-threshold; "" runs the offered threshold)
 STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD-0.95}
@@ -103,8 +106,8 @@ cold() {  # the never-compiled first use again in $COLD_PROCESSES new processes 
 }
 
 # Stock and best each in a process of their own (configurations measured one after another in one process measured
-# slower the later they came: docs/benchmarks.md, section 3), each process running e2e-4 and then e2e-40 (the
-# weights built once: the process-time block of docs/benchmarks.md says what a process costs). Best's process reads
+# slower the later they came: lab/LOG.md, section 3), each process running e2e-4 and then e2e-40 (the
+# weights built once: the process-time block of lab/LOG.md says what a process costs). Best's process reads
 # stock's rows and images as every row's reference (--baseline-from).
 E2E_4=(--steps 4 --cfg 1 --repeats 6)
 E2E_40=(--steps 40 --cfg 4 --repeats 0 ${STEP_CACHE_THRESHOLD:+--step-cache-threshold "$STEP_CACHE_THRESHOLD"})
@@ -114,7 +117,8 @@ e2e() {
   bench e2e-4 --width "$SIDE" --height "$SIDE" --one-at-a-time "${E2E_4[@]}" \
     --baseline-from "$RESULTS/e2e-4-stock" --configs "$BEST" "$BEST,scheduler=lightning" \
     --then --out-dir "$RESULTS/e2e-40" "${E2E_40[@]}" --baseline-from "$RESULTS/e2e-40-stock" \
-    --configs "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"}
+    --configs "$BEST" ${STEP_CACHE:+"$BEST,$STEP_CACHE"} \
+    --then --out-dir "$RESULTS/e2e-4-mask" "${E2E_4[@]}" --baseline-from "" --mask "$MASK" --configs "$BEST"
 }
 
 speed() { dit; ready; e2e; }
@@ -139,6 +143,20 @@ lora-switch() {
 }
 
 all() { card-full; lora-switch; }
+
+# Issue 41: Qwen-Image-2.1, the full-size synthetic model, against stock DiffSynth's QwenImage21Pipeline (its
+# QwenImage21DiT, its KV cache on) on the same weights: end to end, first step and cached step for 1024x1024 with one
+# reference (40 steps), Turbo (8 steps), 2048x2048 with one and four references (20 steps), text-to-image (40 steps);
+# then the 24 GB card, emulated, at 1024x1024 (stock, whose DiT would stay in host memory there, left out). One device
+# call (bench --level 2.1 says what a row holds).
+QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional")
+qwen21() {
+  local model=synthetic-2.1
+  [ -z "${DRY_RUN:-}" ] || model=tiny-2.1
+  bench qwen21 --model "$model" --level 2.1 --configs "${QWEN21_CONFIGS[@]}"
+  [ -n "${DRY_RUN:-}" ] || bench qwen21-card-24 --model "$model" --level 2.1 --gpu-memory 24 --cases 1024-1ref \
+    --configs "fp8=torchao,compile=regional"
+}
 
 ui_wheels() {  # gradio for the app and gradio_client, from /tmp/wheels-ui, beside the engine's site folder
   "$PYTHON" -c "import gradio, gradio_client" 2>/dev/null && return 0
@@ -165,6 +183,7 @@ latency() {
 }
 
 case ${1:-} in
-  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|latency) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|latency" >&2; exit 2 ;;
+  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21|latency) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21|latency" >&2
+     exit 2 ;;
 esac

@@ -139,7 +139,7 @@ def table(args) -> None:
                     f"leaving each rank.")
     text = heading + "\n\n" + markdown_table(rows, COLUMNS) + "\n"
     (out_dir / "table.md").write_text(text)
-    # what docs/benchmarks.md section 8 is generated from (ghostedit/bench/docs.py)
+    # what docs/benchmarks.md section 8 is generated from (lab/docs/render.py)
     (out_dir / "results.json").write_text(json.dumps({"environment": env, "rows": rows, "link": measured},
                                                      indent=2, default=str))
     print(text)

@@ -14,7 +14,7 @@
 #   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, link (not in a DRY_RUN), table
 #   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses
 #                                           code paths with $CONFIG through a fake process group
-#                                           (scripts/gpu/parallel_smoke.py; its image is garbage)
+#                                           (tests/gpu/parallel_smoke.py; its image is garbage)
 # The edit: ${SIDE}x${SIDE} (1024), $STEPS steps (40), CFG $CFG (4), configuration $CONFIG (best), model $MODEL
 # (synthetic: the real architecture with random weights); a 2-step edit first (load, prepare, compile), then
 # $REPEATS timed edits. Results in $RESULTS/parallel (default ./bench-results); with $OUT set (the device tool's
@@ -96,7 +96,7 @@ case ${1:-} in
   link) link ;;
   both-busy) both_busy ;;
   table) table ;;
-  smoke) "$PYTHON" scripts/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
+  smoke) "$PYTHON" tests/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
            --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
   all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; [ -n "${DRY_RUN:-}" ] || link; table ;;
   *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|both-busy|table|all|smoke" >&2; exit 2 ;;

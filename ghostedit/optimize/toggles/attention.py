@@ -4,8 +4,16 @@ Switching between exact backends prepares nothing (the backend is chosen around 
 change the prepared DiT (FP8 scales of q and k, through the joint layout they imply)."""
 import contextlib
 
+from ...device import Availability
+from ...models.family import QWEN_IMAGE_21_DIT, QWEN_IMAGE_DIT
 from .. import attention
-from ..registry import ON, Choice, RunContext, Toggle, register
+from ..registry import ON, Choice, Requires, RunContext, Toggle, register
+
+# Qwen-Image-2.1's DiT runs the block-causal structure through PyTorch's SDPA (its default, or a kernel named) or
+# flex_attention; the other backends are wired into the Edit DiT's joint attention only
+NOT_FOR_21 = {QWEN_IMAGE_21_DIT: "wired into the Edit DiT's joint attention; Qwen-Image-2.1's block-causal "
+                                 "attention runs PyTorch's SDPA (its own pick or a named kernel) or flex_attention"}
+FLEX_HELP = "one flex_attention call over Qwen-Image-2.1's block-causal mask (its fused kernel needs compile)"
 
 
 @contextlib.contextmanager
@@ -27,19 +35,26 @@ register(Toggle(
     help="which kernel computes the DiT's joint attention; the lossy ones only when named",
     choices=(
         Choice("diffsynth", "DiffSynth default", help="FA3 if installed, else PyTorch SDPA's own dispatch"),
-        Choice("auto", "auto (fastest exact backend measured here)"),
+        Choice("auto", "auto (fastest exact backend measured here)", families=NOT_FOR_21),
         Choice("sdpa-cudnn", "PyTorch SDPA: cuDNN"),
         Choice("sdpa-flash", "PyTorch SDPA: flash"),
         Choice("sdpa-efficient", "PyTorch SDPA: memory-efficient"),
         Choice("sdpa-math", "PyTorch SDPA: math"),
-        Choice("fa4", "FlashAttention-4"),
-        Choice("fa3", "FlashAttention-3"),
-        Choice("fa2", "FlashAttention-2"),
-        Choice("sage", "SageAttention (INT8, lossy)", lossy=True),
-        Choice("cudnn-fp8", "cuDNN FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),)),
-        Choice("fa3-fp8", "FlashAttention-3 FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),)),
+        Choice("fa4", "FlashAttention-4", families=NOT_FOR_21),
+        Choice("fa3", "FlashAttention-3", families=NOT_FOR_21),
+        Choice("fa2", "FlashAttention-2", families=NOT_FOR_21),
+        Choice("sage", "SageAttention (INT8, lossy)", lossy=True, families=NOT_FOR_21),
+        Choice("cudnn-fp8", "cuDNN FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),),
+               families=NOT_FOR_21),
+        Choice("fa3-fp8", "FlashAttention-3 FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),),
+               families=NOT_FOR_21),
+        Choice("flex", "flex_attention (Qwen-Image-2.1's block mask)", help=FLEX_HELP,
+               requires=(Requires("compile", not_values=("off",), why="flex_attention runs its fused kernel only "
+                                  "compiled; uncompiled it computes the whole score matrix"),),
+               families={QWEN_IMAGE_DIT: "the Edit DiT's joint attention has no mask to give flex_attention"}),
     ),
     default="diffsynth", order=15,
     prepared_key=lambda backend: backend if backend in attention.FP8_BACKENDS else None,
-    run_context=_active, availability=attention.availability, tag=lambda backend: backend,
+    run_context=_active, availability=lambda backend, device: Availability.yes() if backend == "flex" else
+    attention.availability(backend, device), tag=lambda backend: backend, families={},
 ))

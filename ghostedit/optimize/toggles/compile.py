@@ -43,5 +43,5 @@ register(Toggle(
         Choice("max-autotune", "max-autotune (each block, tuned kernels)"),
     ),
     order=90, prepare=_prepare, begin=_begin, run_context=_dynamo_settings,
-    availability=compile_blocks.availability,
+    availability=compile_blocks.availability, families={},
 ))

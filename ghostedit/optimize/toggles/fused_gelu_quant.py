@@ -1,6 +1,7 @@
 """Flag `fused-gelu-quant` (lossless next to fp8=torchao): each feed-forward layer's GELU and the rowwise FP8
 quantization of its output in one Triton kernel (ghostedit/optimize/fp8_mlp.py)."""
 from .. import fp8
+from ...models.family import QWEN_IMAGE_21_DIT
 from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, register
 
 
@@ -21,4 +22,5 @@ register(Toggle(
         needs_fused_loras="runtime LoRA layers sit on the feed-forward projections it calls directly")),
     order=65, prepare=_prepare,
     availability=lambda value, device: fp8.availability("torchao", device),
+    families={QWEN_IMAGE_21_DIT: "Qwen-Image-2.1's feed-forward is SwiGLU: there is no GELU to fuse"},
 ))

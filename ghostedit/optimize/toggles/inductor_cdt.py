@@ -9,4 +9,5 @@ register(Toggle(
         Requires("compile", not_values=("off",), why="it sets how compiled kernels are made"),))),
     order=91, compile_options={"coordinate_descent_tuning": True},
     availability=lambda value, device: compile_blocks.availability("regional", device),
+    families={},  # Inductor options: whatever DiT compile compiles
 ))

@@ -10,4 +10,5 @@ register(Toggle(
         Requires("compile", not_values=("off",), why="it sets how compiled kernels are made"),))),
     order=92, compile_options={"triton.multi_kernel": 1},
     availability=lambda value, device: compile_blocks.availability("regional", device),
+    families={},  # Inductor options: whatever DiT compile compiles
 ))

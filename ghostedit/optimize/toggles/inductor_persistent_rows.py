@@ -11,4 +11,5 @@ register(Toggle(
         Requires("compile", not_values=("off",), why="it sets how compiled kernels are made"),))),
     order=93, compile_options={"inductor_choices_class": compile_blocks.persistent_rows},
     availability=lambda value, device: compile_blocks.availability("regional", device),
+    families={},  # Inductor options: whatever DiT compile compiles
 ))

@@ -2,6 +2,7 @@
 which joins text and image q, k, v in the projections' layout (ghostedit/optimize/rewrites.py). The FP8 attentions
 and the fused q/k/v projections run through it."""
 from .. import attention
+from ...models.family import QWEN_IMAGE_21_DIT
 from ..registry import OFF, ON, Choice, PrepareContext, Toggle, register
 
 
@@ -18,4 +19,6 @@ register(Toggle(
     name="joint-layout", label="joint attention without transposing copies", group="rewrites",
     help="q, k and v stay in the projections' [batch, seq, heads, dim] layout",
     choices=(Choice(OFF, "off"), Choice(ON, "on")), order=20, prepare=_prepare,
+    families={QWEN_IMAGE_21_DIT: "Qwen-Image-2.1's DiT is single-stream: its q, k and v already stay in the "
+                                 "projections' layout, with no text and image streams to join"},
 ))

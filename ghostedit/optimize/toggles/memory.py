@@ -17,5 +17,5 @@ register(Toggle(
         Choice("balanced", "balanced (base DiT in pinned host memory)"),
         Choice("low", "low (base DiT and text encoder in host memory)"),
     ),
-    default="auto", changes=PLACEMENT, order=100, availability=_availability,
+    default="auto", changes=PLACEMENT, order=100, availability=_availability, families={},
 ))

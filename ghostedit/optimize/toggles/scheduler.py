@@ -5,6 +5,7 @@ LIGHTNING_SCHEDULER, computed as diffusers computes it), for 4 or 8 steps at CFG
 (ghostedit/optimize/presets.py)."""
 import contextlib
 
+from ...models.family import QWEN_IMAGE_21_DIT
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
@@ -28,6 +29,8 @@ register(Toggle(
     name="scheduler", label="Sampling schedule",
     help="the model's own, or the one Lightning LoRAs were distilled for (with such a LoRA, 4 or 8 steps, CFG 1)",
     choices=(Choice("model", "the model's own"),
-             Choice("lightning", "Lightning (for Lightning LoRAs: log(3) shift, no terminal shift)")),
-    default="model", changes=RUN, order=95, run_context=_schedule,
+             Choice("lightning", "Lightning (for Lightning LoRAs: log(3) shift, no terminal shift)",
+                    families={QWEN_IMAGE_21_DIT: "the Lightning schedule is the one lightx2v's Qwen-Image-Edit LoRAs "
+                                                 "were distilled for; Qwen-Image-2.1-Turbo has its own sigmas"})),
+    default="model", changes=RUN, order=95, run_context=_schedule, families={},
 ))

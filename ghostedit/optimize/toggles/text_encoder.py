@@ -1,6 +1,6 @@
 """Toggle `text-encoder`: how the 7B text encoder runs. `compiled`: torch.compile of each of its decoder layers and
 vision blocks (regional, dynamic shapes), for a text encoder that an H100 profile showed idle most of its stage
-while Python launched its small kernels one by one (docs/benchmarks.md, section 6). The text encoder is shared by
+while Python launched its small kernels one by one (lab/LOG.md, section 6). The text encoder is shared by
 every configuration, so the compiled layers are set for the run and put back after it; Dynamo keeps their code, so
 only the first run compiles (inside its text-encoding stage). `joined-windows`: the vision tower's windowed
 attention in one call per block (optimize/vision_windows.py), also set for the run only. `graphed`: the windows
@@ -14,6 +14,7 @@ import weakref
 from ... import tensors
 from ...device import Availability, UnavailableOptionError, needs_cuda
 from .. import compile as compile_blocks, text_encoder_graphs, vision_windows
+from ...models.family import QWEN_IMAGE_21_DIT
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
@@ -91,4 +92,6 @@ register(Toggle(
              Choice("graphed", "graphed (windows joined, each layer replayed from a CUDA graph per shape)")),
     default="eager", changes=RUN, component="text_encoder", order=96, run_context=_text_encoder,
     availability=_availability,
+    families={QWEN_IMAGE_21_DIT: "its compiled layers, joined windows and graphs are Qwen2.5-VL's (the Edit "
+                                 "models' text encoder); Qwen-Image-2.1's is Qwen3-VL"},
 ))

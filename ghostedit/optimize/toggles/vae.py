@@ -8,6 +8,7 @@ import contextlib
 
 from ...device import Availability, needs_cuda
 from .. import vae_frames
+from ...models.family import QWEN_IMAGE_21_DIT
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
@@ -40,4 +41,6 @@ register(Toggle(
              Choice("image", "image (2-D convolutions on the one frame, channels-last)"),
              Choice("image-fused", "image, norms fused (one kernel per RMS norm and its SiLU)")),
     default="video", changes=RUN, component="vae", order=97, run_context=_vae, availability=_availability,
+    families={QWEN_IMAGE_21_DIT: "written for the Edit models' VAE; Qwen-Image-2.1's RGBA VAE (DiffSynth's "
+                                 "QwenImage21VAE) already runs a lone frame as 2-D convolutions"},
 ))

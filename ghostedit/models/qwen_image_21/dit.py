@@ -1,0 +1,374 @@
+"""Qwen-Image-2.1's DiT, GhostEdit's own, read top to bottom: the single-stream transformer of the released model
+(diffusers' QwenImage21Transformer2DModel and DiffSynth's QwenImage21DiT compute the same; this file computes it
+too, on their state dict: the same parameter names, no conversion).
+
+The sequence is one stream: the prompt's tokens as the text encoder gave them, each reference image's latent tokens
+in the places the text encoder reserved for that image (one image slot there is 2x2 latent tokens), and the target
+image's tokens appended last. Attention is block-causal: a text token sees what comes before it and itself; a
+reference image's tokens see what comes before the image and the whole image; the target's tokens see everything.
+Text and reference tokens are modulated as at t=0 (`causal_condition`), so their keys and values are the same at
+every step: the first step fills a prefix cache with them and later steps compute the target's tokens alone.
+
+Where the run's choices attach, the forward calls the seams (seams.py; the options travel down in `DitOptions`):
+- attention: `attention(...)` over the block-causal `Segments` (span by span through the backend the options name,
+  or one flex_attention call), or, from the cache, the target's queries over the cached prefix and its own keys;
+- linear: every projection is an `nn.Linear` attribute of its module (`to_q`, `img_mlp.proj`, ...), so a quantizer
+  (torchao's FP8) replaces the weights in place and the forward does not change;
+- block loop: `QwenImage21DiT.run_blocks` runs `blocks` in order, each an `nn.Module` of its own (regional compile
+  compiles each; the cache-filling step and the cached steps are one graph each);
+- prefix KV cache: `options.prefix_cache` (one per run: its CFG branches by step index), filled by the first step
+  of a branch and read by the others.
+The sequence's structure (`Layout`: positions, segments, rotary factors) is the same at every step of a CFG branch:
+the pipeline makes it once (`layout`) and hands it to each forward.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .seams import FLEX, DitOptions, Segments, attention, flex_block_mask
+
+IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
+
+
+# ---- the sequence's structure ----
+
+@dataclass
+class Layout:
+    """Where everything sits in the joint sequence of one CFG branch, the same at every step of a run."""
+    length: int                        # tokens of the joint sequence
+    image_positions: torch.Tensor      # [N] the latent tokens' positions (references, then the target)
+    text_positions: torch.Tensor       # [L - N] the text tokens' positions
+    vl_text_positions: torch.Tensor    # [L - N] where those are in the text encoder's sequence
+    prefix_length: int                 # text and reference tokens: everything before the target
+    segments: Segments                 # the block-causal mask
+    rotary: torch.Tensor               # [L, head_dim / 2] complex rotary factors
+
+    @property
+    def target_length(self) -> int:
+        return self.length - self.prefix_length
+
+
+def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], prompt_mask: torch.Tensor | None,
+           rope: "Rope", device, options: DitOptions = DitOptions()) -> Layout:
+    """The Layout for a text encoder sequence whose image slots are `image_mask` ([B, S], the target's slots
+    appended; samples share one layout) and images of `img_shapes` (frames, height, width) in latent tokens;
+    `prompt_mask` [B, S] False at padded prompt tokens (a batch of prompts of different lengths), or None."""
+    repeats = torch.where(image_mask[0], IMAGE_TOKENS_PER_SLOT, 1)
+    is_image = torch.repeat_interleave(image_mask[0], repeats)
+    image_positions = is_image.nonzero(as_tuple=True)[0]
+    lengths = [math.prod(shape) for shape in img_shapes]
+    if sum(lengths) != image_positions.numel():
+        raise ValueError(f"the images have {sum(lengths)} latent tokens but the text encoder's sequence reserved "
+                         f"{image_positions.numel()}")
+    image_ids = torch.full_like(is_image, -1, dtype=torch.long)
+    image_ids[image_positions] = torch.tensor([block for block, n in enumerate(lengths) for _ in range(n)],
+                                              device=is_image.device)
+    length, prefix_length = is_image.numel(), is_image.numel() - lengths[-1]
+    text_positions = (~is_image).nonzero(as_tuple=True)[0]
+    vl_text_positions = (~image_mask[0]).nonzero(as_tuple=True)[0]
+    key_valid = None
+    if prompt_mask is not None:
+        key_valid = torch.ones(prompt_mask.shape[0], length, dtype=torch.bool, device=device)
+        key_valid[:, text_positions.to(device)] = prompt_mask.bool()[:, vl_text_positions.to(prompt_mask.device)]
+    segments = Segments(_spans(image_ids[:prefix_length].tolist()), key_valid)
+    if options.attention == FLEX:
+        segments = Segments(segments.spans, key_valid,
+                            flex_block_mask(segments, length, image_mask.shape[0], device))
+    return Layout(length, image_positions.to(device), text_positions.to(device), vl_text_positions.to(device),
+                  prefix_length, segments, rope(img_shapes, is_image, device))
+
+
+def _spans(image_ids: list[int]) -> tuple[tuple[int, int, bool], ...]:
+    """Runs of one text stretch (-1: causal) or one image (its id) as (start, end, causal)."""
+    spans, start = [], 0
+    for index in range(1, len(image_ids) + 1):
+        if index == len(image_ids) or image_ids[index] != image_ids[start]:
+            spans.append((start, index, image_ids[start] < 0))
+            start = index
+    return tuple(spans)
+
+
+class Rope:
+    """3-axis (frame, height, width) rotary positions over the joint sequence: text advances one position on every
+    axis; an image holds the frame position the text reached and lays its tokens on a height/width grid centred on
+    zero, then moves the position on by its longer side. No parameters: the tables are made once per device."""
+
+    def __init__(self, axes_dim: list[int], theta: int = 10000):
+        positive, negative = torch.arange(8192), torch.arange(1024).flip(0) * -1 - 1
+        self._tables = {"cpu": [torch.cat([_frequencies(positive, dim, theta), _frequencies(negative, dim, theta)])
+                                for dim in axes_dim]}
+
+    def tables(self, device) -> list[torch.Tensor]:
+        key = str(device)
+        if key not in self._tables:
+            self._tables[key] = [table.to(device) for table in self._tables["cpu"]]
+        return self._tables[key]
+
+    def __call__(self, img_shapes, is_image: torch.Tensor, device) -> torch.Tensor:
+        frame, image_height, image_width = [], [], []
+        cursor = position = 0
+        flags = is_image.tolist()
+        for _, height, width in img_shapes:
+            start = flags.index(True, cursor)
+            frame.extend(range(position, position + start - cursor))
+            position += start - cursor
+            cursor = start + height * width
+            frame.extend([position] * (height * width))
+            position += max(height, width)
+            image_height.extend(h for h in range(-(height - height // 2), height // 2) for _ in range(width))
+            image_width.extend(w for _ in range(height) for w in range(-(width - width // 2), width // 2))
+        frame.extend(range(position, position + len(flags) - cursor))
+        frame = torch.tensor(frame, dtype=torch.long, device=device)
+        height_index, width_index = frame.clone(), frame.clone()
+        mask = is_image.to(device)
+        height_index[mask] = torch.tensor(image_height, dtype=torch.long, device=device)
+        width_index[mask] = torch.tensor(image_width, dtype=torch.long, device=device)
+        tables = self.tables(device)
+        return torch.cat([tables[0][frame], tables[1][height_index], tables[2][width_index]], dim=-1)
+
+
+def _frequencies(index: torch.Tensor, dim: int, theta: int) -> torch.Tensor:
+    angles = torch.outer(index, 1.0 / torch.pow(theta, torch.arange(0, dim, 2).to(torch.float32).div(dim)))
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rotary(x: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
+    """x [B, S, H, D] rotated by rotary [S, D / 2] (complex), computed in float32."""
+    rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)) * rotary.unsqueeze(1)
+    return torch.view_as_real(rotated).flatten(3).type_as(x)
+
+
+def diffsynth_attention(q, k, v, mask) -> torch.Tensor:
+    """DiffSynth's own attention for this DiT (its choice of kernel, PyTorch SDPA for a mask), heads first in,
+    [batch, queries, heads * head_dim] out."""
+    from diffsynth.core.attention import attention_forward
+    return attention_forward(q, k, v, q_pattern="b n s d", k_pattern="b n s d", v_pattern="b n s d",
+                             out_pattern="b s n d", attn_mask=mask).flatten(2)
+
+
+# ---- the model ----
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMS norm in float32 whose weight is stored minus one (the scale is weight + 1)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(torch.mean(hidden ** 2, dim=-1, keepdim=True) + self.eps)
+        return (hidden * (self.weight.float() + 1)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """The q/k norm: the mean square in float32, the weight applied in its own dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(self.weight.dtype)
+        return x * self.weight
+
+
+class TimestepEmbedding(nn.Module):
+    """The sinusoidal embedding of t (cos first, then sin, in float32) through two bias-free linears."""
+
+    def __init__(self, dim: int, frequencies: int = 256):
+        super().__init__()
+        self.half = frequencies // 2
+        self.linear_1 = nn.Linear(frequencies, dim, bias=False)
+        self.linear_2 = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, timestep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # made here in float32: a buffer would be cast with the model
+        frequencies = torch.exp(-math.log(10000) * torch.arange(self.half, dtype=torch.float32) / self.half)
+        angles = (1000.0 * timestep.float())[:, None] * frequencies[None].to(timestep.device)
+        embedding = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1).to(dtype)
+        return self.linear_2(F.silu(self.linear_1(embedding)))
+
+
+class TimeTextEmbed(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.timestep_embedder = TimestepEmbedding(dim)
+
+
+class TextProjection(nn.Module):
+    def __init__(self, context_dim: int, dim: int, eps: float):
+        super().__init__()
+        self.text_norm = ZeroCenteredRMSNorm(context_dim, eps)
+        self.in_layer = nn.Linear(context_dim, dim, bias=False)
+        self.out_layer = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_layer(F.gelu(self.in_layer(self.text_norm(x)), approximate="tanh"))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.to_q = nn.Linear(dim, heads * head_dim, bias=False)
+        self.to_k = nn.Linear(dim, heads * head_dim, bias=False)
+        self.to_v = nn.Linear(dim, heads * head_dim, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(heads * head_dim, dim, bias=False)])
+        self.norm_q = RMSNorm(head_dim, eps)
+        self.norm_k = RMSNorm(head_dim, eps)
+
+    def forward(self, x, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool,
+                options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
+        """`prefix`: the cached prefix's (keys, values), the queries being the target's alone; `keep_prefix`: return
+        this step's prefix keys and values for the cache."""
+        query, key, value = (projection(x).unflatten(-1, (-1, self.head_dim))
+                             for projection in (self.to_q, self.to_k, self.to_v))
+        query = apply_rotary(self.norm_q(query).to(value.dtype), rotary)
+        key = apply_rotary(self.norm_k(key).to(value.dtype), rotary)
+        kept = (key[:, :layout_.prefix_length], value[:, :layout_.prefix_length]) if keep_prefix else None
+        if prefix is None:
+            mask = layout_.segments
+        else:  # the target sees every key: only padded prompt tokens are masked
+            valid = layout_.segments.key_valid
+            mask = None if valid is None else valid[:, None, None, :]
+        out = attention([(query, key, value)], options, mask=mask, prefix=prefix, diffsynth=diffsynth_attention)
+        return self.to_out[0](out.type_as(query)), kept
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: out(silu(gate_layer(x)) * proj(x))."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, hidden, bias=False)
+        self.gate_layer = nn.Linear(dim, hidden, bias=False)
+        self.out = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.silu(self.gate_layer(x)) * self.proj(x))
+
+
+class Block(nn.Module):
+    """Attention and the feed-forward, each after a LayerNorm scaled by the shared modulation's rows and added back
+    through a tanh gate."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int, mlp_ratio: int, eps: float):
+        super().__init__()
+        self.attn = Attention(dim, heads, head_dim, eps)
+        self.img_mlp = FeedForward(dim, dim * mlp_ratio)
+        self.eps = eps
+
+    def forward(self, x, modulation, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool,
+                options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
+        scale1, gate1, scale2, gate2 = modulation.chunk(4, dim=-1)
+        normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale1)
+        attended, kept = self.attn(normed, rotary, layout_, prefix, keep_prefix, options)
+        x = x + gate1.tanh() * attended
+        normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale2)
+        x = x + gate2.tanh() * self.img_mlp(normed)
+        return (x.clip(-65504, 65504) if x.dtype == torch.float16 else x), kept
+
+
+class FinalNorm(nn.Module):
+    """The output norm: LayerNorm scaled by a projection of the timestep embedding (no shift)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim, bias=False)
+        self.eps = eps
+
+
+class QwenImage21DiT(nn.Module):
+    """The released model at the sizes of a diffusers transformer config (its __init__ takes that config's keys)."""
+
+    # Regional compile (optimize/compile.py) compiles each block as it is called: a run's cache-filling step and its
+    # cached steps are one graph each (torch's automatic dynamic shapes make the second one over any length), and
+    # the blocks share them; no token dimension needs marking
+    one_graph_per_step_kind = True
+
+    def __init__(self, patch_size: int = 1, in_channels: int = 64, out_channels: int | None = 64,
+                 num_layers: int = 32, attention_head_dim: int = 128, num_attention_heads: int = 32,
+                 context_in_dim: int = 4096, mlp_ratio: int = 3, axes_dims_rope=(16, 56, 56), eps: float = 1e-6,
+                 causal_condition: bool = True):
+        super().__init__()
+        if patch_size != 1 or not causal_condition:
+            raise ValueError("Qwen-Image-2.1's DiT takes latents unpatched (patch_size 1) with causal_condition")
+        dim = num_attention_heads * attention_head_dim
+        # the transformer config's values, as DiffSynth's QwenImage21DiT takes them (the bench builds stock's from it)
+        self.config = {"patch_size": patch_size, "in_channels": in_channels, "out_channels": out_channels,
+                       "num_layers": num_layers, "attention_head_dim": attention_head_dim,
+                       "num_attention_heads": num_attention_heads, "context_in_dim": context_in_dim,
+                       "mlp_ratio": mlp_ratio, "axes_dims_rope": tuple(axes_dims_rope), "eps": eps,
+                       "causal_condition": causal_condition}
+        self.heads, self.head_dim = num_attention_heads, attention_head_dim
+        self.rope = Rope(list(axes_dims_rope))
+        self.time_text_embed = TimeTextEmbed(dim)
+        self.txt_in = TextProjection(context_in_dim, dim, eps)
+        self.img_in = nn.Linear(in_channels, dim, bias=False)
+        # one modulation shared by every block: [scale 1, gate 1, scale 2, gate 2]
+        self.modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 4 * dim, bias=False))
+        self.transformer_blocks = nn.ModuleList(
+            Block(dim, num_attention_heads, attention_head_dim, mlp_ratio, eps) for _ in range(num_layers))
+        self.norm_out = FinalNorm(dim, eps)
+        self.proj_out = nn.Linear(dim, out_channels or in_channels, bias=False)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The repeated blocks (DiffSynth's attribute name, which the state dict's keys carry)."""
+        return self.transformer_blocks
+
+    def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor, layout_: Layout,
+                options: DitOptions = DitOptions()) -> torch.Tensor:
+        """The target's prediction [B, T, C] from `latents` [B, N, C] (the references' tokens, then the target's),
+        the text encoder's `prompt_embeds` [B, S, E] and `timestep` [B] in [0, 1], over this CFG branch's
+        `layout_`. With `options.prefix_cache` (begun at this step by the caller), the first step of the branch
+        fills it and the others compute the target's tokens alone."""
+        cache = options.prefix_cache
+        from_cache = cache is not None and not cache.filling
+        temb = self.time_text_embed.timestep_embedder(
+            torch.cat([timestep, timestep.new_zeros(1)]).to(latents.dtype), latents.dtype)  # t, and 0 for the prefix
+        modulation = self.modulation(temb)                     # [B + 1, 4 dim]
+        target_rows, prefix_row = modulation[:-1, None], modulation[-1:, None]
+        final_scale = self.norm_out.linear(F.silu(temb).to(latents.dtype))[:-1, None]
+
+        if from_cache:  # the target's tokens alone (a tensor of their own, as every block gets); the prefix is cached
+            hidden = self.img_in(latents[:, -layout_.target_length:])
+            rotary = layout_.rotary[layout_.prefix_length:]
+            rows = target_rows
+        else:
+            image_tokens = self.img_in(latents)
+            hidden = image_tokens.new_empty(latents.shape[0], layout_.length, image_tokens.shape[-1])
+            hidden[:, layout_.text_positions] = self.txt_in(prompt_embeds)[:, layout_.vl_text_positions]
+            hidden[:, layout_.image_positions] = image_tokens
+            rotary = layout_.rotary
+            rows = torch.cat([prefix_row.expand(-1, layout_.prefix_length, -1),
+                              target_rows.expand(-1, layout_.target_length, -1)], dim=1)
+        hidden = self.run_blocks(hidden, rows, rotary, layout_, options, from_cache)
+        if cache is not None:
+            cache.done(hidden.shape[1])
+        target = hidden[:, -layout_.target_length:]
+        target = F.layer_norm(target, target.shape[-1:], eps=self.norm_out.eps) * (1 + final_scale)
+        return self.proj_out(target)
+
+    def run_blocks(self, hidden, modulation, rotary, layout_: Layout, options: DitOptions,
+                   from_cache: bool) -> torch.Tensor:
+        """The block loop: each block reads its cached prefix, or hands this step's to the cache."""
+        cache = options.prefix_cache
+        for index, block in enumerate(self.blocks):
+            prefix = cache.stored(index) if from_cache else None
+            hidden, kept = block(hidden, modulation, rotary, layout_, prefix, cache is not None and not from_cache,
+                                 options)
+            if kept is not None:
+                cache.store(index, *kept)
+        return hidden

@@ -1,0 +1,30 @@
+"""The test tiers: each test gets its tier's marker by its file (tests/conftest.py, the markers of pytest.ini), and
+`python -m pytest` deselects the gpu tier, which `-m gpu` selects on the GPU machine."""
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def collected(*args: str) -> tuple[set[str], str]:
+    """The test files `pytest --collect-only` selects with these arguments after pytest.ini's, and its output."""
+    ran = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          *args], cwd=REPO, capture_output=True, text=True)
+    assert ran.returncode in (0, 5), ran.stdout + ran.stderr  # 5: no test selected
+    return {line.split("::")[0] for line in ran.stdout.splitlines() if "::" in line}, ran.stdout
+
+
+def test_the_gpu_tier_is_deselected_unless_asked_for():
+    files, output = collected("tests/gpu", "tests/test_tiers.py")
+    assert files == {"tests/test_tiers.py"} and "deselected" in output
+    files, _ = collected("-m", "gpu", "tests/gpu", "tests/test_tiers.py")
+    assert files == {"tests/gpu/test_graph_check.py", "tests/gpu/test_parallel_smoke.py",
+                     "tests/gpu/test_seed_check.py"}
+
+
+def test_browser_and_server_tests_are_marked_by_their_file():
+    paths = ("tests/test_app_browser.py", "tests/test_mcp.py", "tests/test_tiers.py")
+    assert collected("-m", "browser", *paths)[0] == {"tests/test_app_browser.py"}
+    assert collected("-m", "server", *paths)[0] == {"tests/test_mcp.py"}
+    assert collected("-m", "not browser and not server", *paths)[0] == {"tests/test_tiers.py"}
