@@ -113,6 +113,16 @@ def test_every_second_of_a_run_is_named_by_a_stage(size, house):
     assert "prepare" in stages["runtime LoRA"]
 
 
+def test_no_stage_is_left_out_of_a_runs_summary():
+    """Every timed stage is in the summary, in the order stages run: a CUDA graph's capture (inside a step, out of
+    its time) and a stage the order does not list yet too."""
+    from ghostedit.telemetry import RunTelemetry
+    telemetry = RunTelemetry("cpu")
+    for stage, seconds in (("denoising", 1.0), ("a new stage", 0.5), ("CUDA graph capture", 0.25), ("load", 2.0)):
+        telemetry.add_stage(stage, seconds)
+    assert list(telemetry.summary()["stages_s"]) == ["load", "CUDA graph capture", "denoising", "a new stage"]
+
+
 def test_start_up_warms_in_the_background_and_says_so(engine):
     startup = StartUp(engine, [OptimizationConfig()]).start()
     assert startup.wait(300) and startup.state == "ready", startup.status()

@@ -29,8 +29,8 @@ EXAMPLES = [
 ]
 # one colour per stage, every stage in the legend (compiling too, before any run compiled), in the order they run
 STAGE_COLORS = dict(zip([stage_words(stage) for stage in STAGE_ORDER] + [OTHER_STAGE],
-                        ["#64748b", "#0ea5e9", "#a855f7", "#f472b6", "#ef4444", "#f59e0b", "#eab308", "#6366f1",
-                         "#10b981", "#cbd5e1"], strict=True))
+                        ["#64748b", "#0ea5e9", "#a855f7", "#f472b6", "#ef4444", "#fb923c", "#f59e0b", "#eab308",
+                         "#6366f1", "#10b981", "#cbd5e1"], strict=True))
 GPU_QUEUE = dict(concurrency_id="gpu")  # edits and variant batches: one job at a time per GPU (worker)
 LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job
 # the prepare notice: one at a time, in the order asked for (side by side, an older one finishing last would show

@@ -18,6 +18,7 @@ STAGE_WORDS = {
     "prepare": "preparing",
     "preparing": "preparing",
     "compile warm-up": "compiling",
+    "CUDA graph capture": "capturing CUDA graphs",
     "image encoding": "encoding images",
     "text encoding": "encoding text",
     "denoising": "denoising",
