@@ -24,8 +24,8 @@
 #             (ghostedit/bench/latency.py): on a machine that never compiled best, its first edit after start,
 #             then best and stock at 4 steps CFG 1, fused LoRA switches on best, best at 40 steps CFG 4; then the
 #             next start given the compiled packages the first one kept. Needs gradio: its wheels
-#             (../shared/tools/device-wheels --dest .whl-ui --preset ui) in /tmp/wheels-ui, copied there by a call
-#             of their own (they and the engine's wheels do not fit one call's 64 MiB)
+#             (../shared/tools/device-wheels --dest .whl-ui --preset ui) copied into /tmp/wheels by a call of their
+#             own before this one (they and the engine's wheels do not fit one call's 64 MiB)
 # Results go to $RESULTS/<phase>/ (results.json, table.md, chart.png, <phase>.log; default ./bench-results), and with
 # $OUT set (the device tool's folder, which takes few files) each process's into $OUT/<process>.tar.gz as it ends.
 # DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU with configurations a CPU can run.
@@ -158,13 +158,9 @@ qwen21() {
     --configs "fp8=torchao,compile=regional"
 }
 
-ui_wheels() {  # gradio for the app and gradio_client, from /tmp/wheels-ui, beside the engine's site folder
-  "$PYTHON" -c "import gradio, gradio_client" 2>/dev/null && return 0
-  ls /tmp/wheels-ui/*.whl > /dev/null 2>&1 ||
-    { echo "latency: gradio is missing: copy .whl-ui/*.whl into /tmp/wheels-ui in a call before this one" >&2; exit 2; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-ui /tmp/wheels-ui/*.whl 2>&1 |
-    { grep -v "^WARNING: Target directory" || true; } | tail -5
-  export PYTHONPATH=/tmp/site-ui:$PYTHONPATH
+ui_wheels() {  # gradio for the app and gradio_client: setup.sh installs .whl-ui's wheels with the engine's
+  "$PYTHON" -c "import gradio, gradio_client" 2>/dev/null ||
+    { echo "latency: gradio is missing: copy .whl-ui/*.whl into /tmp/wheels in a call before this one" >&2; exit 2; }
 }
 
 latency() {
