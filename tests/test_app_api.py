@@ -9,7 +9,8 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 from PIL import Image
 
-from app_client import BEFORE_AFTER, IMAGES, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
+from app_client import (BEFORE_AFTER, IMAGES, RUN_JSON, STATUS, SUMMARY, TABLE, client, lossless, reached, rows,
+                        wait_until)
 from conftest import ASSETS
 
 SMALL = dict(steps=3, width=128, height=128)
@@ -55,7 +56,7 @@ def test_two_configurations_give_two_comparison_rows(app):
     assert fp8["configuration"] == "fp8-storage"
     assert fp8["speedup e2e ×"] > 0 and fp8["speedup s/step ×"] > 0
     assert fp8["PSNR dB"] == fp8["SSIM"] == "pending"  # the edit answers before the image metrics are made
-    table, png_path = session.predict(api_name="/comparison")
+    table, (png_path,) = session.predict(api_name="/comparison")  # and the latest /edit's output
     baseline, fp8 = rows(table)
     assert 25 < float(fp8["PSNR dB"]) < math.inf and 0 < fp8["SSIM"] < 1
     assert baseline["PSNR dB"] == "identical" and baseline["SSIM"] == 1
@@ -70,10 +71,10 @@ def test_views_are_jpeg_and_the_download_is_the_lossless_png(app):
     before, after = result[BEFORE_AFTER]
     assert Image.open(before).format == Image.open(after).format == "JPEG"
     assert Image.open(result[IMAGES][0]["image"]).format == "JPEG"
-    png = session.predict(api_name="/comparison")[1]
+    (png,) = lossless(session)
     assert Image.open(png).format == "PNG" and Image.open(png).size == Image.open(after).size
-    view, lossless = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float64) for path in (after, png))
-    assert 10 * math.log10(255**2 / np.mean((view - lossless) ** 2)) > 30  # quality 95: close to the output
+    view, made = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float64) for path in (after, png))
+    assert 10 * math.log10(255**2 / np.mean((view - made) ** 2)) > 30  # quality 95: close to the output
 
 
 def test_identical_second_run_is_a_cache_hit(app):

@@ -172,7 +172,7 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
     assert "LoRA read" in switches[0]["stages_s"] and all(row["switch_s"] > 0 for row in switches)
     assert found["startup"]["state"] == "ready" and "client waits s" in (out / "table.md").read_text()
 
-    from ghostedit.bench import docs
+    from lab.docs import render as docs
     parts = {"latency-4": found, "latency-40": found, "latency-restart": found}
     environment = {**found["environment"], "gpu": "a GPU"}
     monkeypatch.setattr(docs, "results", lambda part: {**parts[part], "environment": environment})

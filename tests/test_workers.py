@@ -158,6 +158,8 @@ def test_app_with_two_workers_serves_two_edits_at_once(tmp_path):
     launcher.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\nimport app\n"
                         "if __name__ == '__main__':\n    app.main(sys.argv[1:] + ['--workers', '2'])\n")
     with running_app(tmp_path, launcher) as running:
+        while Client(running.url, verbose=False).predict(api_name="/startup")["state"] == "warming":
+            time.sleep(0.2)  # both workers warmed at start: two people then find two workers free
         house = str(REPO / "assets/examples/house.png")
         jobs = [Client(running.url, verbose=False).submit(  # two clients: two people at once
             image=handle_file(house), steps=6, width=128, height=128, api_name="/edit", **EDITS[name])

@@ -100,6 +100,7 @@ class Handlers:
             edits = seeded_requests(self._edit_request(values), image_count(values.get("count")))
         except Exception as error:
             raise user_error(error) from error
+        history.begin_call()
         images = []
         for index, edit in enumerate(edits, 1):
             heading = f"**Image {index} of {len(edits)}** (seed {edit.seed})\n\n" if len(edits) > 1 else ""
@@ -128,6 +129,7 @@ class Handlers:
             edit = self._edit_request(values)
         except Exception as error:
             raise user_error(error) from error
+        history.begin_call()
         finished, images = [], []
         started = time.perf_counter()
         for index, (name, config) in enumerate(runs, 1):
@@ -341,14 +343,16 @@ class Handlers:
 
     def comparison(self, history: History):
         """The session's comparison table with every image difference against the baseline (PSNR, SSIM) computed,
-        and the latest run's output as a lossless PNG file. An edit answers before these are made (its table says
-        "pending"): the page asks for them right after each run, an API client when it wants them."""
+        and the outputs of its latest /edit or /run_variants as lossless PNG files. An edit answers before these
+        are made (its table says "pending"): the page asks for them right after each run, an API client when it
+        wants them."""
         history.compute_metrics()
-        latest = history.runs[-1] if history.runs else None
-        if latest is not None and latest.png is None:
-            latest.png = media.png_file(latest.image, self._views, f"ghostedit-run-{latest.number}")
+        latest = [run for run in history.runs if run.number in history.latest_call]
+        for run in latest:
+            if run.png is None:
+                run.png = media.png_file(run.image, self._views, f"ghostedit-run-{run.number}")
         # the table's column widths were set for it by compare_views, its pending cells as wide as computed ones
-        return history.table(), latest and latest.png
+        return history.table(), [run.png for run in latest] or None
 
     def exports(self, history: History, request: gr.Request):
         """The history as CSV and JSON files for the export buttons (after `comparison`: the metrics are in)."""

@@ -83,11 +83,17 @@ class History:
     runs: list[RunRecord] = field(default_factory=list)
     baseline_number: int | None = None
     next_number: int = 1
+    latest_call: list[int] = field(default_factory=list)  # the runs the latest /edit or /run_variants made
     _metrics: dict = field(default_factory=dict)   # (run, baseline) -> compare_images(), computed once
+
+    def begin_call(self) -> None:
+        """An /edit or /run_variants starts: the runs it adds are the latest call's."""
+        self.latest_call = []
 
     def add(self, result) -> RunRecord:
         record = record_from_result(result, self.next_number)
         self.next_number += 1
+        self.latest_call.append(record.number)
         self.runs = (self.runs + [record])[-MAX_RUNS:]
         if self.baseline() is None:
             self.baseline_number = self.runs[0].number
@@ -101,7 +107,7 @@ class History:
             self.baseline_number = number
 
     def clear(self) -> None:
-        self.runs, self.baseline_number, self._metrics = [], None, {}
+        self.runs, self.baseline_number, self._metrics, self.latest_call = [], None, {}, []
 
     def _compared(self, run: RunRecord) -> RunRecord | None:
         """The baseline when `run` is the same edit as it (so the two compare), else None."""

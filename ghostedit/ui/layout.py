@@ -146,8 +146,8 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
             # the views are JPEG files (ui/media.py); the download is the lossless PNG, made after the picture shows
             ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="filepath", interactive=False,
                                        elem_id="result", max_height=560, buttons=["fullscreen"])
-            ui.download_png = gr.File(label="The output as PNG (full quality), once shown", interactive=False,
-                                      height=60, elem_id="download_png")
+            ui.download_png = gr.File(label="The outputs as PNG (full quality), once shown", interactive=False,
+                                      file_count="multiple", height=90, elem_id="download_png")
             ui.images = gr.Gallery(label="This run's images (one per seed)", columns=4, height=220,
                                    object_fit="contain", buttons=["fullscreen"], elem_id="run_images")
         with gr.Column(scale=1):
