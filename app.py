@@ -8,9 +8,6 @@ On a Hugging Face Space (README front matter: sdk gradio, app_file app.py) the s
 from __future__ import annotations
 
 import argparse
-import os
-
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home; the app works offline
 
 try:  # ZeroGPU needs `spaces` imported before torch touches CUDA; outside a Space it changes nothing
     import spaces  # noqa: F401

@@ -24,8 +24,8 @@ from .device import synchronize
 GIB = 1024**3
 
 # The order in which stages are shown; a run reports the ones it went through.
-STAGE_ORDER = ("load", "prepare", "LoRA switch", "compile warm-up", "image encoding", "text encoding", "denoising",
-               "decoding")
+STAGE_ORDER = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up", "CUDA graph capture", "image encoding",
+               "text encoding", "denoising", "decoding")
 EDIT_STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]  # an edit's own, after the one-time stages
 # An edit's own stages, timed on a GPU by events on its clock, as the denoising steps are: the CPU goes on into the
 # next stage while the GPU finishes this one's work (the text encoder's processor while the VAE encodes, say), where
@@ -247,7 +247,8 @@ class RunTelemetry:
             "placement": dict(self.placement),
             "parallel": self.parallel,
             "total_s": self.total_seconds,
-            "stages_s": {name: self.stages[name] for name in STAGE_ORDER if name in self.stages},
+            # in the order they run; a stage STAGE_ORDER does not list comes last rather than not at all
+            "stages_s": {name: self.stages[name] for name in sorted(self.stages, key=_stage_rank)},
             "prepare_steps_s": dict(self.prepare_steps),
             "step_s": list(self.step_seconds),
             "warm_up_steps": list(self.warm_up_steps),
@@ -448,6 +449,10 @@ class RunRecorder:
         self.telemetry.total_seconds = self.elapsed()
         self.emit("done", "done")
         return self.telemetry
+
+
+def _stage_rank(name: str) -> int:
+    return STAGE_ORDER.index(name) if name in STAGE_ORDER else len(STAGE_ORDER)
 
 
 def _max_or_none(a: float | None, b: float | None) -> float | None:

@@ -32,3 +32,9 @@ def reached(job, key, value) -> bool:
 
 def rows(table: dict) -> list[dict]:
     return [dict(zip(table["headers"], row)) for row in table["data"]]
+
+
+def lossless(session) -> list[str]:
+    """The latest /edit's (or /run_variants') outputs as the engine made them: /comparison's PNG files (the before/after
+    and the run's images are JPEG views)."""
+    return session.predict(api_name="/comparison")[1]

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from ghostedit.bench.latency import answers, free_port  # how the latency bench starts the app too
 
 REPO = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 180  # generous: a loaded CI machine; the startup time itself is checked in a test
@@ -28,20 +28,6 @@ class RunningApp:
     pid: int
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _serves(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def running_app(folder: Path, launcher: str | Path = "app.py", env: dict[str, str] | None = None, cwd: Path = REPO,
                 model: str = "tiny"):
@@ -55,7 +41,7 @@ def running_app(folder: Path, launcher: str | Path = "app.py", env: dict[str, st
                                     "--lora-dir", str(lora_dir)], cwd=cwd, stdout=log_file,
                                    stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
-        while not _serves(url):
+        while not answers(url):
             if process.poll() is not None or time.perf_counter() - start > READY_TIMEOUT_S:
                 raise RuntimeError(f"the app did not start (exit code {process.poll()}):\n{log.read_text()[-3000:]}")
             time.sleep(0.25)

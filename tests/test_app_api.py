@@ -2,13 +2,15 @@
 import math
 import time
 
+import numpy as np
 import pytest
 from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 from PIL import Image
 
-from app_client import BEFORE_AFTER, IMAGES, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
+from app_client import (BEFORE_AFTER, IMAGES, RUN_JSON, STATUS, SUMMARY, TABLE, client, lossless, reached, rows,
+                        wait_until)
 from conftest import ASSETS
 
 SMALL = dict(steps=3, width=128, height=128)
@@ -53,8 +55,26 @@ def test_two_configurations_give_two_comparison_rows(app):
     assert baseline["run"] == "#1 (baseline)" and baseline["configuration"] == "stock"
     assert fp8["configuration"] == "fp8-storage"
     assert fp8["speedup e2e ×"] > 0 and fp8["speedup s/step ×"] > 0
+    assert fp8["PSNR dB"] == fp8["SSIM"] == "pending"  # the edit answers before the image metrics are made
+    table, (png_path,) = session.predict(api_name="/comparison")  # and the latest /edit's output
+    baseline, fp8 = rows(table)
     assert 25 < float(fp8["PSNR dB"]) < math.inf and 0 < fp8["SSIM"] < 1
-    assert baseline["PSNR dB"] == "identical"
+    assert baseline["PSNR dB"] == "identical" and baseline["SSIM"] == 1
+    assert Image.open(png_path).format == "PNG"
+
+
+def test_views_are_jpeg_and_the_download_is_the_lossless_png(app):
+    """The before/after and the run's images travel as JPEG (quick to encode); /comparison gives the latest run's
+    output as a PNG, the engine's pixels, which the JPEG view is close to."""
+    session = client(app)
+    result = session.predict(**inputs(seed=5), api_name="/edit")
+    before, after = result[BEFORE_AFTER]
+    assert Image.open(before).format == Image.open(after).format == "JPEG"
+    assert Image.open(result[IMAGES][0]["image"]).format == "JPEG"
+    (png,) = lossless(session)
+    assert Image.open(png).format == "PNG" and Image.open(png).size == Image.open(after).size
+    view, made = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float64) for path in (after, png))
+    assert 10 * math.log10(255**2 / np.mean((view - made) ** 2)) > 30  # quality 95: close to the output
 
 
 def test_identical_second_run_is_a_cache_hit(app):
@@ -68,13 +88,14 @@ def test_identical_second_run_is_a_cache_hit(app):
 
 
 def test_run_variants_fills_the_comparison(app):
-    result = client(app).predict(**inputs(lora="built-in/tiny_lora_peft.safetensors"),
-                                 variants=["baseline", "lora-fused", "lora-runtime"], api_name="/run_variants")
+    session = client(app)
+    result = session.predict(**inputs(lora="built-in/tiny_lora_peft.safetensors"),
+                             variants=["baseline", "lora-fused", "lora-runtime"], api_name="/run_variants")
     table = rows(result[TABLE])
     assert [row["configuration"] for row in table] == [
         "stock", "lora-tiny_lora_peft-fused ×1", "lora-tiny_lora_peft-runtime ×1"]
     assert table[0]["run"].endswith("(baseline)")
-    fused, runtime = table[1:]
+    fused, runtime = rows(session.predict(api_name="/comparison")[0])[1:]  # with the image metrics
     assert float(fused["PSNR dB"]) < 40  # the LoRA changes the picture
     assert fused["speedup s/step ×"] > 0 and runtime["speedup s/step ×"] > 0
     assert result[RUN_JSON]["state"] == "done" and len(result[RUN_JSON]["runs"]) == 3

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app_client import BEFORE_AFTER, RUN_JSON
+from app_client import RUN_JSON, lossless
 from app_server import REPO, running_app
 
 HOUSE = REPO / "assets" / "examples" / "house.png"
@@ -86,8 +86,9 @@ def test_an_edit_through_mcp_returns_the_image(mcp_app):
     assert refused.isError and "fa3" in refused.content[0].text
 
     from gradio_client import Client, handle_file  # the same request through the page's /edit endpoint
-    outputs = Client(mcp_app.url, verbose=False).predict(image=handle_file(str(HOUSE)), api_name="/edit", **EDIT)
-    (_, after), run = outputs[BEFORE_AFTER], outputs[RUN_JSON]
+    session = Client(mcp_app.url, verbose=False)
+    run = session.predict(image=handle_file(str(HOUSE)), api_name="/edit", **EDIT)[RUN_JSON]
     assert run["seed"] == EDIT["seed"]
-    assert np.abs(np.asarray(Image.open(after).convert("RGB"), dtype=np.int16)
+    png = lossless(session)[0]  # the page's view is a JPEG; its download the PNG
+    assert np.abs(np.asarray(Image.open(png).convert("RGB"), dtype=np.int16)
                   - np.asarray(image.convert("RGB"), dtype=np.int16)).max() == 0

@@ -18,7 +18,7 @@ import pytest
 from gradio_client import handle_file
 from PIL import Image
 
-from app_client import BEFORE_AFTER, IMAGES, RUN_JSON, client
+from app_client import RUN_JSON, client, lossless
 from app_server import free_port, running_app
 from conftest import ASSETS
 from ghostedit.errors import InvalidRequestError
@@ -51,9 +51,11 @@ def _pixels(path) -> np.ndarray:
 
 
 def _edit(server, **inputs):
-    """/edit through gradio_client, with the settings the API calls send."""
-    return client(server).predict(prompt=PROMPT, width=SIZE[0], height=SIZE[1], api_name="/edit", **SETTINGS,
-                                  **inputs)
+    """/edit through gradio_client, with the settings the API calls send: its outputs, and its images as the engine
+    made them (the outputs' are JPEG views)."""
+    session = client(server)
+    outputs = session.predict(prompt=PROMPT, width=SIZE[0], height=SIZE[1], api_name="/edit", **SETTINGS, **inputs)
+    return outputs, lossless(session)
 
 
 @pytest.mark.parametrize("images", [[HOUSE], [HOUSE, PORTRAIT, MOUNTAINS]], ids=["one-image", "three-images"])
@@ -66,9 +68,9 @@ def test_an_edit_is_the_image_edit_makes(server, api, images):
         for file in files:
             file.close()
     extra = {name: handle_file(str(path)) for name, path in zip(("image_2", "image_3"), images[1:])}
-    reference = _edit(server, image=handle_file(str(images[0])), **extra)
+    reference, (made,) = _edit(server, image=handle_file(str(images[0])), **extra)
     assert answer.size == f"{SIZE[0]}x{SIZE[1]}" and len(answer.data) == 1
-    assert np.array_equal(_decoded(answer.data[0]), _pixels(reference[BEFORE_AFTER][1]))
+    assert np.array_equal(_decoded(answer.data[0]), _pixels(made))
     run = answer.model_extra["ghostedit"]["runs"][0]
     assert run["seed"] == 5 and run["steps"] == 2 and run["configuration"] == reference[RUN_JSON]["configuration"]
     assert run["telemetry"]["stages_s"]["denoising"] > 0 and len(run["telemetry"]["step_s"]) == 2
@@ -78,8 +80,8 @@ def test_n_images_have_consecutive_seeds(server, api):
     with open(HOUSE, "rb") as image:
         answer = api.images.edit(image=image, prompt=PROMPT, n=2, size=f"{SIZE[0]}x{SIZE[1]}", extra_body=SETTINGS)
     assert [run["seed"] for run in answer.model_extra["ghostedit"]["runs"]] == [5, 6]
-    reference = _edit(server, image=handle_file(str(HOUSE)), count=2)
-    made = [_pixels(image["image"]) for image in reference[IMAGES]]
+    _, pngs = _edit(server, image=handle_file(str(HOUSE)), count=2)
+    made = [_pixels(path) for path in pngs]
     assert [np.array_equal(_decoded(item), pixels) for item, pixels in zip(answer.data, made)] == [True, True]
     assert not np.array_equal(made[0], made[1])
 
@@ -91,9 +93,9 @@ def test_a_masked_edit_keeps_the_image_outside_the_mask(server, api):
     with urllib.request.urlopen(answer.data[0].url) as response:  # served by the same server, without the key
         assert response.headers["content-type"] == "image/png"
         edited = np.asarray(Image.open(io.BytesIO(response.read())).convert("RGB"))
-    reference = _edit(server, image=handle_file(str(HOUSE)), mask=handle_file(str(MASK)), strength=0.9,
-                      paste_back=True)
-    assert np.array_equal(edited, _pixels(reference[BEFORE_AFTER][1]))
+    _, (made,) = _edit(server, image=handle_file(str(HOUSE)), mask=handle_file(str(MASK)), strength=0.9,
+                       paste_back=True)
+    assert np.array_equal(edited, _pixels(made))
     outside = np.asarray(Image.open(MASK).resize(SIZE, Image.LANCZOS)) == 0
     original = np.asarray(Image.open(HOUSE).convert("RGB").resize(SIZE, Image.LANCZOS))
     assert np.array_equal(edited[outside], original[outside])

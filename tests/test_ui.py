@@ -63,13 +63,18 @@ def test_history_compares_the_same_edit_against_the_baseline(results):
     history = History()
     for result in results:
         history.add(result)
+    table = history.table()  # as an edit answers: the image metrics are not computed on its way
+    assert table["PSNR dB"].tolist() == ["pending", "pending", ""] and table["SSIM"].tolist()[:2] == ["pending"] * 2
+    assert [run.number for run in history.pending_metrics()] == [1, 2]
+    assert history.compute_metrics() == 2 and history.compute_metrics() == 0
     table = history.table()
     baseline, fp8, other_seed = table.to_dict("records")
-    assert baseline["run"] == "#1 (baseline)" and baseline["PSNR dB"] == "identical"
+    assert baseline["run"] == "#1 (baseline)" and baseline["PSNR dB"] == "identical" and baseline["SSIM"] == 1.0
     assert fp8["speedup s/step ×"] > 0 and 25 < float(fp8["PSNR dB"]) and 0 < fp8["SSIM"] < 1
     assert other_seed["PSNR dB"] == "" and pd.isna(other_seed["speedup e2e ×"])  # not the same edit
     history.set_baseline(2)
     assert history.table()["run"].tolist() == ["#1", "#2 (baseline)", "#3"]
+    assert history.compute_metrics() == 2  # against the new baseline
     assert history.table().loc[0, "PSNR dB"] == fp8["PSNR dB"]
 
 

@@ -21,9 +21,14 @@ SIZE = dict(width=128, height=128)
 EDITS = {"night": dict(prompt="make it night", seed=11), "snow": dict(prompt="cover it in snow", seed=22)}
 
 
+CONSTRUCTED = {}  # how the pool looked right after it was made (the fixture's own start, checked by a test)
+
+
 @pytest.fixture(scope="module")
 def pool():
+    start = time.perf_counter()
     workers = WorkerPool("tiny", worker_devices("cpu", 2))
+    CONSTRUCTED.update(seconds=time.perf_counter() - start, workers=workers.describe_workers())
     yield workers
     workers.close()
 
@@ -70,8 +75,22 @@ def test_serve_refuses_workers_it_cannot_run():
         serve(parser.parse_args(["--device", "cpu", "--workers", "0"]))
 
 
+def test_the_pool_is_there_before_its_workers_and_warms_them_all_at_once(pool, house):
+    """The app serves its page while the workers start (each imports torch and DiffSynth in its process); the
+    start-up warm-up runs one edit on every worker at once, each loading its weights."""
+    assert CONSTRUCTED["seconds"] < 3, CONSTRUCTED
+    assert not any(worker["started"] for worker in CONSTRUCTED["workers"]), CONSTRUCTED
+    warmed = pool.run_on_every_worker(edit_request(house, "night", steps=2), OptimizationConfig())
+    assert [result.telemetry.worker["index"] for result in warmed] == [0, 1]
+    assert all("load" in result.telemetry.stages for result in warmed)
+    intervals = [(result.telemetry.worker["started_at"], result.telemetry.worker["finished_at"]) for result in warmed]
+    assert min(end for _, end in intervals) > max(start for start, _ in intervals), intervals  # at the same time
+    assert all(worker["started"] and worker["runs"] == 0 for worker in pool.describe_workers())  # no edit served
+    assert pool.load_count == 1
+
+
 def test_two_edits_run_at_once_on_two_workers_with_their_own_results(pool, engine, house):
-    run_together(pool, {name: edit_request(house, name, steps=2) for name in EDITS})  # both workers load first
+    run_together(pool, {name: edit_request(house, name, steps=2) for name in EDITS})  # both workers warm first
     results = run_together(pool, {name: edit_request(house, name) for name in EDITS})
     night, snow = results["night"], results["snow"]
     assert {night.telemetry.worker["index"], snow.telemetry.worker["index"]} == {0, 1}
@@ -139,6 +158,8 @@ def test_app_with_two_workers_serves_two_edits_at_once(tmp_path):
     launcher.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\nimport app\n"
                         "if __name__ == '__main__':\n    app.main(sys.argv[1:] + ['--workers', '2'])\n")
     with running_app(tmp_path, launcher) as running:
+        while Client(running.url, verbose=False).predict(api_name="/startup")["state"] == "warming":
+            time.sleep(0.2)  # both workers warmed at start: two people then find two workers free
         house = str(REPO / "assets/examples/house.png")
         jobs = [Client(running.url, verbose=False).submit(  # two clients: two people at once
             image=handle_file(house), steps=6, width=128, height=128, api_name="/edit", **EDITS[name])

@@ -38,15 +38,26 @@ def add_bench_command(commands) -> None:
     bench.add_argument("--repeats", type=int, default=2,
                        help="pipeline: warm runs per configuration after the cold one (0: report the cold run); "
                             "dit: timed forwards")
-    bench.add_argument("--level", choices=("pipeline", "dit", "lora-switch", "2.1"), default="pipeline",
+    bench.add_argument("--level", choices=("pipeline", "dit", "lora-switch", "2.1", "latency"), default="pipeline",
                        help="pipeline: whole edits; dit: one DiT forward at the edit's shape (CUDA events); "
                             "lora-switch: fused LoRA switches on the first configuration, and a runtime LoRA's scale; "
                             "2.1: a Qwen-Image-2.1 model (--model synthetic-2.1) under each configuration against "
-                            "stock DiffSynth's QwenImage21Pipeline with its KV cache, case by case (--cases)")
+                            "stock DiffSynth's QwenImage21Pipeline with its KV cache, case by case (--cases); "
+                            "latency: what a person waits for: the real app started in a process of its own and "
+                            "/edit called through gradio_client, the client's wall time beside the engine's total "
+                            "(bench/latency.py)")
     bench.add_argument("--cases", nargs="+", default=None, metavar="CASE",
                        help="2.1 level: any of 1024-1ref (40 steps), turbo-1024-1ref (8 steps), 2048-1ref and "
                             "2048-4ref (20 steps), t2i-1024 (40 steps) (default: all); --width runs every case at "
                             "that side instead (a rehearsal on a CPU)")
+    bench.add_argument("--warm-up", nargs="+", default=None, metavar="CONFIG",
+                       help="latency level: the app's --warm-up (default: the first configuration)")
+    bench.add_argument("--lora-switch", type=int, default=0, metavar="CALLS",
+                       help="latency level: also this many calls switching two random fused LoRAs on the first "
+                            "configuration")
+    bench.add_argument("--browser-calls", type=int, default=0, metavar="N",
+                       help="latency level: also N edits through the page in chromium (playwright), with the page's "
+                            "own settings")
     bench.add_argument("--lora-rank", type=int, default=32, help="lora-switch level: rank of the random LoRAs")
     bench.add_argument("--text-tokens", type=int, default=256, help="dit level: prompt tokens")
     bench.add_argument("--shapes", nargs="+", default=None, metavar="SIDE[:IMAGES]",
@@ -146,6 +157,8 @@ def start_of(args) -> dict:
 def cmd_bench(args) -> int:
     timeline = ProcessTimeline()
     timeline.mark("python and the CLI")
+    if args.level == "latency":  # the engine runs in the app's process, not in this one
+        return _latency(args, timeline)
     from ..device import UnavailableOptionError
     from ..engine import Engine
 
@@ -227,6 +240,19 @@ def _lora_switch(args, engine, configs, out_dir: Path, context: dict, timeline: 
         "switch": "switch", "switch_s": "LoRA switch s", "compile_warmup_s": "compile warm-up s",
         "new_compiled_frames": "recompiled frames", "edit_s": "edit s"}) + "\n")
     print(json.dumps({key: value for key, value in results.items() if key != "rows"}, indent=1))
+
+
+def _latency(args, timeline: ProcessTimeline) -> int:
+    from .latency import run_latency_bench
+    runs = runs_of(args)
+    source, device = model_and_device(args)
+    context = {"model": source, "device": device, "process": timeline.process, "process_timeline": timeline.marks}
+    run_latency_bench(runs, [configurations(run) for run in runs], source, device, context, timeline)
+    print(timeline.line(), flush=True)
+    if args.skip_teardown:
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
 
 
 def _qwen_image_21(args, engine, configs, out_dir: Path, context: dict, timeline: ProcessTimeline) -> None:

@@ -50,7 +50,7 @@ STEP_CACHE = "step-cache"
 
 
 # What a first run does once, before the edit itself
-ONE_TIME_STAGES = ("load", "prepare", "LoRA switch", "compile warm-up")
+ONE_TIME_STAGES = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up", "CUDA graph capture")
 
 
 def stage_medians(summaries: list[dict], stages) -> dict[str, float]:

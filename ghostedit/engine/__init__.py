@@ -13,6 +13,7 @@ expected_prepare_seconds() read published state without it, so the page answers 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from ..config import EditRequest, OptimizationConfig
@@ -115,7 +116,9 @@ class Engine:
     def _prepare(self, config: OptimizationConfig, recorder: RunRecorder) -> tuple[PreparedPipeline, bool]:
         self.check(config)
         base = self.load(config, recorder)
-        recorder.telemetry.loras = self._matched_loras(config, base)
+        unread = [lora.name for lora in config.loras if lora not in self.loras]
+        with recorder.stage("LoRA read", f"reading {', '.join(unread)}") if unread else contextlib.nullcontext():
+            recorder.telemetry.loras = self._matched_loras(config, base)
         prepared = self.cache.get(config.cache_key)
         hit = prepared is not None
         if not hit:

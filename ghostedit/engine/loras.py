@@ -36,6 +36,10 @@ class LoraFiles:
     def __init__(self):
         self._matched: OrderedDict[str, lora_layers.MatchedLora] = OrderedDict()
 
+    def __contains__(self, lora) -> bool:
+        """Whether the LoRA's file was read and matched already (matched() then costs nothing)."""
+        return lora.sha256 in self._matched
+
     def matched(self, lora, base_dit, device: str = "cpu") -> lora_layers.MatchedLora:
         """The LoRA's layers; for a GPU in pinned memory, so that fusing copies them without waiting."""
         if lora.sha256 not in self._matched:

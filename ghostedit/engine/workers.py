@@ -10,6 +10,11 @@ and prepared-pipeline cache. The pool answers the Engine's questions and runs ed
 - a worker that dies during an edit fails that edit with WorkerStoppedError (the other workers go on), and is
   started again for the next one.
 
+The pool is there at once: the workers start (import torch and DiffSynth, each in its process) in the background,
+so the app serves its page meanwhile; a run waits for the first worker ready, and questions about the workers'
+state are answered by those ready. run_on_every_worker() runs one edit on every worker at once (the start-up
+warm-up: engine/startup.py).
+
 The caller keeps at most `size` edits in flight (the app's queue: the edit event's concurrency limit); a further
 run() waits for a free worker.
 """
@@ -95,13 +100,37 @@ class WorkerPool:
         self._ids = itertools.count()
         self._lock = threading.Condition()
         self._workers = [_Worker(index, device) for index, device in enumerate(devices)]
-        self._idle = set()
+        self._idle: set[int] = set()                    # ready and not running anything
+        self._failed: dict[int, BaseException] = {}     # workers that could not start, with why
         threading.Thread(target=self._route, name="ghostedit-pool-router", daemon=True).start()
         for worker in self._workers:
             self._start(worker)
-        for worker in self._workers:
+            threading.Thread(target=self._become_ready, args=(worker,), name=f"ghostedit-start-{worker.index}",
+                             daemon=True).start()
+
+    def _become_ready(self, worker: _Worker) -> None:
+        """Waits for the worker's process to answer, then lets runs have it."""
+        try:
             self._wait_ready(worker)
-        self._idle = set(range(len(self._workers)))
+        except BaseException as error:  # noqa: BLE001 - a run that finds no worker raises it
+            with self._lock:
+                self._failed[worker.index] = error
+                self._lock.notify_all()
+            return
+        with self._lock:
+            self._idle.add(worker.index)
+            self._lock.notify_all()
+
+    def wait_until_ready(self, timeout: float | None = None) -> bool:
+        """Whether every worker has started (or failed to) within `timeout`."""
+        with self._lock:
+            return self._lock.wait_for(lambda: all(self._started(worker) for worker in self._workers), timeout)
+
+    def _started(self, worker: _Worker) -> bool:
+        return worker.pid is not None or worker.index in self._failed
+
+    def _ready(self) -> list[_Worker]:
+        return [worker for worker in self._workers if worker.pid is not None and worker.index not in self._failed]
 
     @property
     def size(self) -> int:
@@ -130,8 +159,9 @@ class WorkerPool:
 
     @property
     def load_count(self) -> int:
-        """Loads done by the worker that has loaded least: 0 while any worker still loads on its first run."""
-        return min(self._ask_all("load_count"))
+        """Loads done by the worker that has loaded least: 0 while any worker still starts or loads."""
+        counts = self._ask_all("load_count")
+        return min(counts) if counts and len(counts) == len(self._workers) else 0
 
     def expected_prepare_seconds(self, config: OptimizationConfig) -> float | None:
         """As Engine's, for the worker the next run would go to: 0 when one has it prepared (run() prefers it)."""
@@ -140,19 +170,23 @@ class WorkerPool:
 
     def cached(self) -> list[dict]:
         """Every worker's prepared pipelines, each marked with its worker."""
+        ready = self._ready()
         return [{**entry, "worker": worker.label}
-                for worker, entries in zip(self._workers, self._ask_all("cached")) for entry in entries]
+                for worker, entries in zip(ready, [self._ask(worker, "cached") for worker in ready])
+                for entry in entries]
 
     def free(self) -> int:
         """Drops every worker's prepared pipelines (a worker that is running an edit frees after it)."""
-        return sum(self._ask(worker, "free", timeout=None) for worker in self._workers)
+        return sum(self._ask(worker, "free", timeout=None) for worker in self._ready())
 
     def describe_workers(self) -> list[dict]:
-        """Each worker: device, GPU name, process, alive, busy (seconds into its current edit) and runs done."""
+        """Each worker: device, GPU name, process, started, alive, busy (seconds into its current edit) and runs
+        done; why it could not start, if it could not."""
         now = time.time()
         return [{"worker": worker.index, "device": worker.device, "name": device_name(worker.device),
-                 "pid": worker.pid, "alive": worker.process.is_alive(), "runs": worker.runs,
-                 "busy_s": None if worker.busy_since is None else round(now - worker.busy_since, 1)}
+                 "pid": worker.pid, "started": worker.pid is not None, "alive": worker.process.is_alive(),
+                 "runs": worker.runs, "busy_s": None if worker.busy_since is None else round(now - worker.busy_since, 1),
+                 **({"error": str(self._failed[worker.index])} if worker.index in self._failed else {})}
                 for worker in self._workers]
 
     # ---- runs ----
@@ -168,21 +202,62 @@ class WorkerPool:
         finally:
             self._release(worker)
 
+    def run_on_every_worker(self, request: EditRequest, config: OptimizationConfig,
+                            on_progress: ProgressCallback | None = None) -> list:
+        """The same edit on every worker at once, each as soon as it is free (the start-up warm-up); every worker's
+        EditResult, or the first error."""
+        results: list = [None] * len(self._workers)
+        errors: list[BaseException] = []
+
+        def on(worker: _Worker) -> None:
+            try:
+                self._take(worker)
+            except BaseException as error:  # noqa: BLE001
+                errors.append(error)
+                return
+            try:
+                results[worker.index], worker.cached_keys = self._run_on(worker, request, config, on_progress, None)
+            except BaseException as error:  # noqa: BLE001
+                errors.append(error)
+            finally:
+                self._release(worker)
+        threads = [threading.Thread(target=on, args=(worker,), name=f"ghostedit-on-{worker.index}", daemon=True)
+                   for worker in self._workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def _take(self, worker: _Worker) -> None:
+        """Waits until `worker` is idle and marks it busy; raises why it could not start, if it could not."""
+        with self._lock:
+            self._lock.wait_for(lambda: worker.index in self._idle or worker.index in self._failed)
+            if worker.index in self._failed:
+                raise self._failed[worker.index]
+            self._busy(worker.index)
+
+    def _busy(self, index: int) -> _Worker:
+        self._idle.discard(index)
+        worker = self._workers[index]
+        worker.busy_since = time.time()
+        return worker
+
     def _acquire(self, config: OptimizationConfig) -> _Worker:
         with self._lock:
-            self._lock.wait_for(lambda: self._idle)
+            self._lock.wait_for(lambda: self._idle or len(self._failed) == len(self._workers))
+            if not self._idle:
+                raise next(iter(self._failed.values()))
             prepared = [index for index in self._idle if config.cache_key in self._workers[index].cached_keys]
-            index = min(prepared or self._idle)
-            self._idle.discard(index)
-            worker = self._workers[index]
-            worker.busy_since = time.time()
-            return worker
+            return self._busy(min(prepared or self._idle))
 
     def _release(self, worker: _Worker) -> None:
         with self._lock:
             worker.busy_since = None
             self._idle.add(worker.index)
-            self._lock.notify()
+            self._lock.notify_all()
 
     def _run_on(self, worker: _Worker, request, config, on_progress, cancel):
         ident, mailbox = self._mailbox()
@@ -250,7 +325,8 @@ class WorkerPool:
         return payload
 
     def _ask_all(self, method: str, *args) -> list:
-        return [self._ask(worker, method, *args) for worker in self._workers]
+        """Every started worker's answer (one still starting has nothing to tell)."""
+        return [self._ask(worker, method, *args) for worker in self._ready()]
 
     # ---- worker processes ----
 

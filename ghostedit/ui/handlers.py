@@ -18,12 +18,14 @@ from PIL import Image
 from ..config import SEED_RANGE
 from ..device import UnavailableOptionError
 from ..errors import InvalidRequestError
+from ..engine.startup import StartUp
 from ..images import fit
 from ..telemetry import GIB, RunCancelled
-from . import live
+from . import live, media
 from .history import COMPARISON_RULE, History
 from .mask_inputs import start_values
 from .refusals import from_page, refusal, status_words
+from .startup import WAITING_FOR_STARTUP, startup_words
 from .settings import (NO_LORA, LoraLibrary, edit_request, image_count, image_parameters, lora_summary,
                        panel_config, preset_size, reused_values, seeded_requests, toggle_choices, toggle_parameters,
                        uploaded_images, variant_configs, variants)
@@ -32,6 +34,7 @@ from .system import cache_table, hardware_markdown, options_json, options_table,
 
 
 MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
+BEFORE_VIEWS = 16  # the inputs' views kept (the same input edited again shows the same file)
 REUSED_REQUEST = ["prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width", "height"]
 
 
@@ -48,14 +51,19 @@ def builtin_loras(engine) -> dict:
 
 
 class Handlers:
-    def __init__(self, engine, lora_dir: Path):
+    def __init__(self, engine, lora_dir: Path, startup: StartUp | None = None):
+        """`startup`: the engine's background warm-up (engine/startup.py), shown on the page; none by default."""
         self.engine = engine
+        self.startup = startup or StartUp(engine, []).start()
         self.loras = LoraLibrary(lora_dir, builtin_loras(engine))
         self.options = engine.options()
         self.upload_folder = Path(get_upload_folder())
         self._cancel_events: dict[str, threading.Event] = {}
         self._exports = Path(tempfile.mkdtemp(prefix="ghostedit-exports-"))
         self._browser_histories: OrderedDict[str, History] = OrderedDict()
+        # the images sent to the page, in Gradio's file cache (served from there, never copied again)
+        self._views = self.upload_folder / "ghostedit-views"
+        self._before_views: OrderedDict[str, str] = OrderedDict()  # edit key -> the input's view at the output size
 
     # ---- choices shown on the page ----
 
@@ -72,6 +80,7 @@ class Handlers:
     def edit(self, values: dict, history: History, request: gr.Request, progress):
         """`count` images of one edit, with seeds seed, seed+1, ...: each joins the history, all show in the run's
         gallery; a batch ends with its total."""
+        started = time.perf_counter()
         try:
             config = panel_config(self.loras, values)
             self.engine.check(config)
@@ -80,20 +89,22 @@ class Handlers:
         except Exception as error:
             yield from _say_no(refusal(error), request)
             return
-        images, results, started = [], [], time.perf_counter()
+        history.begin_call()
+        images, results, batch_started = [], [], started
         for index, edit in enumerate(edits, 1):
             heading = f"**Image {index} of {len(edits)}** (seed {edit.seed})\n\n" if len(edits) > 1 else ""
             result = yield from self._stream(edit, config, request, progress, heading, done=len(results))
             if result is None:
                 return
-            record = history.add(result)
+            record, before_after, serving = self._shown(result, history, started)
             results.append(result)
-            images.append((result.image, f"seed {edit.seed} · {record.label}"))
+            images.append((record.view, f"seed {edit.seed} · {record.label}"))
             status = live.done_status(result, heading)
             if index == len(edits) > 1:
-                status = live.batch_status(results, time.perf_counter() - started) + "\n\n" + status
-            yield (status, _before_after(result), live.run_summary(result),
-                   live.result_json(result, record.number), history.table(), images, history)
+                status = live.batch_status(results, time.perf_counter() - batch_started) + "\n\n" + status
+            yield (status, before_after, live.run_summary(result), live.result_json(result, record.number, serving),
+                   history.table(), images, history)
+            started = time.perf_counter()  # the next image's own time
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
         words = variants()
@@ -113,24 +124,27 @@ class Handlers:
         except Exception as error:
             yield from _say_no(refusal(error), request)
             return
+        history.begin_call()
         finished, images = [], []
+        started = time.perf_counter()
         for index, (name, config) in enumerate(runs, 1):
             heading = f"**Variant {index} of {len(runs)}: {words[name]}** ({config.label})\n\n"
             result = yield from self._stream(edit, config, request, progress, heading, done=len(finished))
             if result is None:
                 return
-            record = history.add(result)
+            record, before_after, serving = self._shown(result, history, started)
             if name == "baseline":
                 history.set_baseline(record.number)
-            finished.append(live.result_json(result, record.number))
-            images.append((result.image, record.label))
+            finished.append(live.result_json(result, record.number, serving))
+            images.append((record.view, record.label))
             status = live.done_status(result, heading)
             if index == len(runs):
                 status = f"### ✅ Ran {len(runs)} variants: see the comparison below\n" + "\n".join(
                     f"- {note}" for note in notes)
-            yield (status, _before_after(result), live.run_summary(result),
+            yield (status, before_after, live.run_summary(result),
                    {"state": "done" if index == len(runs) else "running", "runs": finished, "notes": notes},
                    history.table(), images, history)
+            started = time.perf_counter()
 
     def _edit_request(self, values: dict):
         images = uploaded_images([values.get(name) for name in image_parameters()], self.upload_folder)
@@ -144,12 +158,13 @@ class Handlers:
         failed on the page (the status says which). `done`: the images of this batch finished before this one."""
         cancel = threading.Event()
         self._cancel_events[request.session_hash] = cancel
-        notice = self.prepare_notice(config)
+        notice = self.prepare_notice(config)  # before the run starts: it reads what the run will change
+        run = live.stream_run(self.engine, edit, config, cancel)  # the engine starts now, not after this first view
         skip = gr.skip()  # the previous result stays up until this run's replaces it, and after a cancel
-        yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip, {"state": "starting"},
-               skip, skip, skip)
         try:
-            for item in live.stream_run(self.engine, edit, config, cancel):
+            yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip,
+                   {"state": "starting"}, skip, skip, skip)
+            for item in run:
                 if not isinstance(item, live.Live):
                     return item
                 if item.event is not None and item.event.stage == "done":
@@ -157,7 +172,9 @@ class Handlers:
                 if item.event is not None and item.event.total_steps:
                     progress((item.event.step, item.event.total_steps), desc=live.stage_words(item.event.stage),
                              unit="steps")
-                yield live.live_status(item, heading), skip, skip, live.progress_json(item), skip, skip, skip
+                waiting = WAITING_FOR_STARTUP if self.startup.busy else None
+                yield (live.live_status(item, heading, waiting), skip, skip, live.progress_json(item), skip, skip,
+                       skip)
         except RunCancelled as cancelled:
             yield (heading + live.cancelled_status(cancelled, done), skip, skip,
                    {"state": "cancelled", "message": str(cancelled)}, skip, skip, skip)
@@ -167,7 +184,36 @@ class Handlers:
             yield from _say_no(refusal(error), request, heading, during_run=True)
             return None
         finally:
+            run.close()  # a page closed before the run ended cancels it (live.stream_run)
             self._cancel_events.pop(request.session_hash, None)
+
+    def _shown(self, result, history: History, started: float):
+        """A finished run joins the history, and its images are made ready to show (JPEG views: ui/media.py);
+        returns the run's record, the before/after pair and where the handler's time went beside the engine's."""
+        record = history.add(result)
+        with media.Stopwatch() as encoding:
+            record.view = media.view_file(result.image, self._views)
+            before_after = (self._before_view(result, record.edit_key), record.view)
+        handler_s = time.perf_counter() - started
+        engine_s = result.telemetry.total_seconds
+        return record, before_after, {
+            "handler_s": handler_s, "engine_s": engine_s, "output_encoding_s": encoding.seconds,
+            "other_s": handler_s - engine_s - encoding.seconds,
+            "outside": "Gradio's queue before the handler starts, and the answer's way to the client after it, are "
+                       "not in handler_s; the image metrics come after the answer (/comparison)"}
+
+    def _before_view(self, result, edit_key: str) -> str:
+        """The first input at the output's size (resized once from the upload) as shown, and for text-to-image
+        (no input) an empty, transparent image of the output's size; the same edit again (another configuration,
+        steps or CFG) shows the same file."""
+        if edit_key not in self._before_views:
+            before = (fit(result.request.images[0], result.image.size) if result.request.images
+                      else Image.new("RGBA", result.image.size))
+            self._before_views[edit_key] = media.view_file(before, self._views)
+            while len(self._before_views) > BEFORE_VIEWS:
+                self._before_views.popitem(last=False)
+        self._before_views.move_to_end(edit_key)
+        return self._before_views[edit_key]
 
     def cancel(self, request: gr.Request) -> None:
         cancel = self._cancel_events.get(request.session_hash)
@@ -176,6 +222,19 @@ class Handlers:
             return
         cancel.set()
         gr.Info("Cancelling: the run stops at the next step.")
+
+    # ---- start-up ----
+
+    def startup_view(self):
+        """The start-up notice, and its timer: polling while start-up goes on."""
+        return (startup_words(self.startup.status(), dict(self.startup.events)),
+                gr.Timer(active=self.startup.busy))
+
+    def startup_status(self) -> dict:
+        """What the start-up warm-up is doing or did: `state` (warming, ready, failed or off), the configuration
+        being warmed, seconds since start, each worker's stage now, and each configuration warmed with its stage
+        times."""
+        return self.startup.status()
 
     # ---- before a run ----
 
@@ -289,15 +348,11 @@ class Handlers:
 
     # ---- the comparison ----
 
-    def compare_views(self, history: History, request: gr.Request):
-        """Gallery, charts, baseline picker, exports, the table's column widths and the runs to reuse, for the
-        session's history."""
-        folder = self._exports / (request.session_hash or "api")
-        csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
+    def compare_views(self, history: History):
+        """Gallery, charts, baseline picker, the table's column widths, the runs to reuse and the comparison, for
+        the session's history: what shows at once after a run (the image metrics follow in `comparison`)."""
         return (history.gallery(), history.stage_chart(), history.memory_chart(),
                 gr.update(choices=[(run.label, run.number) for run in history.runs], value=history.baseline_number),
-                gr.update(value=csv_path, interactive=csv_path is not None),
-                gr.update(value=json_path, interactive=json_path is not None),
                 _comparison_caption(history),
                 gr.update(column_widths=column_widths(history.table())),  # here: the API's table stays plain data
                 gr.update(choices=[(run.label, run.number) for run in reversed(history.runs)],
@@ -311,6 +366,32 @@ class Handlers:
         that data would be the previous one."""
         order = list(history.names().values()) or None
         return gr.BarPlot(sort=order), gr.BarPlot(sort=order)
+
+    def comparison(self, history: History):
+        """The session's comparison table with every image difference against the baseline (PSNR, SSIM) computed,
+        and the outputs of its latest /edit or /run_variants as lossless PNG files. An edit answers before these
+        are made (its table says "pending"): the page asks for them right after each run, an API client when it
+        wants them."""
+        history.compute_metrics()
+        latest = [run for run in history.runs if run.number in history.latest_call]
+        for run in latest:
+            if run.png is None:
+                run.png = media.png_file(run.image, self._views, f"ghostedit-run-{run.number}")
+        # the table's column widths were set for it by compare_views, its pending cells as wide as computed ones
+        return history.table(), [run.png for run in latest] or None
+
+    @staticmethod
+    def comparison_view(history: History) -> str:
+        """The page's comparison (configuration, s/step, speed-ups, PSNR/SSIM, memory), once `comparison` has
+        computed the image metrics."""
+        return comparison_html(history.compact_rows(), history.memory_kind())
+
+    def exports(self, history: History, request: gr.Request):
+        """The history as CSV and JSON files for the export buttons (after `comparison`: the metrics are in)."""
+        folder = self._exports / (request.session_hash or "api")
+        csv_path, json_path = history.write_exports(folder) if history.runs else (None, None)
+        return (gr.update(value=csv_path, interactive=csv_path is not None),
+                gr.update(value=json_path, interactive=json_path is not None))
 
     @staticmethod
     def set_baseline(number, history: History):
@@ -371,14 +452,6 @@ def _say_no(failure: gr.Error, request: gr.Request, heading: str = "", during_ru
            {"state": "failed" if during_run else "refused", "message": failure.message}, skip, skip, skip)
     if not from_page(request):
         raise failure
-
-
-def _before_after(result) -> tuple[Image.Image, Image.Image]:
-    """The first input at the output's size (resized once from the upload), beside the output; text-to-image has
-    no input: an empty (transparent) image of the output's size."""
-    if not result.request.images:
-        return Image.new("RGBA", result.image.size), result.image
-    return fit(result.request.images[0], result.image.size), result.image
 
 
 def _comparison_caption(history: History) -> str:

@@ -1,5 +1,8 @@
 """One browser session's runs: the comparison table against a chosen baseline run, the chart data, the gallery,
-and CSV/JSON exports. Plain data and pandas; no Gradio here."""
+and CSV/JSON exports. Plain data and pandas; no Gradio here.
+
+The image metrics against the baseline (PSNR, SSIM) are computed when asked for (`compute_metrics`), not when a run
+joins: an edit's own answer shows them as PENDING, and the page's follow-up event fills them in (ui/handlers.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -19,6 +22,7 @@ OTHER_STAGE = "other"  # the part of a run's time outside every timed stage
 # did not have at 0 s, so that the chart's series are all there from its first draw (a series that first appears
 # later is not drawn: Gradio's plot fixes its series when it first draws)
 CHART_STAGES = tuple(stage_words(stage) for stage in STAGE_ORDER) + (OTHER_STAGE,)
+PENDING = "pending"  # PSNR and SSIM not computed yet: the comparison's follow-up computes them after the picture
 
 COLUMNS = ("run", "configuration", "prompt", "seed", "steps", "size", "end-to-end s", "denoise s/step", "compile warm-up s",
            "load + prepare s", "peak memory GiB", "cache", "speedup e2e ×", "speedup s/step ×", "PSNR dB", "SSIM")
@@ -42,6 +46,8 @@ class RunRecord:
     attention_ran: str
     prepared_report: dict
     inputs: tuple = ()        # the input images, for "Reuse these settings"
+    view: str | None = None   # the output as the page shows it (a JPEG file, ui/media.py)
+    png: str | None = None    # the output as a PNG file, once made for the download
 
     @property
     def label(self) -> str:
@@ -84,11 +90,17 @@ class History:
     runs: list[RunRecord] = field(default_factory=list)
     baseline_number: int | None = None
     next_number: int = 1
+    latest_call: list[int] = field(default_factory=list)  # the runs the latest /edit or /run_variants made
     _metrics: dict = field(default_factory=dict)   # (run, baseline) -> compare_images(), computed once
+
+    def begin_call(self) -> None:
+        """An /edit or /run_variants starts: the runs it adds are the latest call's."""
+        self.latest_call = []
 
     def add(self, result) -> RunRecord:
         record = record_from_result(result, self.next_number)
         self.next_number += 1
+        self.latest_call.append(record.number)
         self.runs = (self.runs + [record])[-MAX_RUNS:]
         if self.baseline() is None:
             self.baseline_number = self.runs[0].number
@@ -102,21 +114,40 @@ class History:
             self.baseline_number = number
 
     def clear(self) -> None:
-        self.runs, self.baseline_number, self._metrics = [], None, {}
+        self.runs, self.baseline_number, self._metrics, self.latest_call = [], None, {}, []
+
+    def _compared(self, run: RunRecord) -> RunRecord | None:
+        """The baseline when `run` is the same edit as it (so the two compare), else None."""
+        baseline = self.baseline()
+        return baseline if baseline is not None and run.edit_key == baseline.edit_key else None
 
     def comparison(self, run: RunRecord) -> dict:
-        """Speedups and image differences against the baseline; empty when the two runs are not the same edit."""
-        baseline = self.baseline()
-        if baseline is None or run.edit_key != baseline.edit_key:
+        """Speedups and image differences against the baseline; empty when the two runs are not the same edit. The
+        image differences only once compute_metrics() has made them (`pending` until then)."""
+        baseline = self._compared(run)
+        if baseline is None:
             return {}
-        key = (run.number, baseline.number)
-        if key not in self._metrics:
+        versus = {"speedup_e2e": baseline.seconds_without_load / run.seconds_without_load,
+                  "speedup_step": _ratio(baseline.telemetry["denoise_s_per_step"],
+                                         run.telemetry["denoise_s_per_step"])}
+        metrics = self._metrics.get((run.number, baseline.number))
+        if metrics is None:
+            return {**versus, "pending": True}
+        return {**versus, "max_abs": metrics["max_abs"], "psnr_db": metrics["psnr_db"], "ssim": metrics["ssim"]}
+
+    def pending_metrics(self) -> list[RunRecord]:
+        """The runs whose image differences from the baseline are not computed yet."""
+        return [run for run in self.runs if self.comparison(run).get("pending")]
+
+    def compute_metrics(self) -> int:
+        """Computes every missing image difference against the baseline; returns how many it computed."""
+        pending = self.pending_metrics()
+        if pending:
             from ..metrics import compare_images  # scikit-image: imported on the first comparison, not at start
-            self._metrics[key] = compare_images(run.image, baseline.image)
-        metrics = self._metrics[key]
-        return {"speedup_e2e": baseline.seconds_without_load / run.seconds_without_load,
-                "speedup_step": _ratio(baseline.telemetry["denoise_s_per_step"], run.telemetry["denoise_s_per_step"]),
-                "max_abs": metrics["max_abs"], "psnr_db": metrics["psnr_db"], "ssim": metrics["ssim"]}
+        for run in pending:
+            baseline = self._compared(run)
+            self._metrics[(run.number, baseline.number)] = compare_images(run.image, baseline.image)
+        return len(pending)
 
     def table(self) -> pd.DataFrame:
         rows = [self._row(run) for run in self.runs]
@@ -140,8 +171,8 @@ class History:
             "cache": "hit" if telemetry["cache_hit"] else "miss",
             "speedup e2e ×": _round(versus.get("speedup_e2e"), 2),
             "speedup s/step ×": _round(versus.get("speedup_step"), 2),
-            "PSNR dB": _psnr_words(versus.get("psnr_db")),
-            "SSIM": _round(versus.get("ssim"), 4),
+            "PSNR dB": PENDING if versus.get("pending") else _psnr_words(versus.get("psnr_db")),
+            "SSIM": PENDING if versus.get("pending") else _round(versus.get("ssim"), 4),
         }
 
     def memory_kind(self) -> str:
@@ -196,7 +227,8 @@ class History:
                 "s_per_step": telemetry["denoise_s_per_step"], "speedup_step": versus.get("speedup_step"),
                 "speedup_e2e": versus.get("speedup_e2e"), "total_s": telemetry["total_s"],
                 "compile_s": telemetry["stages_s"].get("compile warm-up", 0.0),
-                "psnr": _psnr_words(versus.get("psnr_db")), "ssim": versus.get("ssim"),
+                "psnr": PENDING if versus.get("pending") else _psnr_words(versus.get("psnr_db")),
+                "ssim": PENDING if versus.get("pending") else versus.get("ssim"),
                 "peak_gib": telemetry["peak_allocated_gib"],
                 "details": f"run #{run.number} · “{params['prompt']}” · seed {params['seed']} · "
                            f"{params['width']}×{params['height']} · {params['steps']} steps · "
@@ -209,16 +241,18 @@ class History:
 
     def gallery(self) -> list[tuple[Image.Image, str]]:
         names = self.names()
-        return [(run.image, f"{names[run.number]} · {run.telemetry['total_s']:.2f} s") for run in self.runs]
+        return [(run.view or run.image, f"{names[run.number]} · {run.telemetry['total_s']:.2f} s") for run in self.runs]
 
     def to_records(self) -> list[dict]:
-        """Everything about every run (no images), for the JSON export."""
+        """Everything about every run (no images), for the JSON export (compute_metrics() first for the image
+        differences)."""
         return [{"run": run.number, "baseline": run.number == self.baseline_number, "configuration": run.configuration,
                  "toggles": run.toggles, "params": run.params, "attention_ran": run.attention_ran,
                  "prepared_report": run.prepared_report, "telemetry": run.telemetry,
                  "versus_baseline": _json_safe(self.comparison(run))} for run in self.runs]
 
     def write_exports(self, folder: Path) -> tuple[Path, Path]:
+        self.compute_metrics()
         folder.mkdir(parents=True, exist_ok=True)
         csv_path, json_path = folder / "ghostedit-history.csv", folder / "ghostedit-history.json"
         self.table().to_csv(csv_path, index=False)

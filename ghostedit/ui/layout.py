@@ -30,8 +30,8 @@ EXAMPLES = [
     ("mountains.png", "cover the mountains in snow under a pink sunset"),
 ]
 # one colour per stage of the time chart, in the order the stages run (history.CHART_STAGES)
-STAGE_COLORS = dict(zip(CHART_STAGES, ["#64748b", "#a855f7", "#f472b6", "#ef4444", "#f59e0b", "#eab308", "#6366f1",
-                                       "#10b981", "#cbd5e1"]))
+STAGE_COLORS = dict(zip(CHART_STAGES, ["#64748b", "#0ea5e9", "#a855f7", "#f472b6", "#ef4444", "#fb923c", "#f59e0b",
+                                       "#eab308", "#6366f1", "#10b981", "#cbd5e1"], strict=True))
 READY = "### Ready\nUpload an image, say what to change and press **Run**: the live status of the run shows here."
 GPU_QUEUE = dict(concurrency_id="gpu")  # edits and variant batches: one job at a time per GPU (worker)
 LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job
@@ -42,14 +42,16 @@ PRIVATE = dict(api_visibility="private")
 INSTANT = dict(queue=False, show_progress="hidden", **PRIVATE)  # a section's summary, a slot shown
 
 
-def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
-    """`concurrency`: edits served at once, one per worker of a pool (engine/workers.py); 1 for a plain Engine."""
-    handlers = Handlers(engine, lora_dir)
+def build_app(engine, lora_dir: Path, concurrency: int = 1, startup=None) -> gr.Blocks:
+    """`concurrency`: edits served at once, one per worker of a pool (engine/workers.py); 1 for a plain Engine.
+    `startup`: the engine's background warm-up (engine/startup.py), whose progress the page shows."""
+    handlers = Handlers(engine, lora_dir, startup)
     with gr.Blocks(title="GhostEdit", analytics_enabled=False) as demo:
         with gr.Row(elem_id="intro_row", equal_height=True):
             gr.Markdown(_intro(engine, concurrency), elem_id="intro")
             gr.Button("🌓", size="sm", scale=0, min_width=44, elem_id="theme_toggle").click(
                 None, js=TOGGLE_THEME, **PRIVATE)
+        _startup_notice(demo, handlers)
         history = gr.State(History())
         # this browser's key to its history on the server: the history survives a page reload
         browser_key = gr.BrowserState(None, storage_key="ghostedit-history")
@@ -67,6 +69,15 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1) -> gr.Blocks:
         openai_api.add_queue_endpoint(demo, handlers, dict(concurrency_limit=concurrency, **GPU_QUEUE))
         gr.api(handlers.free_cache, api_name="free_cache", **LIGHT)
     return demo
+
+
+def _startup_notice(demo: gr.Blocks, handlers: Handlers) -> None:
+    """What the start-up warm-up is doing (loading, its download, compiling), polled each second until it ends."""
+    notice = gr.Markdown(elem_id="startup", elem_classes="ghost-note")
+    timer = gr.Timer(1.0, active=handlers.startup.busy)
+    for trigger in (demo.load, timer.tick):
+        trigger(handlers.startup_view, None, [notice, timer], show_progress="hidden", **PRIVATE, **LIGHT)
+    gr.api(handlers.startup_status, api_name="startup", **LIGHT)
 
 
 def _intro(engine, concurrency: int) -> str:
@@ -130,10 +141,13 @@ def _outputs(ui: SimpleNamespace, engine) -> None:
     ui.status = gr.Markdown(_ready(engine), elem_id="status")
     ui.waited = gr.HTML('You waited <span id="waited">–</span> s from the click on Run to the picture (this '
                         'browser\'s clock; the engine\'s time is above).', elem_id="waited_box", padding=False)
-    ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="pil", interactive=False,
-                               elem_id="result", height=440, format="png")
+    # the views are JPEG files (ui/media.py); the download is the lossless PNG, made after the picture shows
+    ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="filepath", interactive=False,
+                               elem_id="result", height=440, buttons=["fullscreen"])
+    ui.download_png = gr.File(label="The outputs as PNG (full quality), once shown", interactive=False,
+                              file_count="multiple", height=90, elem_id="download_png")
     ui.images = gr.Gallery(label="This run's images (one per seed)", columns=4, height=160, object_fit="contain",
-                           format="png", elem_id="run_images")
+                           buttons=["fullscreen"], elem_id="run_images")
     with gr.Accordion("Run details: stages, memory, what each toggle did", open=True):
         ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
         with gr.Accordion("Run telemetry (JSON)", open=False):
@@ -261,7 +275,7 @@ def _compare_section(engine) -> SimpleNamespace:
                                     title=memory, height=340, elem_id="memory_plot", min_width=300)
     gr.HTML(_stage_legend(), elem_id="stage_legend")
     ui.gallery = gr.Gallery(label="Outputs side by side", columns=5, fit_columns=False, height=300,
-                            object_fit="contain", format="png", elem_id="outputs_gallery")
+                            object_fit="contain", buttons=["fullscreen"], elem_id="outputs_gallery")
     with gr.Accordion("Every column (prompt, seed, size, stage times, cache), for export", open=False):
         ui.table = gr.Dataframe(History().table(), headers=list(COLUMNS), interactive=False, wrap=True,
                                 column_widths=column_widths(History().table()),
@@ -317,15 +331,19 @@ def panel_notice(handlers: Handlers, edit) -> dict:
 
 def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, browser_key, concurrency: int) -> None:
     outputs = [edit.status, edit.result, edit.summary, edit.run_json, compare.table, edit.images, history]
-    compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline,
-                       compare.download_csv, compare.download_json, compare.caption, compare.table,
-                       compare.reuse_run, compare.comparison]
+    compare_outputs = [compare.gallery, compare.time_plot, compare.memory_plot, compare.baseline, compare.caption,
+                       compare.table, compare.reuse_run, compare.comparison]
+    comparison_outputs = [compare.table, edit.download_png]
     names = api.edit_parameters()
 
-    def after_history_changed(event):
-        """The views of the history, and the history kept for this browser."""
+    def after_history_changed(event, comparison_api: dict = PRIVATE):
+        """The views of the history; then, off the edit's way, its image metrics, exports and PNG; and the history
+        kept for this browser."""
         return (event.then(handlers.compare_views, history, compare_outputs, **PRIVATE, **LIGHT)
                 .then(handlers.chart_order, history, [compare.time_plot, compare.memory_plot], **INSTANT)
+                .then(handlers.comparison, history, comparison_outputs, **comparison_api, **LIGHT)
+                .then(handlers.comparison_view, history, compare.comparison, **PRIVATE, **LIGHT)
+                .then(handlers.exports, history, [compare.download_csv, compare.download_json], **PRIVATE, **LIGHT)
                 .then(handlers.remember_history, [browser_key, history], None, **PRIVATE, **LIGHT))
 
     edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles, "
@@ -347,7 +365,8 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
         # messages that name the parameter). Gradio's gr.Image would open an upload with Pillow before GhostEdit's
         # safe reader sees it, and would open any file on the server named by a payload without FileData's "meta".
         after_history_changed(button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result],
-                                           preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE)).then(
+                                           preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE),
+                              dict(api_name="comparison") if name == "edit" else PRIVATE).then(
             **panel_notice(handlers, edit))
     edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)
     edit.seed_button.click(handlers.random_seed, None, edit.seed, queue=False, **PRIVATE)

@@ -15,9 +15,11 @@ from .mask_inputs import start_words
 STAGE_WORDS = {
     "load": "loading the model",
     "download": "downloading the model",
+    "LoRA read": "reading LoRA files",
     "prepare": "preparing",
     "preparing": "preparing",
     "compile warm-up": "compiling",
+    "CUDA graph capture": "capturing CUDA graphs",
     "image encoding": "encoding images",
     "text encoding": "encoding text",
     "denoising": "denoising",
@@ -42,9 +44,16 @@ _FINISHED = object()
 
 
 def stream_run(engine, request, config, cancel: threading.Event, tick_seconds: float = 1.0):
-    """Runs `engine.run` in a worker thread; yields a Live at every progress event and every `tick_seconds` without
-    one, then the EditResult. An engine error is raised here. If the consumer stops listening (a closed page), the
-    run is cancelled at its next step instead of holding the device."""
+    """Starts `engine.run` in a worker thread at once and returns the stream of it: a Live at every progress event
+    and every `tick_seconds` without one, then the EditResult. An engine error is raised from the stream. If the
+    consumer stops listening (a closed page) or closes the stream, the run is cancelled at its next step instead of
+    holding the device."""
+    stream = _stream(engine, request, config, cancel, tick_seconds)
+    next(stream)  # the engine starts now (not when the first item is asked for), and closing cancels from here on
+    return stream
+
+
+def _stream(engine, request, config, cancel: threading.Event, tick_seconds: float):
     events: queue.Queue = queue.Queue()
     outcome: dict = {}
 
@@ -61,6 +70,7 @@ def stream_run(engine, request, config, cancel: threading.Event, tick_seconds: f
     worker.start()
     latest, arrived = None, waiting_since
     try:
+        yield  # started: stream_run returns the stream here
         while (item := _next(events, tick_seconds)) is not _FINISHED:
             if item is not None:
                 latest, arrived = item, time.perf_counter()
@@ -112,12 +122,13 @@ def progress_bar(event: ProgressEvent | None) -> str:
             f'aria-label="{stage_words(event.stage)}: step {event.step} of {event.total_steps}"></progress>\n\n')
 
 
-def live_status(live: Live, heading: str = "") -> str:
-    """Markdown for the live view: stage, step i/N, s/step, elapsed, ETA, current and peak memory."""
+def live_status(live: Live, heading: str = "", waiting: str | None = None) -> str:
+    """Markdown for the live view: stage, step i/N, s/step, elapsed, ETA, current and peak memory; before the run
+    has the engine, `waiting` says what it waits for (default: another job)."""
     event, elapsed = live.event, live.elapsed
     if event is None:
         return (f"{heading}### ⏳ Waiting for the engine… {elapsed:.0f} s\n"
-                "Another job is using the device; this run starts when it ends.")
+                + (waiting or "Another job is using the device; this run starts when it ends."))
     title = stage_words(event.stage).capitalize()
     if event.total_steps:
         title += f" · step {event.step}/{event.total_steps}"
@@ -223,8 +234,9 @@ def lora_line(lora: dict) -> str:
     return line
 
 
-def result_json(result, run_number: int) -> dict:
-    """The finished run for API clients: configuration, sizes, what each toggle did, and the full telemetry."""
+def result_json(result, run_number: int, serving: dict | None = None) -> dict:
+    """The finished run for API clients: configuration, sizes, what each toggle did, the full telemetry, and with
+    `serving` where the app's handler spent its time beside the engine's `total_s` (ui/handlers.py)."""
     request = result.request
     return {
         "state": "done",
@@ -239,4 +251,5 @@ def result_json(result, run_number: int) -> dict:
         "attention_ran": result.attention_backend,
         "prepared_report": dict(result.prepared_report),
         "telemetry": result.telemetry.summary(),
+        **({"serving": serving} if serving is not None else {}),
     }

@@ -24,6 +24,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="install compiled-code packages from this folder or Hub repo before serving (see "
                              "`ghostedit compiled`), so that the first edits load their code instead of compiling "
                              "it (on a Space: GHOSTEDIT_COMPILED_FROM); a package is code: only from a source you trust")
+    parser.add_argument("--warm-up", nargs="+", default=(os.environ.get("GHOSTEDIT_WARM_UP") or "").split() or None,
+                        metavar="CONFIG",
+                        help="configurations made ready at start-up, in the background while the page serves: the "
+                             "weights load, each is prepared (compiled ones load their compiled package, or compile "
+                             "and keep one for the next start) and runs a small warm-up edit, so that the first edit "
+                             "runs warm: \"stock\", a preset (\"best\") or settings such as "
+                             "\"fp8=torchao,compile=regional\"; \"off\": none (default: the page's default "
+                             "configuration, stock; on a Space: GHOSTEDIT_WARM_UP)")
     parser.add_argument("--api-key", default=os.environ.get("GHOSTEDIT_API_KEY") or None, metavar="KEY",
                         help="require this bearer token on the OpenAI-compatible /v1 endpoints (or "
                              "GHOSTEDIT_API_KEY; default: open, as the page; a Space keeps its own auth)")
@@ -33,8 +41,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home; the app works offline
+    os.environ.setdefault("MPLBACKEND", "agg")  # a server draws no windows: Gradio's first event need not probe
     from ..arguments import model_and_device
+    from ..device import UnavailableOptionError
+    from ..engine.startup import configurations
     from ..engine.workers import worker_devices
+    from ..errors import GhostEditError
     from ..loras import default_folder
     from . import create_app, launch_options
     from .openai_api import routes as images_api
@@ -46,10 +59,17 @@ def serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {error}") from None
     if args.mcp:
         check_mcp()
+    try:
+        warm_up = configurations(args.warm_up)
+    except GhostEditError as error:
+        raise SystemExit(f"error: --warm-up: {error}") from None
     if args.compiled_from:
         install_compiled(args.compiled_from, device)
-    demo = create_app(source, args.lora_dir or default_folder(), device=device, dtype=args.dtype,
-                      workers=args.workers)
+    try:
+        demo = create_app(source, args.lora_dir or default_folder(), device=device, dtype=args.dtype,
+                          workers=args.workers, warm_up=warm_up)
+    except UnavailableOptionError as error:
+        raise SystemExit(f"error: --warm-up: {error}") from None
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
                 prevent_thread_lock=True, mcp_server=args.mcp,

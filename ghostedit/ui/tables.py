@@ -67,6 +67,9 @@ def _cell(header: str, text: str) -> str:
 
 
 def _number(value, digits: int) -> str:
+    """A figure, "–" where there is none, or a word in its place (history.PENDING)."""
+    if isinstance(value, str):
+        return html.escape(value)
     return "–" if value is None else f"{value:.{digits}f}"
 
 

@@ -7,12 +7,12 @@ outputs (status text, a before/after pair, a comparison table, a session state),
 hand to an agent (Gradio 6.31 answers such a call with "pop index out of range")."""
 from __future__ import annotations
 
-import uuid
 from typing import Callable
 
 import gradio as gr
 from gradio.data_classes import FileData
 
+from . import media
 from .api import edit_parameters, typed_tool
 from .history import History
 
@@ -74,11 +74,8 @@ def _edit_image(handlers, values: dict, request: gr.Request) -> dict:
     """Runs handlers.edit (its checks, its errors) to the end and returns the edited image as a file. The image
     alone: Gradio 6.31's MCP bridge passes a tool's several outputs only to clients that ask for progress (without,
     it sends their tuple as one text); the run's telemetry stays with /edit."""
-    outputs = None
-    for outputs in handlers.edit(values, History(), request, lambda *args, **kwargs: None):
+    history = History()
+    for _ in handlers.edit(values, history, request, lambda *args, **kwargs: None):
         pass
-    _, (_, after), *_ = outputs
-    path = handlers.upload_folder / "edited" / f"{uuid.uuid4().hex}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    after.save(path)
-    return FileData(path=str(path), orig_name="edited.png", mime_type="image/png").model_dump()
+    path = media.png_file(history.runs[-1].image, handlers.upload_folder / "edited")  # lossless, not the JPEG view
+    return FileData(path=path, orig_name="edited.png", mime_type="image/png").model_dump()

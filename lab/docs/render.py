@@ -31,7 +31,8 @@ BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /f
 # The GPU script's phase that wrote each part (scripts/gpu/bench.sh)
 PHASES = {"dit": "dit", "ready-never-compiled": "ready", "ready-package-only": "ready", "ready-restart": "ready",
           "e2e-4": "e2e", "e2e-40": "e2e", "e2e-4-stock": "e2e", "e2e-40-stock": "e2e", "card-24": "cards",
-          "card-48": "cards", "card-full": "all", "lora-switch": "lora-switch"}
+          "card-48": "cards", "card-full": "all", "lora-switch": "lora-switch", "latency-4": "latency",
+          "latency-40": "latency", "latency-restart": "latency"}
 READY = {"ready-never-compiled": "a process that never compiled it (empty compile cache, no package)",
          "ready-package-only": "a new machine given its package (`ghostedit compiled install`)",
          "ready-restart": "a restarted process (compile cache on disk)"}
@@ -598,6 +599,35 @@ def lora_switch() -> str:
             f"A runtime LoRA's scale, on {runtime['config']} (without the rewrites that refuse runtime LoRAs): set in "
             f"{runtime['set_scales_s']:.3f} s with "
             f"{runtime['new_compiled_frames']} recompiled frames.\n")
+
+
+LATENCY_PARTS = ("latency-4", "latency-40", "latency-restart")
+
+
+def latency() -> str:
+    """Issue 44: what a person waits for through the app (bench/latency.py): each case's client wait beside the
+    engine's total and where the difference goes, and the first edit after start, on a machine that never compiled
+    its configuration and on the next start given the compiled packages the first kept."""
+    rows = [{"run": part, "case": f"{name(line) if line['text'] is not None else line['config']}: {line['kind']}",
+             **{key: line[key] for key in ("calls", "client_s", "engine_s", "gap_s", "handler_outside_engine_s",
+                                           "outside_handler_s")}}
+            for part in LATENCY_PARTS for line in results(part)["summary"]]
+    table = markdown_table(rows, {"run": "run", "case": "case", "calls": "calls", "client_s": "client waits s",
+                                  "engine_s": "engine total s", "gap_s": "difference s",
+                                  "handler_outside_engine_s": "app's handler outside the engine s",
+                                  "outside_handler_s": "Gradio, transport and client s"})
+    first = []
+    for part, words in (("latency-4", "on a machine that never compiled it"),
+                        ("latency-restart", "on the next start, given the compiled packages the first kept")):
+        row = next(row for row in results(part)["rows"] if row["kind"] == "first edit after start")
+        first.append(f"- {words}: the page answered {row['page_up_s']:.1f} s after `ghostedit serve` started, the "
+                     f"picture came {row['launch_to_picture_s']:.1f} s after the start; the client waited "
+                     f"{row['client_s']:.2f} s for it (engine {row['engine_s']:.2f} s);")
+    size = results("latency-4")["size"]
+    return (f"The full-size synthetic model at {size[0]}x{size[1]}, through the real app and gradio_client (medians "
+            f"over the calls; browser edits where chromium was there). Measured on {source('latency-4')}.\n\n"
+            f"{table}\n\nThe first {name(results('latency-4')['summary'][0])} edit after start:\n"
+            + "\n".join(first) + "\n")
 
 
 def _committed_on(path: Path) -> str:
@@ -1308,7 +1338,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "gpu-nee
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
             "attention-lengths": attention_lengths, "cudnn-version": cudnn_version, "fa3-fp8": fa3_fp8,
             "vae-norm": vae_norm,
-            "parallel": parallel}
+            "parallel": parallel, "latency": latency}
 
 
 def blocks(text: str) -> list[tuple[str, str]]:

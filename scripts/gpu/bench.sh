@@ -20,6 +20,12 @@
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
 #     card-full    every configuration the page offers, one after another in one process on the whole card
 #     lora-switch  fused LoRA switches on the best configuration (rank 32, 840 layers) and a runtime LoRA's scale
+#   scripts/gpu/bench.sh latency   issue 44: what a person waits for, through the real app and gradio_client
+#             (ghostedit/bench/latency.py): on a machine that never compiled best, its first edit after start,
+#             then best and stock at 4 steps CFG 1, fused LoRA switches on best, best at 40 steps CFG 4; then the
+#             next start given the compiled packages the first one kept. Needs gradio: its wheels
+#             (../shared/tools/device-wheels --dest .whl-ui --preset ui) copied into /tmp/wheels by a call of their
+#             own before this one (they and the engine's wheels do not fit one call's 64 MiB)
 # Results go to $RESULTS/<phase>/ (results.json, table.md, chart.png, <phase>.log; default ./bench-results), and with
 # $OUT set (the device tool's folder, which takes few files) each process's into $OUT/<process>.tar.gz as it ends.
 # DRY_RUN=1 MODEL=tiny SIDE=128 rehearses on a CPU with configurations a CPU can run.
@@ -152,7 +158,28 @@ qwen21() {
     --configs "fp8=torchao,compile=regional"
 }
 
+ui_wheels() {  # gradio for the app and gradio_client: setup.sh installs .whl-ui's wheels with the engine's
+  "$PYTHON" -c "import gradio, gradio_client" 2>/dev/null ||
+    { echo "latency: gradio is missing: copy .whl-ui/*.whl into /tmp/wheels in a call before this one" >&2; exit 2; }
+}
+
+latency() {
+  ui_wheels
+  local best=$BEST repeats=5
+  [ -z "${DRY_RUN:-}" ] || { best=${DRY_BEST:-compile=regional}; repeats=2; }
+  local edit=(--level latency --width "$SIDE" --height "$SIDE" --warm-up "$best")
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  bench latency-4 "${edit[@]}" --steps 4 --cfg 1 --repeats "$repeats" --configs "$best" baseline \
+    --lora-switch "$repeats" --browser-calls 1 \
+    --then --out-dir "$RESULTS/latency-40" --steps 40 --cfg 4 --repeats 2 --configs "$best" --lora-switch 0 \
+    --browser-calls 0
+  # the next start finds the compiled packages the first kept in $GHOSTEDIT_HOME (Inductor's own cache emptied)
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  bench latency-restart "${edit[@]}" --steps 4 --cfg 1 --repeats 2 --configs "$best"
+}
+
 case ${1:-} in
-  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21" >&2; exit 2 ;;
+  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21|latency) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21|latency" >&2
+     exit 2 ;;
 esac
