@@ -13,6 +13,7 @@ from PIL import Image
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError, expect
 
 from conftest import ASSETS
+from ghostedit.ui.history import CHART_STAGES
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -236,11 +237,11 @@ def assert_bars_match_the_seconds(chart: dict, rows: list[dict]) -> None:
         assert abs(bar["height"] - bar["seconds"] * per_second) < 1.5, (bar, per_second)
     for row in rows:
         mine = [bar for bar in chart["bars"] if bar["configuration"] == row["configuration"]]
-        assert len({bar["stage"] for bar in mine}) == len(mine) == 9, mine  # every stage, compiling included
-        end_to_end = float(row["end to end s"].split()[0])
+        assert len({bar["stage"] for bar in mine}) == len(mine) == len(CHART_STAGES), mine  # every stage, compiling
+        end_to_end = float(row["end to end s"].split()[0])  # shown to 0.01 s: as far off as 0.005 s
         assert abs(sum(bar["seconds"] for bar in mine) - end_to_end) < 0.01, (mine, row)
         assert abs(max(bar["bottom"] for bar in mine) - min(bar["top"] for bar in mine)
-                   - end_to_end * per_second) < 2, (mine, row)
+                   - end_to_end * per_second) < 2 + 0.005 * per_second, (mine, row)
 
 
 def screenshot(page, name: str) -> None:

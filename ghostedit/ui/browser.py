@@ -15,6 +15,11 @@ CSS = """
   #output_col {grid-column: 2; grid-row: 1 / span 2}
 }
 #intro_row {align-items: center}
+/* on a phone the start-up notice goes under the title, the whole width, rather than squeezing it */
+@media (max-width: 720px) {
+  #intro_row {flex-wrap: wrap}
+  #startup {order: 3; flex-basis: 100%; min-width: 100% !important}
+}
 #intro h1 {margin: 0; font-size: 1.5em}
 #intro p {margin: 0.2em 0 0}
 #status {min-height: 6.5em}

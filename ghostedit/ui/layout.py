@@ -49,9 +49,10 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1, startup=None) -> gr.
     with gr.Blocks(title="GhostEdit", analytics_enabled=False) as demo:
         with gr.Row(elem_id="intro_row", equal_height=True):
             gr.Markdown(_intro(engine, concurrency), elem_id="intro")
+            # beside the title, not above the result or between Run and the status: the warm-up's progress
+            startup = gr.Markdown(elem_id="startup", elem_classes="ghost-note")
             gr.Button("🌓", size="sm", scale=0, min_width=44, elem_id="theme_toggle").click(
                 None, js=TOGGLE_THEME, **PRIVATE)
-        _startup_notice(demo, handlers)
         history = gr.State(History())
         # this browser's key to its history on the server: the history survives a page reload
         browser_key = gr.BrowserState(None, storage_key="ghostedit-history")
@@ -60,6 +61,7 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1, startup=None) -> gr.
             compare = _compare_section(engine)
         with gr.Tab("System") as system_tab:
             system = _system_section()
+        _wire_startup(demo, handlers, startup)
         _wire_edit(demo, handlers, edit, compare, history, browser_key, concurrency)
         _wire_sections(handlers, edit)
         _wire_hub(demo, HubControls(handlers), handlers, edit, concurrency)
@@ -71,9 +73,8 @@ def build_app(engine, lora_dir: Path, concurrency: int = 1, startup=None) -> gr.
     return demo
 
 
-def _startup_notice(demo: gr.Blocks, handlers: Handlers) -> None:
+def _wire_startup(demo: gr.Blocks, handlers: Handlers, notice: gr.Markdown) -> None:
     """What the start-up warm-up is doing (loading, its download, compiling), polled each second until it ends."""
-    notice = gr.Markdown(elem_id="startup", elem_classes="ghost-note")
     timer = gr.Timer(1.0, active=handlers.startup.busy)
     for trigger in (demo.load, timer.tick):
         trigger(handlers.startup_view, None, [notice, timer], show_progress="hidden", **PRIVATE, **LIGHT)
@@ -117,8 +118,7 @@ def _edit_section(handlers: Handlers, engine) -> SimpleNamespace:
 
 def _inputs(ui: SimpleNamespace) -> None:
     """The image to edit; more images one "add" at a time (as many as a model takes); the instruction; Run."""
-    ui.image = gr.Image(label="Image to edit (none: Qwen-Image-2.1 generates from the instruction)",
-                        type="filepath", elem_id="input_image", height=260,
+    ui.image = gr.Image(label="Image to edit", type="filepath", elem_id="input_image", height=260,
                         sources=["upload", "clipboard"])
     with gr.Row(elem_id="more_images"):
         ui.more_images = [gr.Image(label=f"Image {number}", type="filepath", elem_id=f"input_image_{number}",
@@ -135,6 +135,7 @@ def _inputs(ui: SimpleNamespace) -> None:
         ui.cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=1, min_width=100)
 
 
+
 def _outputs(ui: SimpleNamespace, engine) -> None:
     """The live status (every refusal says its reason here too), the time waited, the result and the run's
     details."""
@@ -143,7 +144,7 @@ def _outputs(ui: SimpleNamespace, engine) -> None:
                         'browser\'s clock; the engine\'s time is above).', elem_id="waited_box", padding=False)
     # the views are JPEG files (ui/media.py); the download is the lossless PNG, made after the picture shows
     ui.result = gr.ImageSlider(label="Before / after (drag the handle)", type="filepath", interactive=False,
-                               elem_id="result", height=440, buttons=["fullscreen"])
+                               elem_id="result", height=380, buttons=["fullscreen"])
     ui.download_png = gr.File(label="The outputs as PNG (full quality), once shown", interactive=False,
                               file_count="multiple", height=90, elem_id="download_png")
     ui.images = gr.Gallery(label="This run's images (one per seed)", columns=4, height=160, object_fit="contain",
