@@ -10,7 +10,8 @@ from dit_helpers import dit_engine, dit_output, inputs_for
 from ghostedit import OptimizationConfig
 from ghostedit.bench.dit import relative_error
 from ghostedit.engine.prepare import clone_sharing_weights
-from ghostedit.optimize import attention, fp8_attention, rewrites
+from ghostedit.kernels import attention as backends, fp8_attention
+from ghostedit.optimize import attention, rewrites
 
 
 @pytest.fixture(scope="module")
@@ -31,30 +32,30 @@ def test_fp8_attention_is_unavailable_on_a_cpu_with_the_reason():
 def test_auto_never_picks_a_lossy_backend(monkeypatch):
     """Every backend made available, the lossy ones instant and the exact ones slow: auto still picks an exact
     one and never times a lossy one."""
-    monkeypatch.setattr(attention, "availability", lambda backend, device: attention.Availability.yes())
-    monkeypatch.setattr(attention, "attend",
-                        lambda q, k, v, backend: None if backend in attention.LOSSY_BACKENDS else time.sleep(0.002))
-    attention.fastest_backend.cache_clear()
+    monkeypatch.setattr(backends, "availability", lambda backend, device: backends.Availability.yes())
+    monkeypatch.setattr(backends, "attend",
+                        lambda q, k, v, backend: None if backend in backends.LOSSY_BACKENDS else time.sleep(0.002))
+    backends.fastest_backend.cache_clear()
     try:
-        winner, timings = attention.fastest_backend("cpu", 2, 16, 32)
+        winner, timings = backends.fastest_backend("cpu", 2, 16, 32)
     finally:
-        attention.fastest_backend.cache_clear()
-    assert winner not in attention.LOSSY_BACKENDS
-    assert set(timings) == set(attention.CONCRETE_BACKENDS) - set(attention.LOSSY_BACKENDS)
+        backends.fastest_backend.cache_clear()
+    assert winner not in backends.LOSSY_BACKENDS
+    assert set(timings) == set(backends.CONCRETE_BACKENDS) - set(backends.LOSSY_BACKENDS)
 
 
 def test_probing_and_timing_backends_leave_the_random_state_alone():
     """A probe drew from the process's random state once, so the synthetic model's weights, made after it,
     depended on which probes had run: two processes of one multi-GPU edit held different weights."""
-    attention.availability.cache_clear()
-    attention.fastest_backend.cache_clear()
+    backends.availability.cache_clear()
+    backends.fastest_backend.cache_clear()
     before = torch.get_rng_state()
     try:
-        assert attention.availability("sdpa-math", "cpu").ok  # a real call of the backend
-        attention.fastest_backend("cpu", 2, 16, 32)
+        assert backends.availability("sdpa-math", "cpu").ok  # a real call of the backend
+        backends.fastest_backend("cpu", 2, 16, 32)
     finally:
-        attention.availability.cache_clear()
-        attention.fastest_backend.cache_clear()
+        backends.availability.cache_clear()
+        backends.fastest_backend.cache_clear()
     assert torch.equal(torch.get_rng_state(), before)
 
 

@@ -12,7 +12,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from dit_helpers import dit_engine
 from ghostedit import OptimizationConfig
 from ghostedit.engine.prepare import clone_sharing_weights
-from ghostedit.optimize import fp8_mlp, registry
+from ghostedit.kernels import gelu_quant as fp8_mlp
+from ghostedit.optimize import registry
 
 
 def test_it_needs_torchao_fp8_and_says_why_it_cannot_run_on_a_cpu():
@@ -39,7 +40,7 @@ KERNEL_CHECK = """
 import math
 import torch
 from torchao.quantization.quant_primitives import _choose_scale_float8
-from ghostedit.optimize import fp8_mlp
+from ghostedit.kernels import gelu_quant as fp8_mlp
 x = (torch.randn(5, 3000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
 x[3] = 0
 values, scales = fp8_mlp.gelu_rowwise_fp8_launch(x)

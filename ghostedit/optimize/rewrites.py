@@ -35,8 +35,9 @@ from diffsynth.models import qwen_image_dit
 
 from ..diffsynth_patches import check_version, replace
 from ..parallel import ulysses
-from . import attention, fp8_attention, fp8_qk
-from .fp8 import is_torchao_fp8
+from ..kernels import fp8_attention, qk_norm_rope as fp8_qk
+from ..kernels.fp8 import is_torchao_fp8
+from . import attention
 
 check_version()  # JointAttention below builds on DiffSynth's attention class ("joint attention layers")
 

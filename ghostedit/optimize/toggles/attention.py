@@ -13,7 +13,9 @@ def _active(context: RunContext, backend: str):
     words = backend
     if backend == "auto":
         with context.recorder.stage("attention auto", "timing attention backends at this shape", into_prepare=True):
-            backend, words = attention.resolve(backend, context.prepared.dit, context.sequence_length, context.device)
+            attn = context.prepared.dit.transformer_blocks[0].attn
+            backend, words = attention.resolve(backend, attn.num_heads, attn.head_dim, context.sequence_length,
+                                               context.device)
     elif backend == "diffsynth":
         words = f"DiffSynth default ({attention.diffsynth_default()})"
     context.ran["attention"] = backend

@@ -6,7 +6,7 @@ from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, regist
 
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
-        from .. import fp8_mlp
+        from ...kernels import gelu_quant as fp8_mlp
         with context.stage("fuse GELU quantization", "fusing GELU with its FP8 quantization"):
             layers = fp8_mlp.fuse_gelu_quantization(context.dit)
         context.report["fused-gelu-quant"] = f"{layers} feed-forward layers: GELU and FP8 quantization in one kernel"

@@ -30,11 +30,11 @@ WARPS = 8
 def gelu_rowwise_fp8_launch(x: torch.Tensor, warps: int = WARPS):
     """GELU of the contiguous bf16 matrix `x` quantized per row: (float8_e4m3fn values, float32 scales [rows, 1])."""
     import triton
-    from . import kernels
+    from . import triton_code
     n_rows, n_columns = x.shape
     out = torch.empty((n_rows, n_columns), dtype=FP8, device=x.device)
     scale = torch.empty((n_rows, 1), dtype=torch.float32, device=x.device)
-    kernels.gelu_rowwise_fp8[(n_rows,)](x, out, scale, FP8_MAX, SMALLEST_AMAX, n_columns=n_columns,
+    triton_code.gelu_rowwise_fp8[(n_rows,)](x, out, scale, FP8_MAX, SMALLEST_AMAX, n_columns=n_columns,
                                         BLOCK=triton.next_power_of_2(n_columns), num_warps=warps)
     return out, scale
 

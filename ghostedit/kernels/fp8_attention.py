@@ -233,36 +233,51 @@ def _(q, k, v, q_descale, k_descale, v_descale):
 
 
 def joint_attention(streams, q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
-                    backend: str = "cudnn-fp8") -> torch.Tensor:
+                    backend: str = "cudnn-fp8", v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """FP8 attention (the FP8 `backend`) over streams joined along the sequence, in order: each stream's bf16
     (q, k, v) in [batch, seq, heads, head_dim]; the output in their dtype, in the same layout. q and k are cast per
     stream, with the joined tensor's one scale, and joined in FP8 by the kernel's op, so their casts fuse into the
     kernels that make them (RMSNorm and RoPE); v, a GEMM's output, is joined and cast in one pass. q and k are
-    scaled by the given factors (fp8_scale of a bound), else by their largest values."""
+    scaled by the given factors (fp8_scale of a bound), else by their largest values; v by `v_scale` where given
+    (the whole sequence's, when this process holds part of it), else by its largest value."""
     queries, keys, values = zip(*streams)
     q8, q_descale = _fp8_parts(queries, q_scale)
     k8, k_descale = _fp8_parts(keys, k_scale)
-    return attend(q8, q_descale, k8, k_descale, values, backend)
+    return attend(q8, q_descale, k8, k_descale, values, backend, v_scale)
 
 
 def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
-           values, backend: str = "cudnn-fp8") -> torch.Tensor:
+           values, backend: str = "cudnn-fp8", v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The attention of FP8 q and k (parts the kernel's op joins) over the bf16 `values` of each stream, which are
     joined and cast in one pass, by the FP8 `backend`; the output in the values' dtype, [batch, seq, heads,
     head_dim]."""
-    output, output_descale = attend_as_written(q8, q_descale, k8, k_descale, values, backend)
+    output, output_descale = attend_as_written(q8, q_descale, k8, k_descale, values, backend, v_scale)
     if output_descale is None:
         return output.to(values[0].dtype)
     return dequantized(output, output_descale, values[0].dtype)
 
 
 def attend_as_written(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
-                      values, backend: str = "cudnn-fp8") -> tuple[torch.Tensor, torch.Tensor | None]:
+                      values, backend: str = "cudnn-fp8",
+                      v_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """attend's output as the kernel writes it, [batch, seq, heads, head_dim], and the factor [1, 1, 1, 1] that gives
-    its real values: cuDNN's in float8_e4m3fn with its factor, FlashAttention-3's real values in bf16 with None."""
+    its real values: cuDNN's in float8_e4m3fn with its factor, FlashAttention-3's real values in bf16 with None.
+    Without `v_scale` the values are joined and cast in one pass at their largest value's scale; with it each part
+    is cast with it (the same bits as the joined tensor's cast) and the kernel's op joins them."""
+    if v_scale is None:
+        v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
+    else:
+        v8, v_descale = _fp8_parts(values, v_scale)
+    return attend_fp8(q8, q_descale, k8, k_descale, v8, v_descale, backend)
+
+
+def attend_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
+               v8: list[torch.Tensor], v_descale: torch.Tensor,
+               backend: str = "cudnn-fp8") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The FP8 `backend` over q, k and v given in FP8 (parts in [batch, seq, heads, head_dim] the kernel's op joins
+    along the sequence) with their descale factors: the output as attend_as_written gives it."""
     if backend not in BACKENDS:
         raise ValueError(f"{backend!r} is not an FP8 attention; they are {', '.join(BACKENDS)}")
-    v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
     if backend == "fa3-fp8":
         return fa3_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), None
     return cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), v_descale

@@ -43,7 +43,7 @@ def qk_norm_rope_fp8_launch(q: list[torch.Tensor], k: list[torch.Tensor], q_weig
     rotated by the stream's real `cos` and `sin` ([seq, head_dim], float32), multiplied by their scale and cast to
     float8_e4m3fn, each joined along the sequence in stream order: [batch, total seq, heads, head_dim] twice."""
     import triton
-    from . import kernels
+    from . import triton_code
     batch, _, heads, head_dim = q[0].shape
     out_seq = sum(part.shape[1] for part in q)
     q8, k8 = (torch.empty((batch, out_seq, heads, head_dim), dtype=FP8, device=q[0].device) for _ in range(2))
@@ -53,7 +53,7 @@ def qk_norm_rope_fp8_launch(q: list[torch.Tensor], k: list[torch.Tensor], q_weig
             _check(part, stream_cos)
         seq = stream_q.shape[1]
         n_tokens = batch * seq
-        kernels.qk_norm_rope_fp8[(triton.cdiv(n_tokens, tokens),)](
+        triton_code.qk_norm_rope_fp8[(triton.cdiv(n_tokens, tokens),)](
             stream_q, stream_k, q_weight, k_weight, stream_cos, stream_sin, q_scale, k_scale, q8, k8, n_tokens, seq,
             heads, stream_q.stride(0), stream_q.stride(1), stream_k.stride(0), stream_k.stride(1), first_token,
             out_seq, eps, FP8_MAX, HEAD_DIM=head_dim, HEADS_BLOCK=triton.next_power_of_2(heads), TOKENS=tokens,

@@ -1,0 +1,317 @@
+"""The seams of a DiT family's forward, declared once for every family file (models/qwen_image/dit.py: the
+Qwen-Image(-Edit) DiT; a Qwen-Image-2.1 file builds on the same).
+
+How a family file uses them. Its module classes hold the parameters DiffSynth loads (the same state dict, the same
+attribute names: DiffSynth's loader builds the family's class from its model table) and expose `blocks` (the
+repeated blocks: regional compile compiles each, the block loop runs them), `heads` and `head_dim`. Its forward
+reads top to bottom and takes one `DitOptions`, the run's choices, which the engine makes for each run and which
+travels down through every call: a fast path is a named branch on an option, never a patched-in replacement. Where
+a toggle changes the forward, the forward calls a seam:
+
+attention        `attention(streams, options, ...)`: one dispatch over every backend by `options.attention` (SDPA's
+                 kernels, FlashAttention-2/3/4, SageAttention, the FP8 attentions, DiffSynth's own), for streams
+                 joined along the sequence; masks (dense, or block-causal `Segments` computed segment by segment),
+                 keys and values of a cached prefix, and the FP8 scales of q and k where bounds are known. Under a
+                 sequence split the split's all-to-alls go around it, and per-tensor FP8 scales are computed over
+                 the whole sequence (the one-process image).
+linear           every projection is a module attribute called as a module: preparation replaces it (torchao's FP8
+                 linear, Transformer Engine's, a runtime LoRA's PEFT layer) and the forward does not change.
+                 `fp8_linear(layer, values, scales)` hands values already in FP8 (a fused kernel's) to torchao's FP8
+                 layer.
+block loop       the family's loop over `blocks`: each block is a module of its own (compiled regionally where
+                 compile is on); behind `options.step_cache` when a step cache runs (`StepCache.after_block`); the
+                 whole forward replayed from CUDA graphs where `options.graphs` is set (`ForwardGraphs.run`).
+sequence split   `options.sequence_split` (Ulysses): `over(tokens)` binds it to a forward's sharded tokens, `shard`
+                 and `gather` split and join them along a dimension, `attention` trades tokens for heads around the
+                 local attention, `all_max` and `all_sum` reduce over the ranks; None in one process.
+step cache       `options.step_cache`: decides after the first block whether the others run at this step
+                 (`begin(step)` at each forward, `after_block(...)` after each block).
+prefix KV cache  `options.prefix_cache` (`PrefixKVCache`): the keys and values of the tokens before the target (text,
+                 reference images), kept from the step that computed them, per CFG branch and block; later steps
+                 compute the target's tokens only and attend over the kept prefix (`attention(..., prefix=...)`).
+
+Nothing here holds run state at module level: whatever a run keeps lives in the objects its options hold.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from diffsynth.models.qwen_image_dit import qwen_image_flash_attention
+
+from ..kernels import attention as backends, fp8_attention
+from ..kernels.fp8 import is_torchao_fp8, torchao_fp8_linear
+
+QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+DIFFSYNTH = "diffsynth"   # the attention DiffSynth runs for this DiT (its own choice: FA3 if installed, else SDPA)
+
+
+# ---- the run's options ----
+
+@dataclass(frozen=True)
+class DitOptions:
+    """One run's choices for a DiT forward: made by the engine from the configuration (each toggle sets its field),
+    handed to the forward and down to every block. Frozen: compiled blocks guard on the values they read, so a new
+    object with the same values runs the same compiled code. The objects it holds (a split, a cache, graphs) carry
+    what the run keeps; compiled blocks read only the split's plain values."""
+    attention: str = DIFFSYNTH          # a backend of kernels/attention.py (CONCRETE_BACKENDS) or "diffsynth"
+    real_rope: bool = False             # the rotary embedding as real (cos, sin) instead of complex numbers
+    joint_layout: bool = False          # q, k, v kept in the projections' [batch, seq, heads, head_dim] layout
+    fused_qkv: bool = False             # one projection for q, k and v per stream (prepared: the weights joined)
+    fused_qk_norm_rope: bool = False    # q and k normalized, rotated and cast to FP8 by one kernel
+    fp8_attention_out: bool = False     # the FP8 attention's output into the FP8 output projections as written
+    fused_gelu_quant: bool = False      # the feed-forward's GELU and its rowwise FP8 quantization in one kernel
+    carried_residual: bool = False      # each block's last residual addition done by the next block
+    sequence_split: SequenceSplit | None = None
+    step_cache: StepCache | None = None
+    prefix_cache: PrefixKVCache | None = None
+    graphs: ForwardGraphs | None = None
+
+    def replace(self, **changes) -> DitOptions:
+        return dataclasses.replace(self, **changes)
+
+
+# ---- the seams' interfaces (what the options hold) ----
+
+class SequenceSplit(Protocol):
+    """A forward's sharded tokens split over ranks (parallel/ulysses.py). Unbound it knows the ranks; `over(tokens)`
+    binds it to one forward's count of sharded tokens, which `shard`, `gather` and `attention` need."""
+    degree: int
+    rank: int
+
+    def over(self, tokens: int) -> SequenceSplit: ...
+
+    def shard(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's tokens of `x` along `dim` (a tensor of its own)."""
+
+    def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Every rank's tokens joined along `dim`, in order."""
+
+    def attention(self, streams: Sequence[QKV], sharded: Sequence[bool],
+                  attend: Callable[[Sequence[QKV]], torch.Tensor]) -> torch.Tensor:
+        """`attend` over every token with a share of the heads: each sharded stream's tokens gathered, each whole
+        stream's heads sliced; streams [batch, seq, heads, head_dim] (FP8 ones too), `attend`'s output [batch, all
+        tokens, heads / degree, head_dim]; returns [batch, this rank's tokens, heads, head_dim]."""
+
+    def all_max(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class StepCache(Protocol):
+    """A step cache around the block loop (optimize/step_cache.py): told each forward's step, and after each block
+    what it did to the stream it watches."""
+
+    def begin(self, step: int) -> None:
+        """A forward at denoising step `step` starts (the same step again: the step's next CFG pass)."""
+
+    def after_block(self, index: int, before: torch.Tensor, after: torch.Tensor,
+                    last: bool) -> tuple[torch.Tensor, bool]:
+        """After block `index` turned the watched stream `before` into `after`: the stream the loop goes on with,
+        and whether it stops here (the cache serves the remaining blocks' change)."""
+
+
+class ForwardGraphs(Protocol):
+    """The whole forward replayed from CUDA graphs, one per input signature (optimize/cuda_graphs.py)."""
+
+    def run(self, function: Callable[[dict], Any], inputs: dict) -> Any: ...
+
+
+class BranchSteps:
+    """Which CFG branch a forward belongs to, from its step index: the pipeline runs a step's branches one after
+    another, so a forward at the same step as the one before is that step's next branch."""
+
+    def __init__(self):
+        self.step: int | None = None
+        self.branch = 0
+
+    def begin(self, step: int) -> int:
+        self.branch = self.branch + 1 if step == self.step else 0
+        self.step = step
+        return self.branch
+
+
+class PrefixKVCache:
+    """The keys and values of a forward's prefix tokens (the tokens before the target: text and reference images,
+    whose keys and values are the same at every step), per CFG branch and block, for one edit. The step that finds
+    its branch empty computes every token and stores each block's prefix keys and values (`filling`); later steps
+    compute the target's tokens only and attend over the stored prefix. What each forward computed is counted for
+    the run's telemetry."""
+
+    def __init__(self):
+        self._branches = BranchSteps()
+        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._filled: set[int] = set()
+        self.tokens_computed: list[int] = []   # tokens each forward computed, in order
+
+    def begin(self, step: int) -> None:
+        self._branches.begin(step)
+
+    @property
+    def branch(self) -> int:
+        return self._branches.branch
+
+    @property
+    def filling(self) -> bool:
+        """Whether this forward computes every token and stores the prefix (its branch has none yet)."""
+        return self.branch not in self._filled
+
+    def store(self, block: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Block `block`'s prefix keys and values, [batch, prefix tokens, heads, head_dim] (kept as copies of their
+        own: a view would keep the whole forward's tensors alive)."""
+        self._entries[(self.branch, block)] = (keys.clone(), values.clone())
+
+    def stored(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._entries[(self.branch, block)]
+
+    def done(self, tokens: int) -> None:
+        """The forward ends, having computed `tokens` tokens; a filling forward fills its branch."""
+        self._filled.add(self.branch)
+        self.tokens_computed.append(tokens)
+
+    def summary(self) -> dict:
+        return {"branches": len(self._filled), "tokens_computed": list(self.tokens_computed)}
+
+
+# ---- attention ----
+
+@dataclass(frozen=True)
+class Segments:
+    """A block-causal mask as spans of the query sequence: each (start, end, causal) attends to the keys [0, end)
+    (everything before it and its own span), with a causal triangle over its own span where `causal` (text); the
+    queries after the last span (the target) attend to every key. Keys where `key_valid` [batch, keys] is False
+    (padding) are attended by none."""
+    spans: tuple[tuple[int, int, bool], ...]
+    key_valid: torch.Tensor | None = field(default=None, compare=False)
+
+    @property
+    def prefix_end(self) -> int:
+        return self.spans[-1][1] if self.spans else 0
+
+
+def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bshd", mask=None,
+              prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+              fp8_scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+              sharded: Sequence[bool] | None = None,
+              diffsynth: Callable | None = None) -> torch.Tensor:
+    """Attention over `streams` joined along the sequence in order, by the backend `options.attention` names.
+
+    streams     each (q, k, v), [batch, seq, heads, head_dim] (layout "bshd", the projections' own) or
+                [batch, heads, seq, head_dim] ("bhsd", DiffSynth's)
+    mask        None; a dense mask broadcastable to [batch, heads, queries, keys] (True or 0 attends: "diffsynth"
+                takes it itself, any other exact backend leaves masked attention to SDPA's own choice of kernel); or
+                `Segments` (block-causal), computed span by span
+    prefix      (keys, values) [batch, prefix, heads, head_dim] joined before the streams' keys and values (a
+                prefix KV cache's), with no queries of their own
+    fp8_scales  (q scale, k scale) for the FP8 backends: the FP8 scales of bounds on q and k (None: their largest
+                values)
+    sharded     which streams `options.sequence_split` splits over the ranks (the others are whole on each)
+    diffsynth   DiffSynth's own attention for this family, (q, k, v, mask) in [batch, heads, seq, head_dim] ->
+                [batch, seq, heads * head_dim] (default: Qwen-Image's `qwen_image_flash_attention`)
+
+    Returns [batch, queries, heads * head_dim], the streams' queries in order."""
+    split = options.sequence_split
+    if split is not None and sharded is not None and any(sharded):
+        if mask is not None or prefix is not None:
+            raise RuntimeError("sequence parallel does not take attention masks or a cached prefix here")
+        if layout == "bhsd":
+            streams = [tuple(t.transpose(1, 2) for t in stream) for stream in streams]
+        scales = fp8_scales
+        if options.attention in backends.FP8_BACKENDS:
+            scales = (*fp8_scales, value_scale([stream[2] for stream in streams], split))
+        heads = streams[0][0].shape[2] // split.degree
+        local = split.attention(streams, sharded, lambda parts: _local(parts, options, "bshd", None, None, scales,
+                                                                       diffsynth).unflatten(-1, (heads, -1)))
+        return local.flatten(2)
+    return _local(streams, options, layout, mask, prefix, fp8_scales, diffsynth)
+
+
+def value_scale(values: Sequence[torch.Tensor], split: SequenceSplit) -> torch.Tensor:
+    """The FP8 scale of v over the whole sequence where this rank holds part of it: its largest magnitude reduced
+    over the ranks, so every rank casts v as one process does."""
+    local = torch.stack([fp8_attention.largest_magnitude(part) for part in values]).amax()
+    return fp8_attention.fp8_scale(split.all_max(local))
+
+
+def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, diffsynth) -> torch.Tensor:
+    """Attention on this process's heads and tokens."""
+    backend = options.attention
+    if backend in backends.FP8_BACKENDS:
+        if mask is not None:
+            raise RuntimeError(f"the FP8 attention {backend} takes no attention mask")
+        if layout == "bhsd":
+            streams = [tuple(t.transpose(1, 2) for t in stream) for stream in streams]
+        q_scale, k_scale, *v_scale = fp8_scales
+        if prefix is not None:
+            streams = _with_prefix_keys(streams, prefix)
+        return fp8_attention.joint_attention(streams, q_scale, k_scale, backend, *v_scale).flatten(2)
+    join = 2 if layout == "bhsd" else 1
+    q, k, v = (torch.cat(parts, dim=join) if len(parts) > 1 else parts[0] for parts in zip(*streams))
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if prefix is not None:
+        keys, values = (t.transpose(1, 2) for t in prefix)
+        k, v = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+    if isinstance(mask, Segments):
+        return _segments(q, k, v, mask, backend, diffsynth)
+    return attend_heads_first(q, k, v, backend, mask, diffsynth)
+
+
+def _with_prefix_keys(streams, prefix):
+    """The FP8 attention's streams with a cached prefix's keys and values as a stream of their own without queries."""
+    keys, values = prefix
+    return [(keys[:, :0].new_empty((keys.shape[0], 0, *keys.shape[2:])), keys, values), *streams]
+
+
+def attend_heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, mask=None,
+                       diffsynth: Callable | None = None) -> torch.Tensor:
+    """q, k, v joined, [batch, heads, seq, head_dim], by one backend: [batch, queries, heads * head_dim]."""
+    if backend == DIFFSYNTH:
+        return (diffsynth or _qwen_image_attention)(q, k, v, mask)
+    if mask is not None:  # the masked parts of an attention: PyTorch SDPA's own choice of kernel for a mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2)
+    if backend in backends.SDPA_BACKENDS:
+        return backends.SDPA_BACKENDS[backend](q, k, v).transpose(1, 2).flatten(2)
+    return backends.EXTERNAL[backend](q, k, v).flatten(2)
+
+
+def _qwen_image_attention(q, k, v, mask):
+    return qwen_image_flash_attention(q, k, v, num_heads=q.shape[1], attention_mask=mask)
+
+
+def _segments(q, k, v, segments: Segments, backend: str, diffsynth) -> torch.Tensor:
+    """Block-causal attention span by span (as diffusers' QwenImage21AttnProcessor computes it): a span attends to
+    the keys up to its end, a causal span with a triangle over its own keys; the target's queries attend to every
+    key. Exact: the chosen backend where a span needs no mask, masked spans as attend_heads_first runs masks."""
+    valid = segments.key_valid
+    outputs = []
+    for start, end, causal in segments.spans:
+        span_mask = None
+        if causal:
+            length = end - start
+            span_mask = torch.cat([torch.ones(length, start, dtype=torch.bool, device=q.device),
+                                   torch.ones(length, length, dtype=torch.bool, device=q.device).tril()], dim=1)
+        if valid is not None:
+            keys_valid = valid[:, None, None, :end]
+            span_mask = keys_valid if span_mask is None else span_mask & keys_valid
+        outputs.append(attend_heads_first(q[:, :, start:end], k[:, :, :end], v[:, :, :end], backend, span_mask,
+                                          diffsynth))
+    target_mask = None if valid is None else valid[:, None, None, :]
+    outputs.append(attend_heads_first(q[:, :, segments.prefix_end:], k, v, backend, target_mask, diffsynth))
+    return torch.cat(outputs, dim=1)
+
+
+# ---- linear ----
+
+def fp8_linear(layer: torch.nn.Module, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`layer` (torchao's FP8 linear) applied to input already in FP8: `values` [..., in] float8_e4m3fn with float32
+    `scales` [rows, 1] (one per row of the flattened input); the output [..., out] in bf16."""
+    if not is_torchao_fp8(layer):
+        raise TypeError(f"an FP8 input needs torchao's FP8 linear layer, not {type(layer).__name__}")
+    flat = values.reshape(-1, values.shape[-1])
+    out = torchao_fp8_linear(layer, flat, scales)
+    return out.reshape(*values.shape[:-1], out.shape[-1])
