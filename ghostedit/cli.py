@@ -58,10 +58,10 @@ def format_telemetry(result) -> str:
     return "\n".join(lines)
 
 
-def _engine(args):
+def _engine(args, mesh=None):
     from .engine import Engine
     source, device = model_and_device(args)
-    return Engine(source, device=device, dtype=args.dtype)
+    return Engine(source, device=device, dtype=args.dtype, mesh=mesh)
 
 
 def cmd_edit(args) -> int:
@@ -83,7 +83,7 @@ def _parallel_edit(args) -> int:
     cfg = args.cfg if args.cfg is not None else preset_cfg(args, DEFAULT_CFG)
     mesh = parallel.setup(args.parallel, cfg != 1.0, args.device or default_device())
     try:
-        engine = _engine(args)
+        engine = _engine(args, mesh)
         config, steps, cfg = apply_preset(args, engine.spec.source, config_from_args(args),
                                           engine.spec.default_steps)
         result = engine.run(request_from_args(args, steps, cfg), config,

@@ -69,7 +69,7 @@ KERNEL_CHECK = """
 import torch
 from diffsynth.models.general_modules import RMSNorm
 from ghostedit.kernels import fp8_attention, qk_norm_rope as fp8_qk
-from ghostedit.optimize import rewrites
+from ghostedit.models.qwen_image import dit as qwen_image
 generator = torch.Generator().manual_seed(0)
 batch, heads, dim = 2, 3, 128
 streams = []
@@ -81,7 +81,7 @@ for seq in (5, 9):  # text, then image: tokens that fill no whole tile of the ke
     for norm in norms:
         norm.weight.data = (1 + 0.3 * torch.randn(dim, generator=generator)).to(torch.bfloat16)
     angles = torch.randn(seq, dim // 2, generator=generator)
-    cos, sin = rewrites._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
+    cos, sin = qwen_image._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
     streams.append({"q": q, "k": k, "norms": norms, "cos": cos, "sin": sin})
 scales = [fp8_attention.fp8_scale(torch.stack([s["norms"][i].weight.float().abs().amax() for s in streams]).amax()
                                   * dim ** 0.5) for i in (0, 1)]
@@ -124,11 +124,12 @@ def test_an_output_projection_reads_each_fp8_kernels_output_as_it_means():
     """cuDNN's output is FP8 with a factor (dequantized before a bf16 projection); FlashAttention-3's is real values
     (no factor), projected as it is."""
     from ghostedit.kernels import fp8_attention
+    from ghostedit.models.qwen_image.dit import _out_projection
     linear = torch.nn.Linear(2 * 8, 4, dtype=torch.bfloat16).requires_grad_(False)
     real = torch.randn(1, 5, 2, 8, dtype=torch.bfloat16)
-    assert torch.equal(fp8_qk.out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
+    assert torch.equal(_out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
     scale = fp8_attention.fp8_scale(real.abs().max())
     as_fp8, descale = fp8_attention._scaled_fp8(real, scale)
-    projected = fp8_qk.out_projection(linear, as_fp8, descale, in_fp8=False)
+    projected = _out_projection(linear, as_fp8, descale, in_fp8=False)
     assert torch.equal(projected, linear(fp8_attention.dequantized(as_fp8, descale).flatten(2)))
     assert float((projected - linear(real.flatten(2))).norm() / linear(real.flatten(2)).norm()) < 0.05

@@ -99,9 +99,18 @@ def test_the_fp8_backend_casts_each_stream_with_the_given_scales(monkeypatch):
     assert float((output - expected).norm() / expected.norm()) < 0.08
 
 
-def test_fp8_linear_takes_torchaos_fp8_layers_only():
-    with pytest.raises(TypeError, match="torchao's FP8 linear"):
-        seams.fp8_linear(torch.nn.Linear(4, 4), torch.zeros(2, 4, dtype=torch.float8_e4m3fn), torch.ones(2, 1))
+def test_a_fused_linear_computes_its_parts_side_by_side_and_views_parts_laid_end_to_end():
+    generator = torch.Generator().manual_seed(0)
+    storage = torch.randn(3 * 4 * 6, generator=generator)
+    parts = [torch.nn.Linear(6, 4) for _ in range(3)]
+    for index, part in enumerate(parts):  # laid end to end, as a pinned base lays joinable parts
+        part.weight = torch.nn.Parameter(storage[index * 24:(index + 1) * 24].view(4, 6), requires_grad=False)
+    fused = seams.fused_linear(parts)
+    x = torch.randn(2, 6, generator=generator)
+    assert torch.equal(fused(x), torch.cat([part(x) for part in parts], dim=-1))
+    assert fused.weight.data_ptr() == storage.data_ptr()  # a view: nothing copied
+    assert seams.joinable_parts(torch.nn.ModuleDict({"a": parts[0], "b": parts[1], "c": parts[2]}),
+                                {"abc": ("a", "b", "c")}) == [[p.weight for p in parts], [p.bias for p in parts]]
 
 
 def test_the_prefix_cache_keeps_each_branch_and_block_from_its_first_step():

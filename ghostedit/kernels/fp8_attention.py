@@ -241,8 +241,8 @@ def joint_attention(streams, q_scale: torch.Tensor | None = None, k_scale: torch
     scaled by the given factors (fp8_scale of a bound), else by their largest values; v by `v_scale` where given
     (the whole sequence's, when this process holds part of it), else by its largest value."""
     queries, keys, values = zip(*streams)
-    q8, q_descale = _fp8_parts(queries, q_scale)
-    k8, k_descale = _fp8_parts(keys, k_scale)
+    q8, q_descale = fp8_parts(queries, q_scale)
+    k8, k_descale = fp8_parts(keys, k_scale)
     return attend(q8, q_descale, k8, k_descale, values, backend, v_scale)
 
 
@@ -265,9 +265,9 @@ def attend_as_written(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[
     Without `v_scale` the values are joined and cast in one pass at their largest value's scale; with it each part
     is cast with it (the same bits as the joined tensor's cast) and the kernel's op joins them."""
     if v_scale is None:
-        v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
+        v8, v_descale = fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
     else:
-        v8, v_descale = _fp8_parts(values, v_scale)
+        v8, v_descale = fp8_parts(values, v_scale)
     return attend_fp8(q8, q_descale, k8, k_descale, v8, v_descale, backend)
 
 
@@ -283,7 +283,8 @@ def attend_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.T
     return cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), v_descale
 
 
-def _fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+def fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each part cast to FP8 with `scale` (None: the parts' largest magnitude's), and the factor that undoes it."""
     if scale is None:
         scale = fp8_scale(torch.stack([largest_magnitude(part) for part in parts]).amax())
     cast = [_scaled_fp8(part, scale) for part in parts]

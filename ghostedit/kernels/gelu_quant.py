@@ -1,5 +1,5 @@
-"""The DiT's feed-forward layers under torchao FP8 with their GELU and its output's FP8 quantization in one Triton
-kernel (the `fused-gelu-quant` rewrite).
+"""The GELU of a feed-forward layer and its output's rowwise FP8 quantization in one Triton kernel (the
+`fused-gelu-quant` rewrite; the forward that calls it: models/qwen_image/dit.py).
 
 Under `fp8=torchao` each feed-forward layer runs: up projection (FP8 GEMM, bf16 out), DiffSynth's GELU
 (x * sigmoid(1.702 x)), then torchao quantizes the GELU's output per row for the down projection (the row's largest
@@ -12,15 +12,14 @@ The kernel here gives each row to one program, which holds the row in registers 
 (measured against other layouts by scripts/gpu/gelu_quant_probe.py). It computes what torchao's quantization computes
 (the GELU rounded to bf16, torchao's scale and division, the same cast); a row of zeros gets a tiny scale instead
 of torchao's zero scale (whose division gives NaN). The down projection then runs on torchao's FP8 weight tensors
-through the same torch._scaled_mm call torchao makes, so a fused LoRA written into those tensors stays in effect.
+through the same torch._scaled_mm call torchao makes (kernels/fp8.py), so a fused LoRA written into those tensors
+stays in effect.
 """
 from __future__ import annotations
 
-import types
-
 import torch
 
-from .fp8 import FP8, FP8_MAX, is_torchao_fp8, torchao_fp8_linear
+from .fp8 import FP8, FP8_MAX
 
 SMALLEST_AMAX = 1e-12  # a row of zeros: any positive scale quantizes it to zeros
 # the fastest of scripts/gpu/gelu_quant_probe.py's candidates on an H100 (docs/benchmarks/gelu-quant/)
@@ -49,29 +48,3 @@ def gelu_rowwise_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @gelu_rowwise_fp8.register_fake
 def _(x):
     return x.new_empty(x.shape, dtype=FP8), x.new_empty((x.shape[0], 1), dtype=torch.float32)
-
-
-def fp8_mlp_forward(feed_forward: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """DiffSynth's QwenFeedForward (up projection, GELU, dropout of p=0, down projection) with the fused kernel
-    between two torchao FP8 linears."""
-    up = feed_forward.net[0].proj(hidden)
-    activation, activation_scale = gelu_rowwise_fp8(up.reshape(-1, up.shape[-1]))
-    out = torchao_fp8_linear(feed_forward.net[2], activation, activation_scale)
-    return out.reshape(*hidden.shape[:-1], out.shape[-1])
-
-
-def is_torchao_fp8_mlp(feed_forward: torch.nn.Module) -> bool:
-    """True when both linears of `feed_forward` hold torchao's rowwise FP8 weights."""
-    return is_torchao_fp8(feed_forward.net[0].proj) and is_torchao_fp8(feed_forward.net[2])
-
-
-def fuse_gelu_quantization(dit: torch.nn.Module) -> int:
-    """Routes every feed-forward layer of the DiT's blocks through fp8_mlp_forward; returns how many."""
-    layers = [block.img_mlp for block in dit.transformer_blocks] + [block.txt_mlp for block in dit.transformer_blocks]
-    unfit = [layer for layer in layers if not is_torchao_fp8_mlp(layer)]
-    if unfit:
-        raise ValueError(f"{len(unfit)} of {len(layers)} feed-forward layers are not torchao FP8 linears: the fused "
-                         "GELU quantization needs fp8=torchao")
-    for layer in layers:
-        layer.forward = types.MethodType(fp8_mlp_forward, layer)
-    return len(layers)

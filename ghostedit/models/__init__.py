@@ -93,8 +93,7 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
     from ..diffsynth_patches import quiet_loader
     from .dtypes import apply_component_dtypes
     quiet_loader()
-    from .exact import ExactPipeline, install_module_patches
-    install_module_patches()
+    from .exact import ExactPipeline
     torch_dtype = dtypes["dit"]
     if spec.kind == "synthetic" and dit_only:
         from .synthetic import build_synthetic_dit
@@ -113,10 +112,9 @@ def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dty
         from .hub import load_pretrained_pipeline
         pipe = load_pretrained_pipeline(spec, device, torch_dtype, on_download)
         if not base_dit_on_gpu and device.startswith("cuda"):
-            from ..optimize.rewrites import joinable_parts
             from ..pinned import pin_module
             # DiffSynth's loader puts every weight on the device first
-            pin_module(pipe.dit, end_to_end=joinable_parts(pipe.dit))
+            pin_module(pipe.dit, end_to_end=pipe.dit.joinable_parts())
     apply_component_dtypes(pipe, dtypes)
     from .exact import float32_rotary
     float32_rotary(pipe.text_encoder)

@@ -17,7 +17,8 @@ attention        `attention(streams, options, ...)`: one dispatch over every bac
 linear           every projection is a module attribute called as a module: preparation replaces it (torchao's FP8
                  linear, Transformer Engine's, a runtime LoRA's PEFT layer) and the forward does not change.
                  `fp8_linear(layer, values, scales)` hands values already in FP8 (a fused kernel's) to torchao's FP8
-                 layer.
+                 layer; `fused_linear` joins projections of one input (a family names them in its DiT class's
+                 `fused_projections`, which fused LoRAs and the pinned base read too).
 block loop       the family's loop over `blocks`: each block is a module of its own (compiled regionally where
                  compile is on); behind `options.step_cache` when a step cache runs (`StepCache.after_block`); the
                  whole forward replayed from CUDA graphs where `options.graphs` is set (`ForwardGraphs.run`).
@@ -43,7 +44,7 @@ import torch.nn.functional as F
 from diffsynth.models.qwen_image_dit import qwen_image_flash_attention
 
 from ..kernels import attention as backends, fp8_attention
-from ..kernels.fp8 import is_torchao_fp8, torchao_fp8_linear
+from ..kernels.fp8 import torchao_fp8_linear
 
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -308,10 +309,55 @@ def _segments(q, k, v, segments: Segments, backend: str, diffsynth) -> torch.Ten
 # ---- linear ----
 
 def fp8_linear(layer: torch.nn.Module, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """`layer` (torchao's FP8 linear) applied to input already in FP8: `values` [..., in] float8_e4m3fn with float32
-    `scales` [rows, 1] (one per row of the flattened input); the output [..., out] in bf16."""
-    if not is_torchao_fp8(layer):
-        raise TypeError(f"an FP8 input needs torchao's FP8 linear layer, not {type(layer).__name__}")
+    """`layer`, torchao's FP8 linear (the preparation step that chose this path checked it: `is_torchao_fp8`),
+    applied to input already in FP8: `values` [..., in] float8_e4m3fn with float32 `scales` [rows, 1], one per row
+    of the flattened input; the output [..., out] in bf16."""
     flat = values.reshape(-1, values.shape[-1])
     out = torchao_fp8_linear(layer, flat, scales)
     return out.reshape(*values.shape[:-1], out.shape[-1])
+
+
+def fused_linear(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One linear layer computing `linears` (same input) side by side, their output rows in order."""
+    first = linears[0]
+    fused = torch.nn.Linear(first.in_features, sum(l.out_features for l in linears), bias=first.bias is not None,
+                            device="meta")
+    fused.weight = torch.nn.Parameter(_joined([l.weight for l in linears]), requires_grad=False)
+    if first.bias is not None:
+        fused.bias = torch.nn.Parameter(_joined([l.bias for l in linears]), requires_grad=False)
+    return fused
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts joined along their first dimension: a view of them where they lie end to end in one storage (a base
+    in pinned host memory is laid out so: joinable_parts), else a copy. A view's values are the base's: whoever
+    writes into a joined weight in place must give it a tensor of its own first (engine/loras.py does)."""
+    first = parts[0].detach()
+    if not _end_to_end(parts):
+        return torch.cat([part.detach() for part in parts])
+    shape = (sum(part.shape[0] for part in parts), *first.shape[1:])
+    return first.as_strided(shape, torch.empty(shape, device="meta").stride())
+
+
+def _end_to_end(parts: list[torch.Tensor]) -> bool:
+    """Contiguous tensors of one dtype in one storage, each starting where the one before ends."""
+    first = parts[0]
+    return all(part.is_contiguous() and part.dtype == first.dtype and
+               part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for part in parts) and \
+        all(after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
+            for before, after in zip(parts, parts[1:]))
+
+
+def joinable_parts(module: torch.nn.Module, projections: dict[str, tuple[str, ...]]) -> list[list[torch.Tensor]]:
+    """The weights and the biases that fusing `projections` ({fused name: the names it joins}, a family's) would
+    join, each group in the order of the joined rows: a base in pinned host memory lays each group end to end
+    (pinned.pin_module), so that joining them copies nothing."""
+    groups = []
+    for layer in module.modules():
+        for parts in projections.values():
+            linears = [getattr(layer, part, None) for part in parts]
+            if all(isinstance(linear, torch.nn.Linear) for linear in linears):
+                groups.append([linear.weight for linear in linears])
+                if all(linear.bias is not None for linear in linears):
+                    groups.append([linear.bias for linear in linears])
+    return groups

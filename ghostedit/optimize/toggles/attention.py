@@ -1,27 +1,28 @@
-"""Toggle `attention`: the attention backend of the DiT (implemented in ghostedit/optimize/attention.py).
+"""Toggle `attention`: the attention backend of the DiT (the backends: ghostedit/kernels/attention.py; the forward's
+dispatch: models/seams.py), set in the run's options.
 
-Switching between exact backends prepares nothing (the backend is chosen around each run); only the FP8 attentions
+Switching between exact backends prepares nothing (the backend is chosen for each run); only the FP8 attentions
 change the prepared DiT (FP8 scales of q and k, through the joint layout they imply)."""
 import contextlib
 
-from .. import attention
+from ...kernels import attention
 from ..registry import ON, Choice, RunContext, Toggle, register
 
 
 @contextlib.contextmanager
-def _active(context: RunContext, backend: str):
+def _chosen(context: RunContext, backend: str):
     words = backend
     if backend == "auto":
         with context.recorder.stage("attention auto", "timing attention backends at this shape", into_prepare=True):
-            attn = context.prepared.dit.transformer_blocks[0].attn
-            backend, words = attention.resolve(backend, attn.num_heads, attn.head_dim, context.sequence_length,
+            dit = context.prepared.dit
+            backend, words = attention.resolve(backend, dit.heads, dit.head_dim, context.sequence_length,
                                                context.device)
     elif backend == "diffsynth":
         words = f"DiffSynth default ({attention.diffsynth_default()})"
     context.ran["attention"] = backend
     context.ran.setdefault("words", {})["attention"] = words
-    with attention.active(backend):
-        yield
+    context.options["attention"] = backend
+    yield
 
 
 register(Toggle(
@@ -43,5 +44,5 @@ register(Toggle(
     ),
     default="diffsynth", order=15,
     prepared_key=lambda backend: backend if backend in attention.FP8_BACKENDS else None,
-    run_context=_active, availability=attention.availability, tag=lambda backend: backend,
+    run_context=_chosen, availability=attention.availability, tag=lambda backend: backend,
 ))
