@@ -71,8 +71,9 @@ def test_block_causal_segments_equal_the_dense_block_causal_mask():
     dense[5, 5] = True  # a padded query keeps a key (its row is never read)
     q, k, v = _joined([stream])
     expected = _reference(q, k, v, dense)
-    for backend in ("sdpa-flash", "diffsynth"):
-        output = seams.attention([stream], DitOptions(attention=backend), mask=Segments(spans, valid))
+    with_block_mask = Segments(spans, valid, seams.flex_block_mask(Segments(spans, valid), 20, 1, "cpu"))
+    for backend in ("sdpa-flash", "diffsynth", "flex"):
+        output = seams.attention([stream], DitOptions(attention=backend), mask=with_block_mask)
         rows = [row for row in range(20) if row != 5]
         torch.testing.assert_close(output[:, rows], expected[:, rows], rtol=1e-5, atol=1e-5)
 

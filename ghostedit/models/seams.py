@@ -42,6 +42,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 from diffsynth.models.qwen_image_dit import qwen_image_flash_attention
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..kernels import attention as backends, fp8_attention
 from ..kernels.fp8 import torchao_fp8_linear
@@ -49,6 +50,8 @@ from ..kernels.fp8 import torchao_fp8_linear
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 DIFFSYNTH = "diffsynth"   # the attention DiffSynth runs for this DiT (its own choice: FA3 if installed, else SDPA)
+FLEX = "flex"             # block-causal attention in one flex_attention call over the mask's BlockMask
+FLEX_BLOCK_SIZE = 128     # flex_attention's block mask works in blocks of 128 tokens
 
 
 # ---- the run's options ----
@@ -59,7 +62,7 @@ class DitOptions:
     handed to the forward and down to every block. Frozen: compiled blocks guard on the values they read, so a new
     object with the same values runs the same compiled code. The objects it holds (a split, a cache, graphs) carry
     what the run keeps; compiled blocks read only the split's plain values."""
-    attention: str = DIFFSYNTH          # a backend of kernels/attention.py (CONCRETE_BACKENDS) or "diffsynth"
+    attention: str = DIFFSYNTH          # a backend of kernels/attention.py (CONCRETE_BACKENDS), "diffsynth" or "flex"
     real_rope: bool = False             # the rotary embedding as real (cos, sin) instead of complex numbers
     joint_layout: bool = False          # q, k, v kept in the projections' [batch, seq, heads, head_dim] layout
     fused_qkv: bool = False             # one projection for q, k and v per stream (prepared: the weights joined)
@@ -161,6 +164,11 @@ class PrefixKVCache:
         """Whether this forward computes every token and stores the prefix (its branch has none yet)."""
         return self.branch not in self._filled
 
+    @property
+    def shape_key(self) -> str:
+        """What the cache adds to a forward's shapes (a compiled DiT runs one graph for each)."""
+        return "filling the prefix cache" if self.filling else "from the prefix cache"
+
     def store(self, block: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Block `block`'s prefix keys and values, [batch, prefix tokens, heads, head_dim] (kept as copies of their
         own: a view would keep the whole forward's tensors alive)."""
@@ -185,9 +193,11 @@ class Segments:
     """A block-causal mask as spans of the query sequence: each (start, end, causal) attends to the keys [0, end)
     (everything before it and its own span), with a causal triangle over its own span where `causal` (text); the
     queries after the last span (the target) attend to every key. Keys where `key_valid` [batch, keys] is False
-    (padding) are attended by none."""
+    (padding) are attended by none. `block_mask`: flex_attention's BlockMask of the same mask, made once for a run's
+    forwards (flex_block_mask), for the "flex" backend."""
     spans: tuple[tuple[int, int, bool], ...]
     key_valid: torch.Tensor | None = field(default=None, compare=False)
+    block_mask: object = field(default=None, compare=False)
 
     @property
     def prefix_end(self) -> int:
@@ -205,7 +215,7 @@ def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bsh
                 [batch, heads, seq, head_dim] ("bhsd", DiffSynth's)
     mask        None; a dense mask broadcastable to [batch, heads, queries, keys] (True or 0 attends: "diffsynth"
                 takes it itself, any other exact backend leaves masked attention to SDPA's own choice of kernel); or
-                `Segments` (block-causal), computed span by span
+                `Segments` (block-causal), computed span by span, or in one flex_attention call by "flex"
     prefix      (keys, values) [batch, prefix, heads, head_dim] joined before the streams' keys and values (a
                 prefix KV cache's), with no queries of their own
     fp8_scales  (q scale, k scale) for the FP8 backends: the FP8 scales of bounds on q and k (None: their largest
@@ -252,6 +262,8 @@ def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, 
         return fp8_attention.joint_attention(streams, q_scale, k_scale, backend, *v_scale).flatten(2)
     join = 2 if layout == "bhsd" else 1
     q, k, v = (torch.cat(parts, dim=join) if len(parts) > 1 else parts[0] for parts in zip(*streams))
+    if backend == FLEX and isinstance(mask, Segments) and prefix is None:
+        return _flex(q, k, v, mask, layout)
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     if prefix is not None:
@@ -273,7 +285,8 @@ def attend_heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backen
     """q, k, v joined, [batch, heads, seq, head_dim], by one backend: [batch, queries, heads * head_dim]."""
     if backend == DIFFSYNTH:
         return (diffsynth or _qwen_image_attention)(q, k, v, mask)
-    if mask is not None:  # the masked parts of an attention: PyTorch SDPA's own choice of kernel for a mask
+    if mask is not None or backend == FLEX:  # masked attention (and flex's where no block structure is left, a
+        # step from the prefix cache): PyTorch SDPA's own choice of kernel
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2)
     if backend in backends.SDPA_BACKENDS:
         return backends.SDPA_BACKENDS[backend](q, k, v).transpose(1, 2).flatten(2)
@@ -304,6 +317,37 @@ def _segments(q, k, v, segments: Segments, backend: str, diffsynth) -> torch.Ten
     target_mask = None if valid is None else valid[:, None, None, :]
     outputs.append(attend_heads_first(q[:, :, segments.prefix_end:], k, v, backend, target_mask, diffsynth))
     return torch.cat(outputs, dim=1)
+
+
+def _flex(q, k, v, segments: Segments, layout: str) -> torch.Tensor:
+    """One flex_attention call over the segments' BlockMask, the sequence padded to whole mask blocks."""
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    length = q.shape[1]
+    padded = -(-length // FLEX_BLOCK_SIZE) * FLEX_BLOCK_SIZE
+    q, k, v = (F.pad(t, (0, 0, 0, 0, 0, padded - length)).transpose(1, 2) for t in (q, k, v))
+    out = flex_attention(q, k, v, block_mask=segments.block_mask)
+    return out.transpose(1, 2)[:, :length].flatten(2)
+
+
+def flex_block_mask(segments: Segments, length: int, batch: int, device) -> object:
+    """flex_attention's BlockMask of `segments` over a sequence of `length` queries and keys (padded positions
+    masked out): a query sees the keys before it, and every key of its own image (a non-causal span, or the target
+    after the last span)."""
+    padded = -(-length // FLEX_BLOCK_SIZE) * FLEX_BLOCK_SIZE
+    image_ids = torch.full((padded,), -1, dtype=torch.long, device=device)
+    images = [(start, end) for start, end, causal in segments.spans if not causal] + [(segments.prefix_end, length)]
+    for number, (start, end) in enumerate(images):
+        image_ids[start:end] = number
+    key_valid = torch.ones(batch, padded, dtype=torch.bool, device=device)
+    if segments.key_valid is not None:
+        key_valid[:, :length] = segments.key_valid
+
+    def mask_mod(b, h, query, key):
+        same_image = (image_ids[query] == image_ids[key]) & (image_ids[query] >= 0)
+        return ((query >= key) | same_image) & key_valid[b, key] & (query < length) & (key < length)
+
+    return create_block_mask(mask_mod, B=batch, H=None, Q_LEN=padded, KV_LEN=padded, device=device, _compile=False)
 
 
 # ---- linear ----
