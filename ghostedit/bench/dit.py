@@ -71,9 +71,10 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def running(prepared, config: OptimizationConfig, inputs: dict, device: str, recorder: RunRecorder):
-    """A forward function for this prepared DiT inside its run-time contexts, and what the contexts resolved."""
-    with torch.no_grad(), dit_run(prepared, config, device, sequence_length(inputs), recorder) as (options, ran):
+def running(prepared, config: OptimizationConfig, inputs: dict, device: str, recorder: RunRecorder, mesh=None):
+    """A forward function for this prepared DiT inside its run-time contexts, and what the contexts resolved;
+    `mesh`: the process mesh of a parallel forward (None in one process)."""
+    with torch.no_grad(), dit_run(prepared, config, device, sequence_length(inputs), recorder, mesh) as (options, ran):
         arguments = {**inputs, "dit": prepared.dit, "options": options}
         yield (lambda: forward(prepared.pipe.model_fn, arguments)), ran
 
