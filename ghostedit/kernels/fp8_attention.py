@@ -35,9 +35,6 @@ _Q, _K, _V, _O, _AMAX_O = 1, 2, 3, 4, 5
 _DESCALE_Q, _DESCALE_K, _DESCALE_V, _DESCALE_S, _SCALE_S, _SCALE_O = 10, 11, 12, 13, 14, 15
 _SEQ_LEN_Q, _SEQ_LEN_KV = 20, 21
 
-_graphs: dict[tuple, tuple] = {}
-_graphs_lock = threading.Lock()
-_handles = threading.local()  # cuDNN handles must not be shared between threads
 
 
 @contextlib.contextmanager
@@ -99,14 +96,19 @@ def dequantized(output: torch.Tensor, output_descale: torch.Tensor, dtype=torch.
 
 
 def _handle(cudnn, device: torch.device):
-    handles = getattr(_handles, "by_device", None)
-    if handles is None:
-        handles = _handles.by_device = {}
-    if device not in handles:
-        with torch.cuda.device(device):
-            handles[device] = cudnn.create_handle()
-    cudnn.set_stream(handle=handles[device], stream=torch.cuda.current_stream(device).cuda_stream)
-    return handles[device]
+    """This thread's cuDNN handle on `device` (a handle must not be used by two threads at once), on the current
+    stream."""
+    handle = _thread_handle(threading.get_ident(), device)
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
+    return handle
+
+
+@functools.cache
+def _thread_handle(thread: int, device: torch.device):
+    """A handle per thread and device, made once: a thread that ended leaves its handle to the next one Python
+    gives its number."""
+    with torch.cuda.device(device):
+        return cudnn_frontend().create_handle()
 
 
 def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride, padding_mask=False):
@@ -143,8 +145,12 @@ def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_s
     return graph
 
 
-def _build_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride):
-    graph = operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride)
+@functools.cache
+def _plan(shape, q_stride, k_stride, v_stride, output_stride, device: torch.device):
+    """cuDNN's built graph and its workspace bytes for these shapes and strides, built once (kept for the process:
+    it depends on nothing but them)."""
+    cudnn = cudnn_frontend()
+    graph = operation_graph(cudnn, _handle(cudnn, device), shape, q_stride, k_stride, v_stride, output_stride)
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     graph.check_support()
     graph.build_plans()
@@ -194,11 +200,7 @@ def cudnn_fp8_attention(q: list[torch.Tensor], k: list[torch.Tensor], v: list[to
     handle = _handle(cudnn, q.device)
     output = torch.empty((batch, seq_q, heads, head_dim), dtype=FP8, device=q.device)
     pack = variant_pack(q, k, v, output.permute(0, 2, 1, 3), q_descale, k_descale, v_descale)
-    key = (shape, q.stride(), k.stride(), v.stride(), q.device)
-    with _graphs_lock:
-        if key not in _graphs:
-            _graphs[key] = _build_graph(cudnn, handle, shape, q.stride(), k.stride(), v.stride(), output_stride)
-        graph, workspace_bytes = _graphs[key]
+    graph, workspace_bytes = _plan(shape, q.stride(), k.stride(), v.stride(), output_stride, q.device)
     graph.execute(pack, torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device), handle=handle)
     return output
 
