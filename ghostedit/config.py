@@ -13,8 +13,10 @@ from pathlib import Path
 from PIL import Image
 
 from .errors import InputImageError, InvalidRequestError
+from .downloads import is_lora_reference, lora_file
 from .images import load_image
 from .optimize import registry
+from .optimize.presets import LIGHTNING, PRESETS, PresetError, model_family
 
 LORA_MODES = ("fused", "runtime")
 MAX_LORAS = 4
@@ -75,7 +77,6 @@ class LoraChoice:
         `on_download` (downloads.py)."""
         found = LORA_SPEC.fullmatch(text)
         path = found["path"]
-        from .downloads import is_lora_reference, lora_file
         if is_lora_reference(path):
             path = lora_file(path, on_download)
         return cls.from_file(path, float(found["scale"] or scale), found["mode"] or mode)
@@ -173,7 +174,6 @@ class OptimizationConfig:
         A preset can be extended: "best,lora=ghost.safetensors". A Lightning preset ("lightning-4", "lightning-8")
         adds the Lightning LoRA made for `model` (downloaded on first use, progress to `on_download`) and the
         Lightning schedule; the request's steps and CFG are the preset's (optimize/presets.py LIGHTNING)."""
-        from .optimize.presets import LIGHTNING, PRESETS
         settings, loras = {}, []
         for item in filter(None, (part.strip() for part in text.split(","))):
             if item in ("baseline", "stock"):
@@ -230,7 +230,6 @@ class OptimizationConfig:
 
 def lightning_lora(preset, model: str | None, on_download=None) -> LoraChoice:
     """The Lightning LoRA of `preset` for the model `model` (a repo id or folder), fused at scale 1."""
-    from .optimize.presets import PresetError, model_family
     if model is None:
         raise InvalidRequestError(f"{preset.name} picks the Lightning LoRA made for the model: name the model")
     try:

@@ -26,6 +26,7 @@ from typing import Callable
 from urllib.parse import unquote, urlparse
 
 from .errors import GhostEditError
+from .optimize.lora import MAX_LORA_BYTES, check_lora_file
 
 # What GhostEdit reads from a Qwen-Image-Edit repo: the rest (examples, READMEs, other precisions) is not fetched
 MODEL_PATTERNS = ("transformer/*", "text_encoder/*", "vae/*", "tokenizer/*", "processor/*", "scheduler/*",
@@ -412,7 +413,6 @@ def lora_file(reference: str, on_progress: ProgressCallback | None = None) -> Pa
     if not filename.endswith(".safetensors"):
         raise DownloadError(f"{filename} in {found.repo} is not a .safetensors file: only safetensors LoRAs are "
                             "fetched (other formats can run code when loaded)")
-    from .optimize.lora import MAX_LORA_BYTES, check_lora_file
     path = hub_snapshot(found.repo, (filename,), on_progress, on_plan=on_progress, revision=found.revision,
                         max_bytes=MAX_LORA_BYTES) / filename
     check_lora_file(path, display_name=reference)

@@ -8,6 +8,7 @@ import torch
 
 from ghostedit.kernels import fp8_attention
 from ghostedit.models import seams
+from ghostedit.models.qwen_image.dit import diffsynth_attention
 from ghostedit.models.seams import DitOptions, PrefixKVCache, Segments
 
 
@@ -29,8 +30,9 @@ def test_every_cpu_backend_attends_over_the_joined_streams_in_either_layout(back
     streams = _streams()
     expected = _reference(*_joined(streams))
     options = DitOptions(attention=backend)
-    by_tokens = seams.attention(streams, options)
-    by_heads = seams.attention([tuple(t.transpose(1, 2) for t in s) for s in streams], options, layout="bhsd")
+    by_tokens = seams.attention(streams, options, diffsynth=diffsynth_attention)
+    by_heads = seams.attention([tuple(t.transpose(1, 2) for t in s) for s in streams], options, layout="bhsd",
+                               diffsynth=diffsynth_attention)
     assert by_tokens.shape == expected.shape == (1, 16, 32)
     torch.testing.assert_close(by_tokens, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(by_tokens, by_heads)
@@ -73,7 +75,8 @@ def test_block_causal_segments_equal_the_dense_block_causal_mask():
     expected = _reference(q, k, v, dense)
     with_block_mask = Segments(spans, valid, seams.flex_block_mask(Segments(spans, valid), 20, 1, "cpu"))
     for backend in ("sdpa-flash", "diffsynth", "flex"):
-        output = seams.attention([stream], DitOptions(attention=backend), mask=with_block_mask)
+        output = seams.attention([stream], DitOptions(attention=backend), mask=with_block_mask,
+                                 diffsynth=diffsynth_attention)
         rows = [row for row in range(20) if row != 5]
         torch.testing.assert_close(output[:, rows], expected[:, rows], rtol=1e-5, atol=1e-5)
 

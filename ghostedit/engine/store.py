@@ -9,7 +9,8 @@ import gc
 import torch
 
 from ..device import empty_cache
-from ..models import ModelSpec, load_base_pipeline
+from ..models import ModelSpec
+from ..models.loading import load_base_pipeline
 from ..pinned import PinnedArena, pin_module
 from ..tensors import storage_bytes, storage_pointers
 from . import placement as placements

@@ -10,7 +10,7 @@ Where DiffSynth 2.1.12 differs, and where each is fixed (tests/test_reference.py
 - the DiT is GhostEdit's own (models/qwen_image/dit.py: its MLP activation is GELU with the tanh approximation);
   the VAE's RMS norm is computed in float32 (ReferenceScaledVAE's norms are Float32RMSNorm);
 - in bf16: the text encoder's rotary frequencies stay float32 (`float32_rotary`, applied by
-  models.load_base_pipeline) and the VAE normalizes its latents as the reference does (ReferenceScaledVAE, the
+  models/loading.py) and the VAE normalizes its latents as the reference does (ReferenceScaledVAE, the
   class GhostEdit's model table entries name);
 - the schedule's sigmas and the Euler step are computed as diffusers' scheduler computes them (ReferenceSchedule);
 - 2511's `zero_cond_t` comes from the transformer config (passed by the runner from the family).
@@ -270,9 +270,13 @@ class ExactPipeline(QwenImagePipeline):
     def use_family(self, family: Family) -> None:
         self.family = family
         self.model_fn = dit.model_fn   # GhostEdit's DiT forward: the engine hands it each run's options
-        self.scheduler = ReferenceSchedule(family.computation.scheduler)
+        self.use_schedule(family.computation.scheduler)
         swaps = {QwenImageUnit_EditImageEmbedder: EditImageEmbedder, QwenImageUnit_PromptEmbedder: PromptEmbedder}
         self.units = [swaps[type(unit)](family) if type(unit) in swaps else unit for unit in self.units]
+
+    def use_schedule(self, config: dict) -> None:
+        """The sampling schedule of a scheduler config, computed as diffusers computes it (ReferenceSchedule)."""
+        self.scheduler = ReferenceSchedule(config)
 
     def cfg_guided_model_fn(self, model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
         positive = model_fn(**inputs_posi, **inputs_shared, **inputs_others)

@@ -41,7 +41,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
-from diffsynth.models.qwen_image_dit import qwen_image_flash_attention
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..kernels import attention as backends, fp8_attention
@@ -222,7 +221,7 @@ def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bsh
                 values)
     sharded     which streams `options.sequence_split` splits over the ranks (the others are whole on each)
     diffsynth   DiffSynth's own attention for this family, (q, k, v, mask) in [batch, heads, seq, head_dim] ->
-                [batch, seq, heads * head_dim] (default: Qwen-Image's `qwen_image_flash_attention`)
+                [batch, seq, heads * head_dim]: what the backend "diffsynth" runs (the family file hands it)
 
     Returns [batch, queries, heads * head_dim], the streams' queries in order."""
     split = options.sequence_split
@@ -284,17 +283,15 @@ def attend_heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backen
                        diffsynth: Callable | None = None) -> torch.Tensor:
     """q, k, v joined, [batch, heads, seq, head_dim], by one backend: [batch, queries, heads * head_dim]."""
     if backend == DIFFSYNTH:
-        return (diffsynth or _qwen_image_attention)(q, k, v, mask)
+        if diffsynth is None:
+            raise ValueError("the 'diffsynth' attention backend needs the family's DiffSynth attention (diffsynth=)")
+        return diffsynth(q, k, v, mask)
     if mask is not None or backend == FLEX:  # masked attention (and flex's where no block structure is left, a
         # step from the prefix cache): PyTorch SDPA's own choice of kernel
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2)
     if backend in backends.SDPA_BACKENDS:
         return backends.SDPA_BACKENDS[backend](q, k, v).transpose(1, 2).flatten(2)
     return backends.EXTERNAL[backend](q, k, v).flatten(2)
-
-
-def _qwen_image_attention(q, k, v, mask):
-    return qwen_image_flash_attention(q, k, v, num_heads=q.shape[1], attention_mask=mask)
 
 
 def _segments(q, k, v, segments: Segments, backend: str, diffsynth) -> torch.Tensor:

@@ -13,7 +13,6 @@ import torch
 from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
 from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
-from ..device import Availability, gpu_capacity_bytes, needs_cuda
 from ..paths import ghostedit_home
 from ..pinned import PinnedArena, pin_module
 from . import seams
@@ -26,20 +25,6 @@ from .qwen_image.dit import FUSED_PROJECTIONS, QwenImageDiT, TransformerBlock
 INIT_STD = 0.02
 # The released DiT's shape (diffsynth's QwenImageDiT hardcodes it too)
 DIT_LAYERS, DIT_WIDTH, DIT_HEADS = 60, 3072, 24
-# an FP8 DiT (19.5 GiB) and room for activations: a smaller card runs it with memory=low (engine/placement.py)
-MIN_GPU_GIB = 22
-
-
-def availability(device: str) -> Availability:
-    gpu = needs_cuda(device, "the full-size synthetic model")
-    if not gpu.ok:
-        return gpu
-    total = gpu_capacity_bytes(device) / 1024**3
-    if total < MIN_GPU_GIB:
-        return Availability.no(f"the full-size synthetic model needs a GPU with {MIN_GPU_GIB} GiB; this one has {total:.0f}")
-    return Availability.yes()
-
-
 @contextlib.contextmanager
 def _created_on(device: str, dtype: torch.dtype):
     """Modules built inside get their parameters allocated and initialised on `device` in `dtype`."""

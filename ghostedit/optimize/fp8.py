@@ -20,6 +20,7 @@ import torch
 
 from ..device import Availability, needs_cuda
 from ..pinned import moved_in_turn
+from . import te
 
 TE_SCALING = {"te": "current", "te-delayed": "delayed"}
 
@@ -53,7 +54,6 @@ def availability(mode: str, device: str) -> Availability:
         except ImportError as error:
             return Availability.no(f"torchao is not installed ({error})")
         return Availability.yes()
-    from . import te
     return te.availability(device)
 
 
@@ -72,7 +72,6 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
     report.kept_bf16 = sorted(set(linears) - set(eligible))
     report.converted = len(eligible)
     if mode.startswith("te"):
-        from . import te
         te.convert(model, eligible, report, device, scaling=TE_SCALING[mode])
         return report
     targets = list(eligible.values())
@@ -110,6 +109,5 @@ def quantized_like(linear: torch.nn.Module, weight: torch.Tensor) -> torch.Tenso
 def forward_context(model: torch.nn.Module, mode: str):
     """The context a forward of an FP8 model runs under (TE's FP8 autocast; nothing for the other modes)."""
     if mode.startswith("te"):
-        from . import te
         return te.autocast(model)
     return contextlib.nullcontext()

@@ -17,7 +17,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import GhostEditError
+from ..tensors import plain_tensors
 from . import lora_formats
+from .fp8 import quantized_like
 
 ADAPTER_NAME = "ghostedit"
 MAX_LORA_BYTES = 4 * 1024**3      # the largest Qwen-Image LoRAs in use are under 2 GB
@@ -351,8 +353,6 @@ def write_weight_in_place(linear: torch.nn.Module, weight: torch.Tensor) -> None
     """Writes new values into the weight tensor a layer already holds (compiled code keeps reading that tensor)."""
     target = linear.weight
     if hasattr(linear, "ghostedit_fp8_config"):  # torchao FP8: quantized as the layer was, into its own tensors
-        from .fp8 import quantized_like
-        from ..tensors import plain_tensors
         for held, new in zip(plain_tensors(target), plain_tensors(quantized_like(linear, weight))):
             held.copy_(new)
     elif type(target) in (torch.Tensor, torch.nn.Parameter):

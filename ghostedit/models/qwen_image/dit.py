@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 from diffsynth.models.general_modules import AdaLayerNorm, RMSNorm, TimestepEmbeddings
-from diffsynth.models.qwen_image_dit import QwenEmbedRope, apply_rotary_emb_qwen
+from diffsynth.models.qwen_image_dit import QwenEmbedRope, apply_rotary_emb_qwen, qwen_image_flash_attention
 from einops import rearrange
 
 from ...kernels import fp8_attention
@@ -327,7 +327,8 @@ class JointAttention(torch.nn.Module):
         img_q, img_k = _rotate(img_q, img_freqs), _rotate(img_k, img_freqs)
         txt_q, txt_k = _rotate(txt_q, txt_freqs), _rotate(txt_k, txt_freqs)
         joint = seams.attention(((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), options, layout="bhsd",
-                                sharded=(False, True), fp8_scales=(self.q_scale, self.k_scale)).to(img_q.dtype)
+                                sharded=(False, True), fp8_scales=(self.q_scale, self.k_scale),
+                                diffsynth=diffsynth_attention).to(img_q.dtype)
         return self.to_out(joint[:, seq_txt:, :]), self.to_add_out(joint[:, :seq_txt, :])
 
     def _projections(self, image, text, options: DitOptions):
@@ -353,7 +354,7 @@ class JointAttention(torch.nn.Module):
         img_q, img_k = _rotate(img_q, img_freqs), _rotate(img_k, img_freqs)
         txt_q, txt_k = _rotate(txt_q, txt_freqs), _rotate(txt_k, txt_freqs)
         joint = seams.attention(((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), options, sharded=(False, True),
-                                fp8_scales=(self.q_scale, self.k_scale)).to(img_q.dtype)
+                                fp8_scales=(self.q_scale, self.k_scale), diffsynth=diffsynth_attention).to(img_q.dtype)
         return self.to_out(joint[:, seq_txt:]), self.to_add_out(joint[:, :seq_txt])
 
     def _fused_fp8_attention(self, text_qkv, image_qkv, freqs, options: DitOptions):
@@ -413,6 +414,12 @@ class JointAttention(torch.nn.Module):
         layers only, not the RMSNorm weights)."""
         for name, bound in self.qk_bounds().items():
             setattr(self, f"{name}_scale", fp8_attention.fp8_scale(bound))
+
+
+def diffsynth_attention(q, k, v, mask):
+    """DiffSynth's own attention for this DiT (the backend "diffsynth": FlashAttention-3 if installed, else SDPA's
+    own dispatch), q, k, v in [batch, heads, seq, head_dim]."""
+    return qwen_image_flash_attention(q, k, v, num_heads=q.shape[1], attention_mask=mask)
 
 
 def _out_projection(linear: torch.nn.Module, output: torch.Tensor, descale: torch.Tensor | None,
