@@ -26,7 +26,7 @@ from typing import Callable
 from urllib.parse import unquote, urlparse
 
 from .errors import GhostEditError
-from .optimize.lora import MAX_LORA_BYTES, check_lora_file
+from .lora_files import MAX_LORA_BYTES, check_lora_file
 
 # What GhostEdit reads from a Qwen-Image-Edit repo: the rest (examples, READMEs, other precisions) is not fetched
 MODEL_PATTERNS = ("transformer/*", "text_encoder/*", "vae/*", "tokenizer/*", "processor/*", "scheduler/*",

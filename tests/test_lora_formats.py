@@ -12,7 +12,8 @@ from ghostedit import EditRequest, LoraChoice, OptimizationConfig
 from ghostedit.arguments import add_toggle_arguments, loras_from_args
 from ghostedit.bench import dit as bench_dit
 from ghostedit.engine import Engine
-from ghostedit.optimize.lora import LoraError, match_lora, read_lora_file
+from ghostedit.lora_files import LoraError, read_lora_file
+from ghostedit.optimize.lora import match_lora
 from ghostedit.telemetry import RunRecorder
 
 SCALE = 0.7

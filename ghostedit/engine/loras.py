@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..lora_files import read_lora_file
 from ..optimize import lora as lora_layers
 from ..telemetry import RunRecorder
 
@@ -39,7 +40,7 @@ class LoraFiles:
     def matched(self, lora, base_dit, device: str = "cpu") -> lora_layers.MatchedLora:
         """The LoRA's layers; for a GPU in pinned memory, so that fusing copies them without waiting."""
         if lora.sha256 not in self._matched:
-            found = lora_layers.match_lora(base_dit, lora_layers.read_lora_file(lora.path))
+            found = lora_layers.match_lora(base_dit, read_lora_file(lora.path))
             if device.startswith("cuda"):
                 found.layers = {name: layer.pinned() for name, layer in found.layers.items()}
             self._matched[lora.sha256] = found

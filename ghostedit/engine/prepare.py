@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import tensors
+from ..lora_files import read_lora_file
 from ..optimize import cuda_graphs, lora as lora_layers, registry
 from ..telemetry import RunRecorder
 
@@ -122,7 +123,7 @@ def _attach_runtime_loras(context: registry.PrepareContext) -> None:
     """Lossless: PEFT layers beside the linears, one adapter per LoRA, at scale 0 until a run sets its scales."""
     loras = context.config.runtime_loras
     with context.stage("attach LoRA", "attaching runtime LoRA layers"):
-        matched = [(lora.sha256, lora_layers.match_lora(context.dit, lora_layers.read_lora_file(lora.path)))
+        matched = [(lora.sha256, lora_layers.match_lora(context.dit, read_lora_file(lora.path)))
                    for lora in loras]
         lora_layers.attach_runtime_loras(context.dit, matched)
     for lora, (_, found) in zip(loras, matched):
