@@ -43,8 +43,9 @@ from torchao.quantization.quant_primitives import _choose_scale_float8
 from ghostedit.kernels import gelu_quant as fp8_mlp
 x = (torch.randn(5, 3000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
 x[3] = 0
+x[4] = -torch.linspace(1, 3, 3000)  # where DiffSynth's x * sigmoid(1.702 x) is 3% away from the model's GELU
 values, scales = fp8_mlp.gelu_rowwise_fp8_launch(x)
-gelu = (x.float() * torch.sigmoid(1.702 * x.float())).to(torch.bfloat16)
+gelu = torch.nn.functional.gelu(x.float(), approximate="tanh").to(torch.bfloat16)  # the model's GELU
 expected = _choose_scale_float8(gelu, [1, x.shape[1]], torch.float8_e4m3fn)
 rows = [0, 1, 2, 4]
 # the interpreter rounds float32 to bf16 and FP8 toward zero (the GPU rounds to nearest): scales within a bf16 step
@@ -60,8 +61,10 @@ print("ok")
 
 
 def test_the_kernel_quantizes_each_row_with_torchaos_scale_in_tritons_interpreter():
-    """A row length that is no power of two (masked lanes), a row of zeros; run on the CPU by Triton's interpreter,
-    whose float conversions truncate, so the check is the scales and the layout, not the FP8 rounding."""
+    """The model's GELU (tanh approximation) quantized per row with torchao's scale: a row length that is no power of
+    two (masked lanes), a row of zeros, a row of negative values (where another GELU's scale would be off); run on
+    the CPU by Triton's interpreter, whose float conversions truncate, so the check is the scales and the layout, not
+    the FP8 rounding."""
     done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

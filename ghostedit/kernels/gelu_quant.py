@@ -1,16 +1,19 @@
 """The GELU of a feed-forward layer and its output's rowwise FP8 quantization in one Triton kernel (the
 `fused-gelu-quant` rewrite; the forward that calls it: models/qwen_image/dit.py).
 
-Under `fp8=torchao` each feed-forward layer runs: up projection (FP8 GEMM, bf16 out), DiffSynth's GELU
-(x * sigmoid(1.702 x)), then torchao quantizes the GELU's output per row for the down projection (the row's largest
-magnitude / 448, then divided and cast to float8_e4m3fn) before the next FP8 GEMM. Inductor fuses GELU and
+Under `fp8=torchao` each feed-forward layer runs: up projection (FP8 GEMM, bf16 out), GELU with the tanh
+approximation (the trained model's, models/qwen_image/dit.py), then torchao quantizes the GELU's output per row for
+the down projection (the row's largest magnitude / 448, then divided and cast to float8_e4m3fn) before the next FP8
+GEMM. Inductor fuses GELU and
 quantization into one persistent reduction that keeps each 12288-wide row in registers; the profile in
 docs/benchmarks.md (section 6) measured it as the largest kernel outside the GEMMs and the attention, at about
 half the memory bandwidth that reading the bf16 rows and writing the FP8 ones takes.
 
 The kernel here gives each row to one program, which holds the row in registers and computes its GELU once
-(measured against other layouts by scripts/gpu/gelu_quant_probe.py). It computes what torchao's quantization computes
-(the GELU rounded to bf16, torchao's scale and division, the same cast); a row of zeros gets a tiny scale instead
+(measured against other layouts by scripts/gpu/gelu_quant_probe.py): 0.5 x (1 + tanh(u)) as x * sigmoid(2u), the
+same function in float32 (until 2026-11 it computed DiffSynth's x * sigmoid(1.702 x), not the model's GELU). It
+computes what torchao's quantization computes (the GELU rounded to bf16, torchao's scale and division, the same
+cast); a row of zeros gets a tiny scale instead
 of torchao's zero scale (whose division gives NaN). The down projection then runs on torchao's FP8 weight tensors
 through the same torch._scaled_mm call torchao makes (kernels/fp8.py), so a fused LoRA written into those tensors
 stays in effect.
