@@ -11,7 +11,8 @@
 # The call (carry [".whl"] as scripts/gpu/README.md says):
 #   mkdir -p /tmp/wheels && cp .whl/*.whl /tmp/wheels/ && scripts/gpu/dit_check.sh
 # Results in $OUT/dit-check (the device tool's folder; else bench-results/dit-check). BUDGET (seconds, default 560)
-# bounds the call: no process starts that would not finish in it. Delete ./old afterwards.
+# bounds the rounds after the first: none starts that would not finish in it. DIT_AB_ARGS passes options to
+# dit_ab.py (e.g. "--shapes 1024 --repeats 6" for a shorter call). Delete ./old afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QUIET_SETUP=1 source scripts/gpu/setup.sh
@@ -26,7 +27,7 @@ left() { echo $(( budget - ($(date +%s) - start) )); }
 run_version() {  # run_version VERSION ROUND: one process of dit_ab.py with that version first on the path
   local path=$PYTHONPATH began=$(date +%s)
   [ "$1" = old ] && path=$PWD/old:$PYTHONPATH
-  PYTHONPATH=$path python3 scripts/gpu/dit_ab.py --name "$1-$2" --out "$DIR" > "$DIR/$1-$2.log" 2>&1 ||
+  PYTHONPATH=$path python3 scripts/gpu/dit_ab.py --name "$1-$2" --out "$DIR" ${DIT_AB_ARGS:-} > "$DIR/$1-$2.log" 2>&1 ||
     tail -n 30 "$DIR/$1-$2.log"
   grep " ms (first call" "$DIR/$1-$2.log" || true
   last=$(( $(date +%s) - began ))
