@@ -16,7 +16,7 @@ attention        `attention(streams, options, ...)`: one dispatch over every bac
                  the whole sequence (the one-process image).
 linear           every projection is a module attribute called as a module: preparation replaces it (torchao's FP8
                  linear, Transformer Engine's, a runtime LoRA's PEFT layer) and the forward does not change.
-                 `fp8_linear(layer, values, scales)` hands values already in FP8 (a fused kernel's) to torchao's FP8
+                 `fp8_linear(layer, values, scales)` hands rows already in FP8 (a fused kernel's) to torchao's FP8
                  layer; `fused_linear` joins projections of one input (a family names them in its DiT class's
                  `fused_projections`, which fused LoRAs and the pinned base read too).
 block loop       the family's loop over `blocks`: each block is a module of its own (compiled regionally where
@@ -259,12 +259,12 @@ def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, 
         if prefix is not None:
             streams = _with_prefix_keys(streams, prefix)
         return fp8_attention.joint_attention(streams, q_scale, k_scale, backend, *v_scale).flatten(2)
-    join = 2 if layout == "bhsd" else 1
-    q, k, v = (torch.cat(parts, dim=join) if len(parts) > 1 else parts[0] for parts in zip(*streams))
     if backend == FLEX and isinstance(mask, Segments) and prefix is None:
-        return _flex(q, k, v, mask, layout)
-    if layout == "bshd":
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        return _flex(*(torch.cat(parts, dim=2 if layout == "bhsd" else 1) for parts in zip(*streams)), mask, layout)
+    if layout == "bhsd":
+        q, k, v = (torch.cat(parts, dim=2) for parts in zip(*streams))
+    else:
+        q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) for parts in zip(*streams))
     if prefix is not None:
         keys, values = (t.transpose(1, 2) for t in prefix)
         k, v = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
@@ -351,11 +351,9 @@ def flex_block_mask(segments: Segments, length: int, batch: int, device) -> obje
 
 def fp8_linear(layer: torch.nn.Module, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """`layer`, torchao's FP8 linear (the preparation step that chose this path checked it: `is_torchao_fp8`),
-    applied to input already in FP8: `values` [..., in] float8_e4m3fn with float32 `scales` [rows, 1], one per row
-    of the flattened input; the output [..., out] in bf16."""
-    flat = values.reshape(-1, values.shape[-1])
-    out = torchao_fp8_linear(layer, flat, scales)
-    return out.reshape(*values.shape[:-1], out.shape[-1])
+    applied to rows already in FP8: `values` [rows, in] float8_e4m3fn with float32 `scales` [rows, 1]; [rows, out]
+    in bf16."""
+    return torchao_fp8_linear(layer, values, scales)
 
 
 def fused_linear(linears: list[torch.nn.Linear]) -> torch.nn.Linear:

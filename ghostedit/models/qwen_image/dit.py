@@ -329,7 +329,8 @@ class JointAttention(torch.nn.Module):
         joint = seams.attention(((txt_q, txt_k, txt_v), (img_q, img_k, img_v)), options, layout="bhsd",
                                 sharded=(False, True), fp8_scales=(self.q_scale, self.k_scale),
                                 diffsynth=diffsynth_attention).to(img_q.dtype)
-        return self.to_out(joint[:, seq_txt:, :]), self.to_add_out(joint[:, :seq_txt, :])
+        txt_attn_output, img_attn_output = joint[:, :seq_txt, :], joint[:, seq_txt:, :]
+        return self.to_out(img_attn_output), self.to_add_out(txt_attn_output)
 
     def _projections(self, image, text, options: DitOptions):
         if options.fused_qkv:
@@ -419,7 +420,7 @@ class JointAttention(torch.nn.Module):
 def diffsynth_attention(q, k, v, mask):
     """DiffSynth's own attention for this DiT (the backend "diffsynth": FlashAttention-3 if installed, else SDPA's
     own dispatch), q, k, v in [batch, heads, seq, head_dim]."""
-    return qwen_image_flash_attention(q, k, v, num_heads=q.shape[1], attention_mask=mask)
+    return qwen_image_flash_attention(q, k, v, num_heads=q.size(1), attention_mask=mask)
 
 
 def _out_projection(linear: torch.nn.Module, output: torch.Tensor, descale: torch.Tensor | None,
@@ -434,7 +435,8 @@ def _out_projection(linear: torch.nn.Module, output: torch.Tensor, descale: torc
         return linear(fp8_attention.dequantized(output, descale).flatten(2))
     rows = output.flatten(2)
     flat = rows.reshape(-1, rows.shape[-1])
-    return seams.fp8_linear(linear, rows, descale.reshape(1, 1).expand(flat.shape[0], 1).contiguous())
+    projected = seams.fp8_linear(linear, flat, descale.reshape(1, 1).expand(flat.shape[0], 1).contiguous())
+    return projected.reshape(*rows.shape[:-1], projected.shape[-1])
 
 
 def _rotate(x: torch.Tensor, freqs) -> torch.Tensor:
@@ -497,7 +499,8 @@ class FeedForward(torch.nn.Module):
         if options.fused_gelu_quant:  # the GELU's output quantized per row in its kernel, into the FP8 down projection
             up = self.net[0].proj(hidden)
             activation, activation_scale = gelu_rowwise_fp8(up.reshape(-1, up.shape[-1]))
-            return seams.fp8_linear(self.net[2], activation.reshape(*up.shape), activation_scale)
+            out = seams.fp8_linear(self.net[2], activation, activation_scale)
+            return out.reshape(*hidden.shape[:-1], out.shape[-1])
         for module in self.net:
             hidden = module(hidden)
         return hidden
