@@ -40,19 +40,20 @@ def check_qk_norm_rope(dit: torch.nn.Module) -> int:
 
 def check_fp8_attention_out(dit: torch.nn.Module) -> int:
     """fp8-attention-out: every attention output projection is torchao's FP8 linear; returns how many layers."""
-    layers = dit.attention_layers()
-    unfit = [layer for layer in layers if not all(map(is_torchao_fp8, layer.output_projections()))]
-    if unfit:
-        raise ValueError(f"{len(unfit)} of {len(layers)} attention layers' output projections are not torchao FP8 "
-                         "linears: the FP8 attention output needs fp8=torchao")
-    return len(layers)
+    return _torchao_fp8(dit.attention_layers(), lambda layer: layer.output_projections(),
+                        "attention layers' output projections", "the FP8 attention output")
 
 
 def check_gelu_quant(dit: torch.nn.Module) -> int:
     """fused-gelu-quant: both projections of every feed-forward layer are torchao's FP8 linears; returns how many."""
-    layers = dit.feed_forwards()
-    unfit = [layer for layer in layers if not all(map(is_torchao_fp8, layer.projections()))]
+    return _torchao_fp8(dit.feed_forwards(), lambda layer: layer.projections(), "feed-forward layers",
+                        "the fused GELU quantization")
+
+
+def _torchao_fp8(layers: list, projections, what: str, path: str) -> int:
+    """How many `layers` there are, each of whose `projections(layer)` must be torchao's FP8 linear for `path`."""
+    unfit = [layer for layer in layers if not all(map(is_torchao_fp8, projections(layer)))]
     if unfit:
-        raise ValueError(f"{len(unfit)} of {len(layers)} feed-forward layers are not torchao FP8 linears: the fused "
-                         "GELU quantization needs fp8=torchao")
+        raise ValueError(f"{len(unfit)} of {len(layers)} {what} are not torchao FP8 linears: {path} needs "
+                         "fp8=torchao")
     return len(layers)

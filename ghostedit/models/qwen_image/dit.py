@@ -218,9 +218,10 @@ class TransformerBlock(torch.nn.Module):
     def forward(self, image, text, temb, image_rotary_emb, modulate_index=None, options: DitOptions = DitOptions(),
                 pending: Pending | None = None):
         """(text, image); with `pending` (carried_residual) the block first adds what the block before left and
-        leaves its own last addition undone: (text, image, pending)."""
+        leaves its own last addition undone, the same additions moved so that compiled code fuses each into the
+        next LayerNorm: (text, image, pending)."""
         if pending is not None:
-            return self._carried(image, text, temb, image_rotary_emb, modulate_index, options, pending)
+            image, text = finish(image, text, pending)
         img_mod_attn, img_mod_mlp = self.img_mod(temb).chunk(2, dim=-1)
         if modulate_index is not None:
             temb = torch.chunk(temb, 2, dim=0)[0]
@@ -234,31 +235,15 @@ class TransformerBlock(torch.nn.Module):
 
         img_modulated_2, img_gate_2 = _modulate(self.img_norm2(image), img_mod_mlp, modulate_index)
         txt_modulated_2, txt_gate_2 = _modulate(self.txt_norm2(text), txt_mod_mlp)
+        if pending is not None:
+            left = (img_gate_2 if modulate_index is not None else _own(img_gate_2),
+                    self.img_mlp(img_modulated_2, options), _own(txt_gate_2), self.txt_mlp(txt_modulated_2, options))
+            return text, image, left
         img_mlp_out = self.img_mlp(img_modulated_2, options)
         txt_mlp_out = self.txt_mlp(txt_modulated_2, options)
         image = image + img_gate_2 * img_mlp_out
         text = text + txt_gate_2 * txt_mlp_out
         return text, image
-
-    def _carried(self, image, text, temb, image_rotary_emb, modulate_index, options, pending: Pending):
-        """The block with its first addition the block before's and its last one left `pending` for the next: the
-        same additions, moved so that compiled code fuses each into the next LayerNorm."""
-        image, text = finish(image, text, pending)
-        image_mod_attention, image_mod_mlp = self.img_mod(temb).chunk(2, dim=-1)
-        text_temb = torch.chunk(temb, 2, dim=0)[0] if modulate_index is not None else temb
-        text_mod_attention, text_mod_mlp = self.txt_mod(text_temb).chunk(2, dim=-1)
-
-        image_in, image_gate = _modulate(self.img_norm1(image), image_mod_attention, modulate_index)
-        text_in, text_gate = _modulate(self.txt_norm1(text), text_mod_attention)
-        image_attention, text_attention = self.attn(image_in, text_in, image_rotary_emb, options)
-        image = image + image_gate * image_attention
-        text = text + text_gate * text_attention
-
-        image_in, image_gate = _modulate(self.img_norm2(image), image_mod_mlp, modulate_index)
-        text_in, text_gate = _modulate(self.txt_norm2(text), text_mod_mlp)
-        left = (image_gate if modulate_index is not None else _own(image_gate), self.img_mlp(image_in, options),
-                _own(text_gate), self.txt_mlp(text_in, options))
-        return text, image, left
 
 
 def _modulate(x, mod_params, index=None):
