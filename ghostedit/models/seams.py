@@ -41,6 +41,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..kernels import attention as backends, fp8_attention
@@ -69,13 +70,19 @@ class DitOptions:
     fp8_attention_out: bool = False     # the FP8 attention's output into the FP8 output projections as written
     fused_gelu_quant: bool = False      # the feed-forward's GELU and its rowwise FP8 quantization in one kernel
     carried_residual: bool = False      # each block's last residual addition done by the next block
-    sequence_split: SequenceSplit | None = None
-    step_cache: StepCache | None = None
-    prefix_cache: PrefixKVCache | None = None
-    graphs: ForwardGraphs | None = None
+    sequence_split: SequenceSplit | None = None   # read inside the blocks (a frozen value: compared)
+    # what the run keeps, read outside the blocks only: not part of the options' value (their equality and hash)
+    step_cache: StepCache | None = field(default=None, compare=False)
+    prefix_cache: PrefixKVCache | None = field(default=None, compare=False)
+    graphs: ForwardGraphs | None = field(default=None, compare=False)
 
     def replace(self, **changes) -> DitOptions:
         return dataclasses.replace(self, **changes)
+
+
+# a constant to pytree (so to torch.export, which exports a block with its options as they were at capture) and,
+# through its value, to compiled code's guards
+pytree.register_constant(DitOptions)
 
 
 # ---- the seams' interfaces (what the options hold) ----
