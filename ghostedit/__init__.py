@@ -1,4 +1,18 @@
-"""GhostEdit: instruction-based image editing with Qwen-Image-Edit on DiffSynth, with every speed toggle measured."""
+"""GhostEdit: instruction-based image editing with Qwen-Image-Edit on DiffSynth, with every speed toggle measured.
+
+The package's layers, bottom to top; a module imports only from its own layer and those below (tests/test_layers.py):
+base        errors, paths, device, tensors, pinned, images, masks, pillow_resize, metrics, telemetry, quiet, downloads,
+            lora_files, lora_formats
+kernels     compute that knows no model: attention backends, FP8 attention, GhostEdit's Triton kernels
+diffsynth_patches  what DiffSynth's pipeline and loader need
+models      the model sources and each DiT family's forward with its seams (models/seams.py)
+parallel    the process mesh, CFG parallel, the sequence split a forward calls
+optimize    the toggles: preparation steps and the run's options
+config      a run's request and configuration, the LoRA folder, the committed figures
+engine      prepared pipelines and runs
+arguments   the requests the command line, the bench and the page build
+bench, cli, ui   what people and scripts run
+"""
 import os
 
 from .paths import ghostedit_home

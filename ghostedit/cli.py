@@ -59,20 +59,20 @@ def format_telemetry(result) -> str:
     return "\n".join(lines)
 
 
-def _engine(args):
+def _engine(args, mesh=None):
     from .engine import Engine
     from .arguments import model_and_device
     source, device = model_and_device(args)
-    return Engine(source, device=device, dtype=args.dtype)
+    return Engine(source, device=device, dtype=args.dtype, mesh=mesh)
 
 
-def _checked_edit(args):
-    """The engine, configuration and request of `edit`, every part checked before the model loads: the model
-    folder, the preset, the LoRAs (by content), the images, the size and steps, then (the engine imported) whether
-    this machine runs every chosen option."""
+def _checked_edit(args, mesh=None):
+    """The engine (on the process mesh `mesh` of a parallel edit), configuration and request of `edit`, every part
+    checked before the model loads: the model folder, the preset, the LoRAs (by content), the images, the size and
+    steps, then (the engine imported) whether this machine runs every chosen option."""
     from .arguments import apply_preset, config_from_args, model_and_device, request_from_args
     from .models import resolve
-    from .optimize.lora import check_lora_file
+    from .lora_files import check_lora_file
     spec = resolve(model_and_device(args)[0])
     config, steps, cfg = apply_preset(args, spec.source, config_from_args(args), spec.default_steps)
     for lora in config.loras:
@@ -83,7 +83,7 @@ def _checked_edit(args):
     request = request_from_args(args, steps, cfg, keep_alpha=bool(family and family.rgba))
     if family is not None:
         family.check_request(request)
-    engine = _engine(args)
+    engine = _engine(args, mesh)
     engine.check(config)
     return engine, config, request
 
@@ -117,7 +117,7 @@ def _parallel_edit(args) -> int:
     cfg = args.cfg if args.cfg is not None else preset_cfg(args, DEFAULT_CFG)
     mesh = parallel.setup(args.parallel, cfg != 1.0, args.device or default_device())
     try:
-        engine, config, request = _checked_edit(args)
+        engine, config, request = _checked_edit(args, mesh)
         result = engine.run(request, config, on_progress=print_progress if mesh.is_writer else None)
         if mesh.is_writer:
             _report_edit(args, result)

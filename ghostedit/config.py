@@ -13,9 +13,11 @@ from pathlib import Path
 from PIL import Image
 
 from .errors import InputImageError, InvalidRequestError
+from .downloads import is_lora_reference, lora_file
 from .images import load_image
 from .masks import check_fits, load_mask
 from .optimize import registry
+from .optimize.presets import LIGHTNING, PRESETS, PresetError, model_family
 
 LORA_MODES = ("fused", "runtime")
 MAX_LORAS = 4
@@ -77,7 +79,6 @@ class LoraChoice:
         `on_download` (downloads.py)."""
         found = LORA_SPEC.fullmatch(text)
         path = found["path"]
-        from .downloads import is_lora_reference, lora_file
         if is_lora_reference(path):
             path = lora_file(path, on_download)
         return cls.from_file(path, float(found["scale"] or scale), found["mode"] or mode)
@@ -175,7 +176,6 @@ class OptimizationConfig:
         A preset can be extended: "best,lora=ghost.safetensors". A Lightning preset ("lightning-4", "lightning-8")
         adds the Lightning LoRA made for `model` (downloaded on first use, progress to `on_download`) and the
         Lightning schedule; the request's steps and CFG are the preset's (optimize/presets.py LIGHTNING)."""
-        from .optimize.presets import LIGHTNING, PRESETS
         settings, loras = {}, []
         for item in filter(None, (part.strip() for part in text.split(","))):
             if item in ("baseline", "stock"):
@@ -232,7 +232,6 @@ class OptimizationConfig:
 
 def lightning_lora(preset, model: str | None, on_download=None) -> LoraChoice:
     """The Lightning LoRA of `preset` for the model `model` (a repo id or folder), fused at scale 1."""
-    from .optimize.presets import PresetError, model_family
     if model is None:
         raise InvalidRequestError(f"{preset.name} picks the Lightning LoRA made for the model: name the model")
     try:
@@ -341,7 +340,7 @@ class EditRequest:
             if getattr(self, name) is not None:
                 self._set(name, _side(name, getattr(self, name)))
         self._set("strength", _real_number("strength", self.strength, STRENGTH_RANGE))
-        if self.strength == 0:  # any other strength runs at least one step (first_step)
+        if self.strength == 0:  # any other strength runs at least one step (masks.first_step)
             raise InvalidRequestError("strength 0 would run no step and give the image back: use a strength above "
                                       "0, up to 1")
         if self.padding_mask_crop is not None:
@@ -371,11 +370,6 @@ class EditRequest:
             return {}
         return {"mask": None if self.mask is None else list(self.mask.size), "strength": self.strength,
                 "padding_mask_crop": self.padding_mask_crop, "paste_back": self.paste_back}
-
-
-def first_step(steps: int, strength: float) -> int:
-    """The step a strength starts at, as diffusers' get_timesteps counts it (strength 1: the first)."""
-    return int(max(steps - min(steps * strength, steps), 0))
 
 
 def _checked_prompt(name: str, value) -> str:

@@ -26,6 +26,7 @@ from typing import Callable
 from urllib.parse import unquote, urlparse
 
 from .errors import GhostEditError
+from .lora_files import MAX_LORA_BYTES, check_lora_file
 
 # What GhostEdit reads from a Qwen-Image-Edit or Qwen-Image-2.1 repo (each model's configs, its safetensors weights
 # and their index, the tokenizer and processor files): the rest (examples, READMEs, other formats) is not fetched
@@ -431,7 +432,6 @@ def lora_file(reference: str, on_progress: ProgressCallback | None = None) -> Pa
     if not filename.endswith(".safetensors"):
         raise DownloadError(f"{filename} in {found.repo} is not a .safetensors file: only safetensors LoRAs are "
                             "fetched (other formats can run code when loaded)")
-    from .optimize.lora import MAX_LORA_BYTES, check_lora_file
     path = hub_snapshot(found.repo, (filename,), on_progress, on_plan=on_progress, revision=found.revision,
                         max_bytes=MAX_LORA_BYTES) / filename
     check_lora_file(path, display_name=reference)

@@ -2,7 +2,7 @@
 
 Names come from users (a dropdown's value arrives through the public API; an upload brings its own file name), so
 a name is a bare file name inside the folder and nothing else: no separators, no "..", no NUL, not hidden, and no
-symlink leading out of the folder. Files are checked by content (optimize.lora.check_lora_file), whatever they are
+symlink leading out of the folder. Files are checked by content (lora_files.check_lora_file), whatever they are
 named: only safetensors is ever read, never a pickle.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .config import file_sha256
-from .optimize.lora import LoraError, check_lora_file
+from .lora_files import LoraError, check_lora_file
 
 SUFFIX = ".safetensors"
 MAX_STEM_CHARS = 80

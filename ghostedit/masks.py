@@ -1,7 +1,8 @@
 """Inpainting masks (white = change): read from what a person sends, and brought to the output's size and the
 latents' grid as diffusers' QwenImageEditInpaintPipeline (0.42.1) brings them, with its VaeImageProcessor's
-functions (crop region, resize-and-fill, binarizing, the overlay that pastes the input back), written here because
-diffusers belongs in the tests, which hold each of these against it (tests/test_masks.py).
+functions (crop region, resize-and-fill, binarizing, the overlay that pastes the input back), and the step a
+strength starts at (its get_timesteps: first_step), written here because diffusers belongs in the tests, which hold
+each of these against it (tests/test_masks.py).
 
 Reading a mask: a file with transparent pixels follows OpenAI's images API (the transparent pixels are the ones to
 change: white where alpha is 0, grey in between); any other is read by its luminance, white = change. A mask keeps
@@ -152,3 +153,8 @@ def overlay(mask: Image.Image, original: Image.Image, image: Image.Image,
     image = image.convert("RGBA")
     image.alpha_composite(kept)
     return image.convert("RGB")
+
+
+def first_step(steps: int, strength: float) -> int:
+    """The step a strength starts at, as diffusers' get_timesteps counts it (strength 1: the first)."""
+    return int(max(steps - min(steps * strength, steps), 0))

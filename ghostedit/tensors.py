@@ -3,11 +3,12 @@ inside)."""
 from __future__ import annotations
 
 import itertools
-import weakref
 
 import torch
 
-_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # module -> {what: (placement mark, value)}
+# the attribute of a module under which what is derived from it is kept (kept_with, kept_while_placed): it lives and
+# dies with the module; a copy of the module (engine/prepare.py) starts without it
+KEPT = "_ghostedit_kept"
 
 
 def plain_tensors(tensor: torch.Tensor):
@@ -35,11 +36,27 @@ def placement_mark(module: torch.nn.Module) -> tuple | None:
     return plain.device, plain.data_ptr()
 
 
+def kept_with(module: torch.nn.Module, what: str, make):
+    """`make()`, made once and kept with `module` under `what`."""
+    kept = module.__dict__.setdefault(KEPT, {})
+    if what not in kept:
+        kept[what] = make()
+    return kept[what]
+
+
+def first_time(module: torch.nn.Module, what: str) -> bool:
+    """True the first time this is asked of `module` for `what`, False after."""
+    kept = module.__dict__.setdefault(KEPT, {})
+    first = what not in kept
+    kept[what] = True
+    return first
+
+
 def kept_while_placed(module: torch.nn.Module, what: str, compute):
     """`compute(module)`, kept with the module under `what` while its placement mark stays (a moved or reloaded
     module is read afresh): for what each edit would otherwise derive again from thousands of tensors."""
     mark = placement_mark(module)
-    kept = _kept.setdefault(module, {})
+    kept = module.__dict__.setdefault(KEPT, {})
     if what not in kept or kept[what][0] != mark:
         kept[what] = (mark, compute(module))
     return kept[what][1]

@@ -10,7 +10,9 @@ from dit_helpers import dit_engine, dit_output, inputs_for
 from ghostedit import OptimizationConfig
 from ghostedit.bench.dit import relative_error
 from ghostedit.engine.prepare import clone_sharing_weights
-from ghostedit.optimize import attention, fp8_attention, rewrites
+from ghostedit.kernels import attention as backends, fp8_attention
+from ghostedit.models.qwen_image import dit as qwen_image
+from ghostedit.models.seams import DitOptions
 
 
 @pytest.fixture(scope="module")
@@ -24,37 +26,37 @@ def tiny_dit(tiny_engine):
 
 
 def test_fp8_attention_is_unavailable_on_a_cpu_with_the_reason():
-    available = attention.availability("cudnn-fp8", "cpu")
+    available = backends.availability("cudnn-fp8", "cpu")
     assert not available.ok and "needs a CUDA GPU" in available.reason
 
 
 def test_auto_never_picks_a_lossy_backend(monkeypatch):
     """Every backend made available, the lossy ones instant and the exact ones slow: auto still picks an exact
     one and never times a lossy one."""
-    monkeypatch.setattr(attention, "availability", lambda backend, device: attention.Availability.yes())
-    monkeypatch.setattr(attention, "attend",
-                        lambda q, k, v, backend: None if backend in attention.LOSSY_BACKENDS else time.sleep(0.002))
-    attention.fastest_backend.cache_clear()
+    monkeypatch.setattr(backends, "availability", lambda backend, device: backends.Availability.yes())
+    monkeypatch.setattr(backends, "attend",
+                        lambda q, k, v, backend: None if backend in backends.LOSSY_BACKENDS else time.sleep(0.002))
+    backends.fastest_backend.cache_clear()
     try:
-        winner, timings = attention.fastest_backend("cpu", 2, 16, 32)
+        winner, timings = backends.fastest_backend("cpu", 2, 16, 32)
     finally:
-        attention.fastest_backend.cache_clear()
-    assert winner not in attention.LOSSY_BACKENDS
-    assert set(timings) == set(attention.CONCRETE_BACKENDS) - set(attention.LOSSY_BACKENDS)
+        backends.fastest_backend.cache_clear()
+    assert winner not in backends.LOSSY_BACKENDS
+    assert set(timings) == set(backends.CONCRETE_BACKENDS) - set(backends.LOSSY_BACKENDS)
 
 
 def test_probing_and_timing_backends_leave_the_random_state_alone():
     """A probe drew from the process's random state once, so the synthetic model's weights, made after it,
     depended on which probes had run: two processes of one multi-GPU edit held different weights."""
-    attention.availability.cache_clear()
-    attention.fastest_backend.cache_clear()
+    backends.availability.cache_clear()
+    backends.fastest_backend.cache_clear()
     before = torch.get_rng_state()
     try:
-        assert attention.availability("sdpa-math", "cpu").ok  # a real call of the backend
-        attention.fastest_backend("cpu", 2, 16, 32)
+        assert backends.availability("sdpa-math", "cpu").ok  # a real call of the backend
+        backends.fastest_backend("cpu", 2, 16, 32)
     finally:
-        attention.availability.cache_clear()
-        attention.fastest_backend.cache_clear()
+        backends.availability.cache_clear()
+        backends.fastest_backend.cache_clear()
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -90,7 +92,7 @@ def test_fp8_parts_join_as_bytes_along_the_sequence():
     assert torch.equal(joined.float(), torch.cat([text.float(), image.float()], dim=1))
 
 
-@pytest.mark.parametrize("backend", attention.FP8_BACKENDS)
+@pytest.mark.parametrize("backend", backends.FP8_BACKENDS)
 @pytest.mark.parametrize("bounds", [False, True])
 def test_fp8_joint_attention_scaling_computes_attention(monkeypatch, bounds, backend):
     """Two streams of unequal scale, each cast to FP8 before the join with the joined tensor's one scale; each FP8
@@ -114,29 +116,28 @@ def test_fp8_joint_attention_scaling_computes_attention(monkeypatch, bounds, bac
     assert float((one_stream - expected).norm() / expected.norm()) < 0.08
 
 
-def test_joint_attention_is_diffsynths_and_its_bounds_hold(tiny_dit):
-    reference = tiny_dit.transformer_blocks[0].attn
-    copy = clone_sharing_weights(tiny_dit)
-    rewrites.joint_attention(copy, fp8_scales=True)
-    joint = copy.transformer_blocks[0].attn
-    assert type(joint) is rewrites.JointAttention
+def test_the_joint_layout_computes_the_released_layouts_attention_and_its_bounds_hold(tiny_dit):
+    joint = clone_sharing_weights(tiny_dit).blocks[0].attn
     generator = torch.Generator().manual_seed(1)
-    image = torch.randn(1, 32, reference.to_q.in_features, generator=generator)
-    text = torch.randn(1, 8, reference.add_q_proj.in_features, generator=generator)
-    with torch.no_grad(), attention.active("diffsynth"):
-        for expected, got in zip(reference(image, text), joint(image, text)):
+    image = torch.randn(1, 32, joint.to_q.in_features, generator=generator)
+    text = torch.randn(1, 8, joint.add_q_proj.in_features, generator=generator)
+    angles = [torch.randn(tokens, joint.head_dim // 2, generator=generator) for tokens in (32, 8)]
+    freqs = tuple(torch.polar(torch.ones_like(a), a) for a in angles)
+    with torch.no_grad():
+        for expected, got in zip(joint(image, text, freqs, DitOptions()),
+                                 joint(image, text, freqs, DitOptions(joint_layout=True))):
             assert torch.equal(expected, got)
-        with torch.no_grad():
-            for norm in (joint.norm_q, joint.norm_added_q):
-                norm.weight.copy_(torch.rand(norm.weight.shape, generator=generator) * 3)
-        bounds = rewrites.qk_bounds(joint)
+        for norm in (joint.norm_q, joint.norm_added_q):
+            norm.weight = torch.nn.Parameter(torch.rand(norm.weight.shape, generator=generator) * 3,
+                                             requires_grad=False)
+        bounds = joint.qk_bounds()
         # RMSNorm of large, spiky rows, then a RoPE rotation: still within the bound
         rows = torch.randn(1, 2, 64, joint.head_dim, generator=generator) * 50
         rows[..., 0] = 1e4
         angles = torch.rand(64, joint.head_dim // 2, generator=generator) * 2 * math.pi
         for norm in (joint.norm_q, joint.norm_added_q):
-            cos_sin = rewrites._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
-            rotated = rewrites._rotary(norm(rows), cos_sin)
+            cos_sin = qwen_image._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
+            rotated = qwen_image._rotary(norm(rows), cos_sin)
             assert rotated.abs().max() <= bounds["q"]
         assert rotated.abs().max() > 0.5 * bounds["q"]  # and the bound is not loose
 

@@ -1,13 +1,12 @@
 """The CUDA-graph flag (`cuda-graph`, ghostedit/optimize/cuda_graphs.py) without a GPU: its declaration (a run-time
 rewrite, unavailable on a CPU with the reason, and the reasons a run gives for not capturing), the inputs a graphed
-forward takes and what its signature holds, and the graph store's bookkeeping on the tiny DiT through DiffSynth's own
-model_fn, with a stand-in capture that replays by running the captured forward again on the tensors the graph would
-read. That checks what a real graph depends on: each replay must
+forward takes and what its signature holds, and the graph store's bookkeeping on the tiny DiT through the forward the
+pipeline calls (its options holding the graphs), with a stand-in capture that replays by running the captured forward
+again on the tensors the graph would read. That checks what a real graph depends on: each replay must
 see the new inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or
 another configuration drop the graphs. The captured kernels themselves are the GPU's: on the GPU the graphed
 forward's output equals the loop's bit for bit (lab/LOG.md, section 1)."""
 import contextlib
-import inspect
 
 import pytest
 import torch
@@ -18,6 +17,8 @@ from ghostedit.bench.dit import dit_inputs
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit import tensors
 from ghostedit.device import UnavailableOptionError
+from ghostedit.models.qwen_image import dit as qwen_image
+from ghostedit.models.seams import DitOptions
 from ghostedit.optimize import cuda_graphs, registry
 from ghostedit.telemetry import RunRecorder
 
@@ -31,13 +32,13 @@ class ReplayingCapture:
     warming = contextlib.nullcontext
     device_type = "cpu"
 
-    def capture(self, function, pool, host_module=None):
+    def capture(self, function, pool):
         outputs = function()
 
         def replay():
             for held, new in zip(pytree.tree_leaves(outputs), pytree.tree_leaves(function())):
                 held.copy_(new)
-        return replay, outputs, pool, []
+        return replay, outputs, pool
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,9 @@ def prepared():
 
 
 def forwards(prepared, graphs, inputs_list, owner=("stock", None)):
-    with torch.no_grad(), graphs.running(owner, RunRecorder("cpu")), cuda_graphs.graphed(prepared.pipe, graphs):
-        return [prepared.pipe.model_fn(dit=prepared.dit, **inputs) for inputs in inputs_list]
+    with torch.no_grad(), graphs.running(owner, RunRecorder("cpu")):
+        return [prepared.pipe.model_fn(dit=prepared.dit, options=DitOptions(graphs=graphs), **inputs)
+                for inputs in inputs_list]
 
 
 def varied(inputs: dict, seed: int) -> dict:
@@ -90,7 +92,6 @@ def test_replays_give_the_forwards_result_for_each_forwards_own_inputs(prepared,
     assert (graphs.forwards, graphs.captured, graphs.replayed) == (4, 1, 3)  # warmed, captured, then replayed
     for output, reference in zip(outputs, expected):
         torch.testing.assert_close(output, reference, rtol=0, atol=0)
-    assert prepared.pipe.model_fn.__name__ == "model_fn_qwen_image"  # DiffSynth's own, back after the forwards
 
 
 def test_each_shape_is_warmed_then_captured_and_kept_across_runs(prepared):
@@ -115,11 +116,16 @@ def test_other_weights_or_another_configuration_drop_the_graphs(prepared, next_o
 
 
 def test_a_run_says_why_it_cannot_capture(prepared):
-    """The step cache, or weights off the device: the run's words say so and the blocks run from Python."""
+    """The step cache, weights off the device, or sequence parallel over gloo: the run's words say so and the
+    blocks run from Python. Over NCCL the split's collectives are captured with the forward."""
+    from types import SimpleNamespace
     cached = OptimizationConfig(rewrites=("cuda-graph",), **{"step-cache": "fbcache-0"})
     assert "the step cache decides" in cuda_graphs.why_not_capturable(prepared.dit, "cpu", cached)
     assert "some of the DiT's weights are on cpu" in cuda_graphs.why_not_capturable(prepared.dit, "cuda:0", GRAPHED)
     assert cuda_graphs.why_not_capturable(prepared.dit, "cpu", GRAPHED) is None
+    gloo, nccl = (SimpleNamespace(ulysses_degree=2, backend=backend) for backend in ("gloo", "nccl"))
+    assert "over gloo" in cuda_graphs.why_not_capturable(prepared.dit, "cpu", GRAPHED, gloo)
+    assert cuda_graphs.why_not_capturable(prepared.dit, "cpu", GRAPHED, nccl) is None
 
 
 
@@ -144,17 +150,15 @@ def test_the_dit_graphs_outlive_a_change_of_the_encoders_settings_not_of_the_dit
     assert cuda_graphs.owner(GRAPHED.replace(attention="sdpa-math"), prepared) != owner
 
 
-def test_a_graphed_forward_takes_what_model_fn_names_and_refuses_what_it_cannot_replay(prepared):
-    """DiffSynth hands model_fn the pipeline's whole state: a graph's signature holds only what model_fn names (the
-    step's index, read by the blockwise ControlNet alone, would give each step a graph of its own)."""
-    model_fn = prepared.pipe.model_fn
-    inputs = {"dit": prepared.dit, "latents": torch.zeros(1), "height": 64, "progress_id": 3,
-              "num_inference_steps": 40, "edit_image": ["a PIL image"], "cfg_scale": 4.0}
-    models, taken = cuda_graphs.graph_inputs(inspect.signature(model_fn).parameters, inputs)
-    assert models == {"dit": prepared.dit} and taken == {"latents": inputs["latents"], "height": 64}
-    for name in cuda_graphs.NOT_CAPTURED:
-        with pytest.raises(UnavailableOptionError, match="cuda-graph replays the plain DiT forward"):
-            cuda_graphs.graph_inputs(inspect.signature(model_fn).parameters, {**inputs, name: torch.zeros(1)})
+def test_a_graphed_forward_takes_the_inputs_it_computes_and_refuses_what_it_does_not(prepared):
+    """DiffSynth hands model_fn the pipeline's whole state: a graph's signature holds only the inputs the forward
+    computes (the step's index would give each step a graph of its own); what it does not compute is refused."""
+    inputs = {"latents": torch.zeros(1), "height": 64, "progress_id": 3, "num_inference_steps": 40,
+              "edit_image": ["a PIL image"], "cfg_scale": 4.0}
+    assert qwen_image.forward_inputs(inputs) == {"latents": inputs["latents"], "height": 64}
+    for name in qwen_image.NOT_COMPUTED:
+        with pytest.raises(NotImplementedError, match="does not compute"):
+            qwen_image.forward_inputs({**inputs, name: torch.zeros(1)})
 
 
 def test_the_graphs_of_a_dit_do_not_keep_it_alive(prepared):
@@ -193,22 +197,3 @@ def test_a_gpu_graphs_signature_holds_the_values_python_reads_off_host_tensors()
     shorter[0, 6:] = False
     assert key(mask) == key(mask.clone()) and key(mask) != key(shorter)
     assert key(mask, "cpu") == key(shorter, "cpu")  # on a CPU the host is the device
-
-
-def test_a_capture_makes_the_tensors_the_forward_builds_from_host_values_from_constants(monkeypatch):
-    """DiffSynth builds zero_cond_t's modulation index with torch.tensor(..., device=...): a copy from pageable host
-    memory, which makes the CPU wait and which a capture refuses. For the length of a capture its module calls
-    HostConstants for torch, which makes the tensor in pinned memory kept with the graph (pinning and the copy need a
-    GPU: the meta device and a no-op pinning stand in here), and leaves everything else to torch."""
-    from diffsynth.pipelines import qwen_image
-    pinned = []
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: pinned.append(tensor) or tensor)
-    monkeypatch.setattr(cuda_graphs, "_on_gpu", lambda device: device == "meta")
-    with cuda_graphs.HostConstants(qwen_image) as constants:
-        assert qwen_image.torch is constants and qwen_image.torch.cat is torch.cat
-        index = qwen_image.torch.tensor([[0, 0, 1]], device="meta", dtype=torch.int)
-        on_host = qwen_image.torch.tensor([2.0])
-    assert qwen_image.torch is torch
-    assert index.device.type == "meta" and index.dtype == torch.int and index.shape == (1, 3)
-    assert [kept.tolist() for kept in constants.kept] == [[[0, 0, 1]]] and constants.kept == pinned
-    assert on_host.tolist() == [2.0] and len(pinned) == 1

@@ -17,7 +17,7 @@ from ghostedit import downloads
 from ghostedit.config import LoraChoice
 from ghostedit.downloads import DownloadError, DownloadPlan, DownloadProgress
 from ghostedit.models.tiny import tiny_lora_state_dict
-from ghostedit.optimize.lora import LoraError
+from ghostedit.lora_files import LoraError
 from tests.fake_hub import Repo, hub_serving
 from tests.reference_checkpoints import config_files
 

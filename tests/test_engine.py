@@ -14,7 +14,7 @@ from ghostedit.engine import Engine
 from ghostedit.metrics import compare_images
 from ghostedit.models.tiny import ensure_foreign_lora, ensure_tiny_lora
 from ghostedit import telemetry
-from ghostedit.optimize.lora import LoraError
+from ghostedit.lora_files import LoraError
 from ghostedit.tensors import linear_weight_bytes
 
 SMALL = dict(width=128, height=128, steps=3)

@@ -11,7 +11,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ghostedit import OptimizationConfig
-from ghostedit.optimize import fp8_qk, registry
+from ghostedit.kernels import qk_norm_rope as fp8_qk
+from ghostedit.optimize import registry
 
 
 def test_it_needs_the_fp8_attention_and_real_rope_and_says_why_it_cannot_run_on_a_cpu():
@@ -54,7 +55,7 @@ def test_compiled_blocks_see_both_streams_joined_in_fp8():
 
 def test_compiled_blocks_see_each_fp8_kernel_return_the_joined_sequence_in_its_own_dtype():
     """What torch.compile traces for the two FP8 kernels' ops: cuDNN's output in FP8, FlashAttention-3's in bf16."""
-    from ghostedit.optimize import fp8_attention
+    from ghostedit.kernels import fp8_attention
     with FakeTensorMode():
         parts = [torch.empty(2, seq, 3, 128, dtype=torch.float8_e4m3fn) for seq in (5, 11)]
         descale = torch.empty(1, 1, 1, 1)
@@ -67,7 +68,8 @@ def test_compiled_blocks_see_each_fp8_kernel_return_the_joined_sequence_in_its_o
 KERNEL_CHECK = """
 import torch
 from diffsynth.models.general_modules import RMSNorm
-from ghostedit.optimize import fp8_attention, fp8_qk, rewrites
+from ghostedit.kernels import fp8_attention, qk_norm_rope as fp8_qk
+from ghostedit.models.qwen_image import dit as qwen_image
 generator = torch.Generator().manual_seed(0)
 batch, heads, dim = 2, 3, 128
 streams = []
@@ -79,7 +81,7 @@ for seq in (5, 9):  # text, then image: tokens that fill no whole tile of the ke
     for norm in norms:
         norm.weight.data = (1 + 0.3 * torch.randn(dim, generator=generator)).to(torch.bfloat16)
     angles = torch.randn(seq, dim // 2, generator=generator)
-    cos, sin = rewrites._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
+    cos, sin = qwen_image._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
     streams.append({"q": q, "k": k, "norms": norms, "cos": cos, "sin": sin})
 scales = [fp8_attention.fp8_scale(torch.stack([s["norms"][i].weight.float().abs().amax() for s in streams]).amax()
                                   * dim ** 0.5) for i in (0, 1)]
@@ -121,12 +123,13 @@ def test_the_kernel_normalizes_rotates_casts_and_joins_both_streams_in_tritons_i
 def test_an_output_projection_reads_each_fp8_kernels_output_as_it_means():
     """cuDNN's output is FP8 with a factor (dequantized before a bf16 projection); FlashAttention-3's is real values
     (no factor), projected as it is."""
-    from ghostedit.optimize import fp8_attention
+    from ghostedit.kernels import fp8_attention
+    from ghostedit.models.qwen_image.dit import _out_projection
     linear = torch.nn.Linear(2 * 8, 4, dtype=torch.bfloat16).requires_grad_(False)
     real = torch.randn(1, 5, 2, 8, dtype=torch.bfloat16)
-    assert torch.equal(fp8_qk.out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
+    assert torch.equal(_out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
     scale = fp8_attention.fp8_scale(real.abs().max())
     as_fp8, descale = fp8_attention._scaled_fp8(real, scale)
-    projected = fp8_qk.out_projection(linear, as_fp8, descale, in_fp8=False)
+    projected = _out_projection(linear, as_fp8, descale, in_fp8=False)
     assert torch.equal(projected, linear(fp8_attention.dequantized(as_fp8, descale).flatten(2)))
     assert float((projected - linear(real.flatten(2))).norm() / linear(real.flatten(2)).norm()) < 0.05

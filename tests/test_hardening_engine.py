@@ -20,7 +20,8 @@ from ghostedit.errors import GhostEditError, GpuOutOfMemoryError, InputImageErro
 from ghostedit.images import image_notes, load_image
 from ghostedit.loras import list_loras, resolve_lora, save_uploaded_lora
 from ghostedit.models.tiny import ensure_foreign_lora, ensure_tiny_lora
-from ghostedit.optimize.lora import LoraError, check_lora_file, match_lora, read_lora_file
+from ghostedit.lora_files import LoraError, check_lora_file, read_lora_file
+from ghostedit.optimize.lora import match_lora
 from ghostedit.telemetry import RunCancelled
 from hostile_inputs import (GIF_NOTE, REFUSED_IMAGES, REFUSED_REQUEST_VALUES, animated_gif, cmyk_jpeg, encoded,
                             gradient_16bit_png,

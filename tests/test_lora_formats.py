@@ -12,7 +12,8 @@ from ghostedit import EditRequest, LoraChoice, OptimizationConfig
 from ghostedit.arguments import add_toggle_arguments, loras_from_args
 from ghostedit.bench import dit as bench_dit
 from ghostedit.engine import Engine
-from ghostedit.optimize.lora import LoraError, match_lora, read_lora_file
+from ghostedit.lora_files import LoraError, read_lora_file
+from ghostedit.optimize.lora import match_lora
 from ghostedit.telemetry import RunRecorder
 
 SCALE = 0.7
@@ -258,12 +259,12 @@ def test_a_dit_with_fused_qkv_holds_the_reference_weights_in_its_joined_projecti
     reference's three, one under another (ComfyUI's `diff` convention, biases included), and switching back to no
     LoRA restores the base's. A base laid out as on a GPU machine (pinned, each q, k and v end to end) is joined
     without a copy, and a LoRA written into the joined projection leaves the base as it was."""
-    from ghostedit.optimize.rewrites import FUSED_PROJECTIONS, joinable_parts
+    from ghostedit.models.qwen_image.dit import FUSED_PROJECTIONS
     from ghostedit.pinned import PinnedArena, pin_module
     from test_pinned import PlainMemory
     if base_memory == "parts end to end":
         engine = Engine("tiny", device="cpu", dtype="float32")
-        pin_module(engine.load().dit, PinnedArena(PlainMemory()), joinable_parts(engine.load().dit))
+        pin_module(engine.load().dit, PinnedArena(PlainMemory()), engine.load().dit.joinable_parts())
     base_dit = engine.load().dit
     base, factors, files = reference["base"], reference["factors"], reference["files"]
     config = OptimizationConfig.parse("rewrites=joint-layout+fused-qkv")

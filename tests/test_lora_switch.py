@@ -89,7 +89,7 @@ def test_a_lora_switched_into_fused_qkv_fp8_weights_is_quantized_as_the_joined_f
     from torchao.quantization import quantize_
 
     from ghostedit.models.tiny import tiny_lora_deltas
-    from ghostedit.optimize.rewrites import FUSED_PROJECTIONS
+    from ghostedit.models.qwen_image.dit import FUSED_PROJECTIONS
     engine = Engine("tiny", device="cpu")
     base = engine.load().dit
     config = OptimizationConfig.parse("fp8=storage,rewrites=joint-layout+fused-qkv")

@@ -14,8 +14,9 @@ import torch
 from PIL import Image
 
 from ghostedit import masks
-from ghostedit.config import EditRequest, OptimizationConfig, first_step
+from ghostedit.config import EditRequest, OptimizationConfig
 from ghostedit.errors import InputImageError, InvalidRequestError
+from ghostedit.masks import first_step
 
 
 def _smooth(size, phase=0.0) -> Image.Image:

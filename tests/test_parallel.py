@@ -45,7 +45,7 @@ def single():
             for config in ("baseline", REWRITES)}
 
 
-def _uneven_attention_matches(layout_rank: int) -> float:
+def _uneven_attention_matches(layout_rank: int, mesh) -> float:
     """Ulysses joint attention with 7 image tokens over 2 ranks (4 + 3) and 5 text tokens, against plain attention
     over the whole sequence; the largest difference on this rank's tokens."""
     from ghostedit.parallel import ulysses
@@ -55,19 +55,15 @@ def _uneven_attention_matches(layout_rank: int) -> float:
     image = [torch.randn(1, image_tokens, heads, dim, generator=generator) for _ in range(3)]
     joined = [torch.cat(pair, dim=1).transpose(1, 2) for pair in zip(text, image)]
     expected = torch.nn.functional.scaled_dot_product_attention(*joined).transpose(1, 2).flatten(2)
-    mesh = meshes.current()
-    layout = ulysses.Layout(mesh.group("ulysses"), layout_rank, 2, ulysses.shard_sizes(image_tokens, 2))
-    ulysses._layout = layout
-    try:
-        own = slice(layout.image_offset, layout.image_offset + layout.image_tokens)
-        streams = (tuple(text), tuple(t[:, own] for t in image))
+    split = ulysses.Ulysses.of(mesh, heads).over(image_tokens)
+    assert split.rank == layout_rank
+    own = slice(split.offset, split.offset + split.own_tokens)
+    streams = (tuple(text), tuple(t[:, own] for t in image))
 
-        def attend(local_streams, local_heads):
-            q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) for parts in zip(*local_streams))
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
-        output = ulysses.joint_attention(streams, attend)
-    finally:
-        ulysses._layout = None
+    def attend(local_streams):
+        q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) for parts in zip(*local_streams))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+    output = split.attention(streams, (False, True), attend).flatten(2)
     wanted = torch.cat([expected[:, :text_tokens], expected[:, text_tokens:][:, own]], dim=1)
     return float((output - wanted).abs().max())
 
@@ -80,15 +76,15 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from ghostedit.parallel import ulysses
     engine = Engine("tiny", device="cpu", dtype="float32")
     shards_seen = []
-    joint_attention = ulysses.joint_attention
+    attention = ulysses.Ulysses.attention
 
-    def counting(streams, attend):  # records the shard sizes the attention ran on
-        shards_seen.append(ulysses._layout.image_shards)
-        return joint_attention(streams, attend)
-    ulysses.joint_attention = counting
+    def counting(split, streams, sharded, attend):  # records the shard sizes the attention ran on
+        shards_seen.append(split.shards)
+        return attention(split, streams, sharded, attend)
+    ulysses.Ulysses.attention = counting
     try:
         for mode, config in RUNS:
-            mesh = meshes.setup(mode, True, "cpu")
+            mesh = engine.mesh = meshes.setup(mode, True, "cpu")
             shards_seen.clear()
             result = engine.run(_request(), OptimizationConfig.parse(config))
             if mode == "ulysses":
@@ -99,10 +95,10 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
             if mesh.is_writer:
                 with open(f"{out_dir}/{mode}-{config}.txt", "w") as words:
                     words.write(result.telemetry.parallel)
-        meshes.setup("ulysses", True, "cpu")
-        np.save(f"{out_dir}/uneven-{rank}.npy", np.array(_uneven_attention_matches(rank)))
+        mesh = meshes.setup("ulysses", True, "cpu")
+        np.save(f"{out_dir}/uneven-{rank}.npy", np.array(_uneven_attention_matches(rank, mesh)))
     finally:
-        ulysses.joint_attention = joint_attention
+        ulysses.Ulysses.attention = attention
         meshes.teardown()
 
 
@@ -151,18 +147,17 @@ def test_splits_that_cannot_be_made_are_refused(mode, world_size, true_cfg, reas
         meshes.degrees(mode, world_size, true_cfg)
 
 
-def test_a_rank_out_of_memory_stops_instead_of_retrying_alone(monkeypatch):
+def test_a_rank_out_of_memory_stops_instead_of_retrying_alone():
     """A rank that started the edit over alone would meet the others' collectives at another step, with tensors of
     the same shapes: under a mesh, running out of memory ends the edit with the reason."""
     import torch
     from ghostedit.engine.recovery import recovering_memory
     from ghostedit.errors import GpuOutOfMemoryError
-    monkeypatch.setattr(meshes, "_mesh", object())
     attempts, frees = [], []
 
     def attempt():
         attempts.append(1)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with pytest.raises(GpuOutOfMemoryError, match="cannot try again alone"):
-        recovering_memory(attempt, "running an edit", lambda: frees.append(1) or 0, "cuda")
+        recovering_memory(attempt, "running an edit", lambda: frees.append(1) or 0, "cuda", mesh=object())
     assert len(attempts) == 1

@@ -5,11 +5,9 @@ import copy
 
 import pytest
 import torch
-from diffsynth.models.qwen_image_dit import QwenImageDiT
-from diffsynth.pipelines.qwen_image import model_fn_qwen_image
-
 from dit_helpers import dit_engine, inputs_for
 from ghostedit.engine.prepare import clone_sharing_weights
+from ghostedit.models.qwen_image.dit import QwenImageDiT, model_fn
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +74,7 @@ def test_the_copy_computes_what_the_base_does_and_changing_it_leaves_the_base(ti
     inputs = inputs_for(dit_engine())
     block, original = clone.transformer_blocks[0], tiny_dit.transformer_blocks[0]
     with torch.no_grad():
-        assert torch.equal(model_fn_qwen_image(dit=clone, **inputs), model_fn_qwen_image(dit=tiny_dit, **inputs))
+        assert torch.equal(model_fn(dit=clone, **inputs), model_fn(dit=tiny_dit, **inputs))
         weight = original.img_mlp.net[2].weight
         block.img_mlp.net[2].weight = torch.nn.Parameter(torch.zeros_like(weight), requires_grad=False)
     block.register_forward_hook(lambda *args: None)

@@ -125,7 +125,7 @@ def test_the_dit_matches_diffusers_with_and_without_the_prefix_cache(transformer
     from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
 
     from ghostedit.models.qwen_image_21.dit import layout
-    from ghostedit.models.qwen_image_21.seams import DitOptions, PrefixKVCache
+    from ghostedit.models.seams import DitOptions, PrefixKVCache
 
     reference, ours = transformers
     generator = torch.Generator().manual_seed(0)
@@ -246,7 +246,7 @@ def test_compiled_blocks_run_one_graph_to_fill_the_cache_and_one_for_every_cache
 
     from ghostedit.models.qwen_image_21 import tiny
     from ghostedit.models.qwen_image_21.dit import QwenImage21DiT, layout
-    from ghostedit.models.qwen_image_21.seams import DitOptions, PrefixKVCache
+    from ghostedit.models.seams import DitOptions, PrefixKVCache
     from ghostedit.optimize.compile import compile_regions
 
     torch._dynamo.reset()

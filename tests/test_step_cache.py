@@ -15,9 +15,9 @@ import torch
 from dit_helpers import dit_engine, inputs_for
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.bench import pipeline as bench_pipeline
+from ghostedit.models.seams import DitOptions
 from ghostedit.optimize import registry
 from ghostedit.optimize.step_cache import FirstBlockCache
-from ghostedit.optimize.toggles import step_cache as toggle_file
 
 STEPS = 4
 SKIP_ALL_BUT_FIRST = 1e6  # every forward after a pass's first is served from the cache
@@ -29,9 +29,10 @@ def request(house, **changes):
 
 
 @pytest.fixture
-def skipping():
-    with toggle_file.threshold_override(SKIP_ALL_BUT_FIRST):
-        yield
+def skipping(engine):
+    engine.step_cache_threshold = SKIP_ALL_BUT_FIRST
+    yield
+    engine.step_cache_threshold = None
 
 
 def test_threshold_zero_gives_the_full_result_and_counts_every_block(engine, house):
@@ -77,10 +78,9 @@ def test_a_served_forward_is_the_first_block_plus_the_cached_change_each_cfg_pas
         full = {name: model_fn(dit=prepared.dit, **inputs) for name, inputs in
                 (("positive", positive), ("negative", negative))}
         cache = FirstBlockCache(threshold=0.01)
-        cached_fn = cache.wrap(model_fn)
         for step in range(2):
-            served = {name: cached_fn(dit=prepared.dit, progress_id=step, **inputs) for name, inputs in
-                      (("positive", positive), ("negative", negative))}
+            served = {name: model_fn(dit=prepared.dit, progress_id=step, options=DitOptions(step_cache=cache),
+                                     **inputs) for name, inputs in (("positive", positive), ("negative", negative))}
     assert cache.summary()["cached_steps"] == {"positive": [1], "negative": [1]}
     assert not torch.allclose(full["positive"], full["negative"], atol=1e-3)
     for name in full:
@@ -96,12 +96,15 @@ def test_the_step_cache_composes_with_regional_compile():
     engine = dit_engine()
     prepared, _ = engine.prepare(OptimizationConfig(compile="regional", rewrites=("real-rope",)))
     inputs, model_fn = inputs_for(engine), prepared.pipe.model_fn
+    options = DitOptions(real_rope=True)
     with torch.no_grad():
-        full = model_fn(dit=prepared.dit, **inputs)
+        full = model_fn(dit=prepared.dit, options=options, **inputs)
         frames = counters["frames"]["total"]
-        exact = FirstBlockCache(threshold=0).wrap(model_fn)(dit=prepared.dit, progress_id=0, **inputs)
+        exact = model_fn(dit=prepared.dit, progress_id=0, options=options.replace(step_cache=FirstBlockCache(0)),
+                         **inputs)
         cache = FirstBlockCache(threshold=0.01)
-        served = [cache.wrap(model_fn)(dit=prepared.dit, progress_id=step, **inputs) for step in range(2)][-1]
+        served = [model_fn(dit=prepared.dit, progress_id=step, options=options.replace(step_cache=cache), **inputs)
+                  for step in range(2)][-1]
     assert torch.equal(exact, full) and counters["frames"]["total"] == frames
     assert cache.summary()["cached_steps"] == {"positive": [1]}
     torch.testing.assert_close(served, full, rtol=0, atol=1e-5)
@@ -163,11 +166,11 @@ def _parallel_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
     from ghostedit.engine import Engine
     from ghostedit.parallel import mesh as meshes
     engine = Engine("tiny", device="cpu", dtype="float32")
+    engine.step_cache_threshold = SKIP_ALL_BUT_FIRST
     try:
         for mode in ("ulysses", "cfg"):
-            meshes.setup(mode, True, "cpu")
-            with toggle_file.threshold_override(SKIP_ALL_BUT_FIRST):
-                result = engine.run(_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
+            engine.mesh = meshes.setup(mode, True, "cpu")
+            result = engine.run(_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
             np.save(f"{out_dir}/{mode}-{rank}.npy", np.asarray(result.image, dtype=np.int16))
             with open(f"{out_dir}/{mode}-{rank}.txt", "w") as steps:
                 json.dump(result.telemetry.step_cache["cached_steps"], steps)
@@ -182,9 +185,9 @@ def test_ranks_of_cfg_parallel_and_ulysses_serve_the_same_steps_as_one_process(t
     import torch.multiprocessing
     from test_parallel import SIZE, _free_port, _request
     from ghostedit.engine import Engine
-    with toggle_file.threshold_override(SKIP_ALL_BUT_FIRST):
-        single = Engine("tiny", device="cpu", dtype="float32").run(
-            _request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
+    single_engine = Engine("tiny", device="cpu", dtype="float32")
+    single_engine.step_cache_threshold = SKIP_ALL_BUT_FIRST
+    single = single_engine.run(_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
     torch.multiprocessing.spawn(_parallel_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
     later = list(range(1, SIZE["steps"]))
     expected = {"ulysses-0": {"positive": later, "negative": later}, "ulysses-1": {"positive": later, "negative": later},

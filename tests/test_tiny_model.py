@@ -1,4 +1,5 @@
-"""The embedded tiny Qwen-Image-Edit: deterministic files, DiffSynth's real loader and edit pipeline, LoRAs."""
+"""The embedded tiny Qwen-Image-Edit: deterministic files, DiffSynth's real loader and edit pipeline (with GhostEdit's
+DiT forward and units, as the engine runs it), LoRAs."""
 
 import hashlib
 import socket
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import Qwen2VLProcessor
 
 from ghostedit.models import tiny
+from ghostedit.models.family import TINY, exact_pipeline
 from ghostedit.models.dtypes import apply_component_dtypes, component_dtypes
 from ghostedit.models.processor import special_token_ids
 
@@ -40,7 +42,7 @@ def pipe(ghostedit_home):
     (models/dtypes.py: the VAE's 3-D convolutions have no fast bf16 path on a CPU)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(socket.socket, "connect", _refuse_network)
-        pipe = tiny.load_tiny_pipeline("cpu", torch.bfloat16)
+        pipe = exact_pipeline(tiny.load_tiny_pipeline("cpu", torch.bfloat16), TINY)
     apply_component_dtypes(pipe, component_dtypes("cpu"))
     return pipe
 

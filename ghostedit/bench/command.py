@@ -13,7 +13,6 @@ from pathlib import Path
 from ..arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, loras_from_args, \
     model_and_device, request_from_args, settings_from_args
 from ..config import OptimizationConfig
-from ..optimize.toggles.step_cache import threshold_override
 from .output import environment, markdown_table, write_bar_charts, write_results
 from .timeline import ProcessTimeline
 
@@ -325,8 +324,8 @@ def _pipeline(args, engine, configs, out_dir: Path, context: dict, timeline: Pro
     if args.baseline_from:
         baseline = pipeline.earlier_baseline(Path(args.baseline_from), request, args.repeats, start_of(args))
         context.update(baseline_from=Path(args.baseline_from).name)
-    with threshold_override(args.step_cache_threshold):
-        rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row, baseline)
+    engine.step_cache_threshold = args.step_cache_threshold
+    rows = pipeline.run_bench(engine, request, configs, args.repeats, args.one_at_a_time, on_row, baseline)
     context.update(steps=request.steps, cfg_scale=request.cfg_scale, size=list(rows[0]["image"].size),
                    repeats=args.repeats, start=start_of(args))
     pipeline.write_outputs(rows, out_dir, args.title or f"GhostEdit bench: {engine.spec.source} on {engine.device}",

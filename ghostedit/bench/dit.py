@@ -17,8 +17,8 @@ import torch
 
 from ..config import OptimizationConfig
 from ..device import synchronize
-from ..engine.runner import dit_contexts, forward, package_compiled_code
-from ..optimize import carried_residual
+from ..engine.runner import dit_run, forward, package_compiled_code
+from ..models.qwen_image import dit as qwen_image
 from ..tensors import storage_bytes
 from ..telemetry import GIB, ClockSampler, RunRecorder, median_ms
 
@@ -71,13 +71,12 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def running(prepared, config: OptimizationConfig, inputs: dict, device: str, recorder: RunRecorder):
-    """A forward function for this prepared DiT inside its run-time contexts, and what the contexts resolved."""
-    contexts, ran = dit_contexts(prepared, config, device, sequence_length(inputs), recorder)
-    arguments = {**inputs, "dit": prepared.dit}
-    with torch.no_grad(), contexts:  # a context may put its own model_fn into the pipeline (cuda-graph)
-        model_fn = prepared.pipe.model_fn
-        yield (lambda: forward(model_fn, arguments)), ran
+def running(prepared, config: OptimizationConfig, inputs: dict, device: str, recorder: RunRecorder, mesh=None):
+    """A forward function for this prepared DiT inside its run-time contexts, and what the contexts resolved;
+    `mesh`: the process mesh of a parallel forward (None in one process)."""
+    with torch.no_grad(), dit_run(prepared, config, device, sequence_length(inputs), recorder, mesh) as (options, ran):
+        arguments = {**inputs, "dit": prepared.dit, "options": options}
+        yield (lambda: forward(prepared.pipe.model_fn, arguments)), ran
 
 
 def bench_configuration(engine, config: OptimizationConfig, inputs: dict, repeats: int, reference, block_reference):
@@ -133,7 +132,7 @@ def block_inputs(dit, call, index: int) -> dict:
     def grab(module, args, kwargs):
         captured.update(kwargs)
         raise _Captured
-    handle = dit.transformer_blocks[index].register_forward_pre_hook(grab, with_kwargs=True)
+    handle = dit.blocks[index].register_forward_pre_hook(grab, with_kwargs=True)
     try:
         call()
     except _Captured:
@@ -141,9 +140,10 @@ def block_inputs(dit, call, index: int) -> dict:
     finally:
         handle.remove()
     if captured.get("pending") is not None:  # carried-residual: the block before left its last addition to this one
-        captured["image"], captured["text"] = carried_residual.finish(
-            captured["image"], captured["text"], captured["pending"])
-    return {name: captured[name] for name in ("image", "text", "temb", "image_rotary_emb")}
+        captured["image"], captured["text"] = qwen_image.finish(captured["image"], captured["text"],
+                                                                captured["pending"])
+    return {name: captured[name] for name in ("image", "text", "temb", "image_rotary_emb", "modulate_index",
+                                              "options")}
 
 
 class _Captured(Exception):
@@ -152,12 +152,14 @@ class _Captured(Exception):
 
 def run_blocks(dit, captured: dict, blocks: slice = slice(None)):
     """The blocks alone on captured inputs (inside the configuration's run-time contexts)."""
-    text, image = carried_residual.run_blocks(dit.transformer_blocks[blocks], **captured)
+    inputs = {name: value for name, value in captured.items() if name not in ("image", "text")}
+    text, image = qwen_image.run_blocks(dit.blocks[blocks], captured["image"], captured["text"], inputs,
+                                        captured["options"])
     return image
 
 
 def middle_block(dit) -> int:
-    return len(dit.transformer_blocks) // 2
+    return len(dit.blocks) // 2
 
 
 def middle_block_reference(dit, call) -> tuple[dict, torch.Tensor]:
@@ -185,7 +187,7 @@ def lossless_batching_experiments(prepared, config, inputs: dict, device: str, r
     with running(prepared, config, inputs, device, RunRecorder(device)) as (call, _):
         dit = prepared.dit
         single = block_inputs(dit, call, 0)
-        doubled = {name: (torch.cat([value, value]) if name != "image_rotary_emb" else value)
+        doubled = {name: (torch.cat([value, value]) if isinstance(value, torch.Tensor) else value)
                    for name, value in single.items()}
         whole = median_ms(call, device, repeats, warmup=2)
         blocks = median_ms(lambda: run_blocks(dit, single), device, repeats, warmup=2)

@@ -11,6 +11,7 @@ import torch
 
 from ..config import LoraChoice, OptimizationConfig
 from ..device import synchronize
+from ..optimize import lora as lora_layers
 
 # The linears a Qwen-Image LoRA trains in each block (14 per block: 840 on the 60-block DiT)
 TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
@@ -71,7 +72,6 @@ def run_lora_switch_bench(engine, request, config: OptimizationConfig, rank: int
 def _runtime_scale_change(engine, request, config, lora: LoraChoice) -> dict:
     """A runtime LoRA prepared once; a new scale is a cache hit whose only cost is rewriting the small B matrices.
     Run on the configuration less the rewrites that refuse runtime LoRAs."""
-    from ..optimize import lora as lora_layers
     runtime = config.for_runtime_loras().replace(loras=(LoraChoice(lora.path, lora.sha256, 0.5, "runtime"),))
     engine.run(request, runtime)
     frames = compiled_frames()

@@ -74,9 +74,8 @@ def stock_pipeline(base):
 def run_bench(engine, configs, case_names: list[str], seed: int, on_row, side: int | None = None) -> dict:
     """Every case on stock and on each configuration; rows in that order, each compared with stock's. `side`:
     every case at this side instead of its own (a rehearsal on a CPU)."""
-    from ..engine.runner import dit_contexts
+    from ..engine.runner import dit_run
     from ..models.family import SYNTHETIC_21_TURBO, TINY_21_TURBO
-    from ..models.qwen_image_21.pipeline import dit_options
     from ..telemetry import RunRecorder
 
     base = engine.load(configs[0])
@@ -100,10 +99,10 @@ def run_bench(engine, configs, case_names: list[str], seed: int, on_row, side: i
                 pipe = copy.copy(pipe)
                 pipe.use_family(turbo_family)
             tokens: list[int] = []
-            arguments = {**call, "num_inference_steps": case.steps, "dit_options": dit_options(config),
-                         "prefix_cache": config.value("prefix-cache") == "on", "count_tokens": tokens.append}
-            contexts, _ = dit_contexts(ready, config, engine.device, (case.side // 16) ** 2, RunRecorder(engine.device))
-            with contexts:
+            with dit_run(ready, config, engine.device, (case.side // 16) ** 2, RunRecorder(engine.device)) as \
+                    (options, _):
+                arguments = {**call, "num_inference_steps": case.steps, "dit_options": options,
+                             "prefix_cache": config.value("prefix-cache") == "on", "count_tokens": tokens.append}
                 row = _timed(pipe, case, arguments, engine.device, tokens)
             rows.append(on_row({"case": name, "words": case.words, "config": f"GhostEdit {config.label}", **row,
                                 **_speedups(row, stock_row)}))

@@ -9,7 +9,9 @@ recovery.py   out of memory: free the cache and try once more
 report.py     options, the cache, placement and preparation times, in words
 
 One job runs on the device at a time: every public method takes the lock. cached(), placement() and
-expected_prepare_seconds() read published state without it, so the page answers at once during a run.
+expected_prepare_seconds() read published state without it, so the page answers at once during a run. What a run
+chooses travels down to the DiT's forward in the run's options (models/seams.py): engines of other configurations,
+and other models, share a process without sharing run state.
 """
 from __future__ import annotations
 
@@ -37,10 +39,11 @@ __all__ = ["Engine", "EditResult", "PreparedPipeline"]
 
 class Engine:
     def __init__(self, source: str = "tiny", device: str | None = None, cache_budget_gib: float | None = None,
-                 dtype: str | None = None, dit_only: bool = False):
+                 dtype: str | None = None, dit_only: bool = False, mesh=None):
         """`dtype`: "bfloat16" or "float32" for every component; None: what is fast on the device (models/dtypes.py).
         Where the weights live follows each configuration's `memory` setting (placement.py). `dit_only`: load the
-        DiT alone (the DiT-level bench)."""
+        DiT alone (the DiT-level bench). `mesh`: this process's share of a parallel edit (parallel.setup), None in
+        one process."""
         check_version()  # at start: GhostEdit's changes inside DiffSynth hold for one version
         self.spec: ModelSpec = resolve(source)
         self.device = device or default_device()
@@ -51,6 +54,9 @@ class Engine:
         self.cache = PreparedCache(self.device, cache_budget_gib)
         self.loras = LoraFiles()
         self.prepare_times = report.PrepareTimes(self.spec.source, self.device)
+        self.mesh = mesh
+        # the bench on random weights: every skipping step-cache choice at this threshold (toggles/step_cache.py)
+        self.step_cache_threshold: float | None = None
         self._lock = threading.RLock()
 
     # ---- what can run here ----
@@ -111,7 +117,7 @@ class Engine:
         of GPU memory, it frees every prepared pipeline and tries once more, as run does."""
         with self._lock:
             return recovering_memory(lambda: self._prepare(config, recorder or RunRecorder(self.device)),
-                                     f"preparing {config.label}", self.free, self.device)[0]
+                                     f"preparing {config.label}", self.free, self.device, self.mesh)[0]
 
     def _prepare(self, config: OptimizationConfig, recorder: RunRecorder) -> tuple[PreparedPipeline, bool]:
         self.check(config)
@@ -188,7 +194,7 @@ class Engine:
         with self._lock:
             result, retried = recovering_memory(
                 lambda: self._run(request, config, RunRecorder(self.device, on_progress, cancel)),
-                f"running a {size} edit with {config.label}", self.free, self.device)
+                f"running a {size} edit with {config.label}", self.free, self.device, self.mesh)
         if retried:
             result.telemetry.notes.append(OUT_OF_MEMORY_RETRY_NOTE)
         return result
@@ -199,7 +205,8 @@ class Engine:
         telemetry.cache_hit = hit
         telemetry.dtypes = {name: dtype_name(dtype) for name, dtype in self.dtypes.items()}
         telemetry.placement = {name: where["where"] for name, where in self.store.placement.describe().items()}
-        result = run_edit(prepared, request, config, recorder, self.spec, self.device)
+        result = run_edit(prepared, request, config, recorder, self.spec, self.device, self.mesh,
+                          self.step_cache_threshold)
         if not hit:
             self.prepare_times.remember(config, result.telemetry)
         return result

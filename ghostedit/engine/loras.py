@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..optimize import lora as lora_layers, rewrites
+from ..lora_files import read_lora_file
+from ..optimize import lora as lora_layers
 from ..telemetry import RunRecorder
 
 CACHED_FILES = 8
@@ -43,7 +44,7 @@ class LoraFiles:
     def matched(self, lora, base_dit, device: str = "cpu") -> lora_layers.MatchedLora:
         """The LoRA's layers; for a GPU in pinned memory, so that fusing copies them without waiting."""
         if lora.sha256 not in self._matched:
-            found = lora_layers.match_lora(base_dit, lora_layers.read_lora_file(lora.path))
+            found = lora_layers.match_lora(base_dit, read_lora_file(lora.path))
             if device.startswith("cuda"):
                 found.layers = {name: layer.pinned() for name, layer in found.layers.items()}
             self._matched[lora.sha256] = found
@@ -89,12 +90,12 @@ def _write_targets(dit, names: list[str]) -> list[tuple[str, tuple[str, ...]]]:
     targets = {}
     for name in names:
         parent, _, leaf = name.rpartition(".")
-        fused = next((fused for fused, parts in rewrites.FUSED_PROJECTIONS.items()
+        fused = next((fused for fused, parts in dit.fused_projections.items()
                       if leaf in parts and not hasattr(dit.get_submodule(parent), leaf)), None)
         if fused is None:
             targets[name] = (name,)
         else:
-            targets[f"{parent}.{fused}"] = tuple(f"{parent}.{part}" for part in rewrites.FUSED_PROJECTIONS[fused])
+            targets[f"{parent}.{fused}"] = tuple(f"{parent}.{part}" for part in dit.fused_projections[fused])
     return sorted(targets.items())
 
 
@@ -124,7 +125,7 @@ def _write_layer(dit, name: str, base_weights: list[torch.Tensor], deltas: list,
         linear.weight = torch.nn.Parameter(base, requires_grad=False)  # the base's own tensor again
         return
     weight = _rows([_merged(part, part_deltas, device) for part, part_deltas in zip(base_weights, deltas)])
-    if _shares_storage(linear.weight, base):  # the base's tensor, or a view of its parts (rewrites._joined)
+    if _shares_storage(linear.weight, base):  # the base's tensor, or a view of its parts (seams.fused_linear)
         linear.weight = torch.nn.Parameter(weight.to(base.dtype), requires_grad=False)
     else:
         lora_layers.write_weight_in_place(linear, weight)

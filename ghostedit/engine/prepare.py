@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..optimize import lora as lora_layers, registry
+from .. import tensors
+from ..lora_files import read_lora_file
+from ..optimize import cuda_graphs, lora as lora_layers, registry
 from ..telemetry import RunRecorder
 
 # Where the DiT moves to the device: after the steps that change weights (FP8 moves each layer as it quantizes it),
@@ -33,6 +35,7 @@ class PreparedPipeline:
     warnings: list[str] = field(default_factory=list)
     warmed_shapes: set = field(default_factory=set)
     loras: object = None              # the fused LoRAs written into its weights now (loras.FusedLoras)
+    graphs: cuda_graphs.ShapeGraphs = field(default_factory=cuda_graphs.dit_graphs)  # its DiT's CUDA graphs
 
     @property
     def dit(self):
@@ -63,6 +66,8 @@ def _clone_module(module: torch.nn.Module, memo: dict) -> torch.nn.Module:
     clone = memo[id(module)] = object.__new__(type(module))
     state = module.__getstate__()  # nn.Module's: its __dict__ less the compiled call, as deepcopy takes it
     for name, value in state.items():
+        if name == tensors.KEPT:  # derived from the original: the copy derives its own
+            continue
         if name == "_modules":
             value = type(value)((key, None if child is None else _clone_module(child, memo))
                                 for key, child in value.items())
@@ -118,7 +123,7 @@ def _attach_runtime_loras(context: registry.PrepareContext) -> None:
     """Lossless: PEFT layers beside the linears, one adapter per LoRA, at scale 0 until a run sets its scales."""
     loras = context.config.runtime_loras
     with context.stage("attach LoRA", "attaching runtime LoRA layers"):
-        matched = [(lora.sha256, lora_layers.match_lora(context.dit, lora_layers.read_lora_file(lora.path)))
+        matched = [(lora.sha256, lora_layers.match_lora(context.dit, read_lora_file(lora.path)))
                    for lora in loras]
         lora_layers.attach_runtime_loras(context.dit, matched)
     for lora, (_, found) in zip(loras, matched):

@@ -10,7 +10,6 @@ import traceback
 
 import torch
 
-from .. import parallel
 from ..device import empty_cache
 from ..errors import GpuOutOfMemoryError
 from ..telemetry import GIB, RunCancelled
@@ -21,13 +20,13 @@ OUT_OF_MEMORY_RETRY_NOTE = ("ran out of GPU memory on the first try: every cache
 logger = logging.getLogger(__name__)
 
 
-def recovering_memory(attempt, what: str, free, device: str):
+def recovering_memory(attempt, what: str, free, device: str, mesh=None):
     """`attempt()` and whether it was retried after running out of memory; `free()` drops the prepared pipelines
-    and returns the bytes it freed."""
+    and returns the bytes it freed; `mesh`: the process mesh of a parallel edit (None in one process)."""
     result, error = _outcome(attempt)
     # One rank of a parallel edit cannot start over alone: the others wait in its collectives, and a restarted run
     # would meet them at another step with tensors of the same shapes
-    retried = isinstance(error, torch.OutOfMemoryError) and parallel.current() is None
+    retried = isinstance(error, torch.OutOfMemoryError) and mesh is None
     if retried:
         _free_after_out_of_memory(free)
         result, error = _outcome(attempt)

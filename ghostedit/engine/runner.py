@@ -1,6 +1,7 @@
-"""One edit on a prepared pipeline, instrumented: the toggles' run-time contexts around DiffSynth's pipeline call,
-DiffSynth's text and image encoding timed as stages, every DiT forward through `forward` (the same function the
-DiT-level bench times), and the first forward of a compiled DiT at a new shape counted as the compile warm-up.
+"""One edit on a prepared pipeline, instrumented: the toggles' run-time contexts around DiffSynth's pipeline call and
+the run's DiT options they set (`dit_run`), DiffSynth's text and image encoding timed as stages, every DiT forward
+through `forward` with those options (the same function the DiT-level bench times), and the first forward of a
+compiled DiT at a new shape counted as the compile warm-up.
 
 The warm-up is the first real forward, not an extra one: its time goes to the "compile warm-up" stage and is left
 out of its step's time, and that step is left out of the median step time when there are others. A compile failure
@@ -8,6 +9,7 @@ reverts the DiT to eager with a warning in the result, never silently.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ from ..device import UnavailableOptionError
 from ..errors import error_summary
 from ..models import exact
 from ..models.family import QWEN_IMAGE_21_DIT
+from ..models.seams import DitOptions
 from ..optimize import compile as compile_blocks, lora as lora_layers, packages, registry
 from ..telemetry import RunRecorder, RunTelemetry
 from .prepare import PreparedPipeline
@@ -51,8 +54,8 @@ class EditResult:
 
 
 def forward(model_fn, inputs: dict) -> torch.Tensor:
-    """One DiT forward as DiffSynth's pipeline makes it: its model_fn with the prepared DiT among the inputs. The
-    engine's runs and the DiT-level bench both come through here, inside `dit_contexts`.
+    """One DiT forward as DiffSynth's pipeline makes it: its model_fn with the prepared DiT and the run's options
+    among the inputs. The engine's runs and the DiT-level bench both come through here, inside `dit_run`.
 
     DiffSynth's model_fn reads the prompt's length off its mask (`.tolist()`): on a GPU mask that makes the CPU
     wait for all the GPU's queued work at every forward, and the GPU then idles while Python prepares the next
@@ -73,29 +76,34 @@ def _on_host(tensor: torch.Tensor) -> torch.Tensor:
     return kept[1]
 
 
-def dit_contexts(prepared: PreparedPipeline, config, device: str, sequence_length: int, recorder: RunRecorder):
-    """The run-time contexts of every toggle (attention backend, FP8 autocast, compile settings...) and what they
-    resolved, for a run or a bench at this sequence length."""
-    context = registry.RunContext(prepared, config, device, sequence_length, recorder)
+@contextlib.contextmanager
+def dit_run(prepared: PreparedPipeline, config, device: str, sequence_length: int, recorder: RunRecorder,
+            mesh=None, step_cache_threshold: float | None = None):
+    """Inside, the run-time contexts of every toggle (attention backend, FP8 autocast, compile settings...) for a run
+    or a bench at this sequence length: yields the run's DiT options they set (with the sequence split of `mesh`,
+    the process mesh of a parallel edit) and what they resolved."""
+    context = registry.RunContext(prepared, config, device, sequence_length, recorder, mesh, step_cache_threshold)
     if lora_layers.has_runtime_lora(prepared.dit):
         lora_layers.set_runtime_scales(prepared.dit, {lora.sha256: lora.scale for lora in config.runtime_loras})
-    return registry.run_contexts(config, context), context.ran
+    with registry.run_contexts(config, context):
+        yield DitOptions(**context.options, sequence_split=parallel.Ulysses.of(mesh, prepared.dit.heads)), context.ran
 
 
 def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder: RunRecorder, spec,
-             device: str) -> EditResult:
+             device: str, mesh=None, step_cache_threshold: float | None = None) -> EditResult:
     family = prepared.pipe.family
     width, height, condition_sizes = fit_inputs(request, family)
     recorder.telemetry.notes.extend(prepared.warnings)
     recorder.telemetry.notes.extend(f"input image {index}: {note}" for index, image in enumerate(request.images, 1)
                                     for note in image_utils.image_notes(image))
     sequence_length = sum(w * h // 256 for w, h in [(width, height), *condition_sizes])
-    contexts, ran = dit_contexts(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder)
-    recorder.telemetry.parallel = parallel.describe()
+    recorder.telemetry.parallel = parallel.describe(mesh)
     start = exact.Start.of(request, (width, height))  # None: a plain edit
-    with contexts, _Instrumented(prepared, recorder), parallel.edit_context(prepared.pipe, prepared.dit,
-                                                                             request.cfg_scale):
-        image = prepared.pipe(**pipeline_arguments(request, family, config, width, height, recorder.telemetry, start),
+    with dit_run(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder, mesh,
+                 step_cache_threshold) as (options, ran), \
+            _Instrumented(prepared, recorder, options), parallel.edit_context(prepared.pipe, mesh, request.cfg_scale):
+        image = prepared.pipe(**pipeline_arguments(request, family, config, width, height, recorder.telemetry, start,
+                                                   options, mesh),
                               progress_bar_cmd=lambda timesteps: recorder.timed_steps(on_device(timesteps, device)))
         image = start.finished(image) if start else image
         recorder.decoding_done()
@@ -103,21 +111,22 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
                       {**prepared.report, **ran.get("words", {})}, recorder.finish())
 
 
-def pipeline_arguments(request: EditRequest, family, config, width: int, height: int, telemetry, start) -> dict:
+def pipeline_arguments(request: EditRequest, family, config, width: int, height: int, telemetry, start,
+                       options: DitOptions, mesh=None) -> dict:
     """What the family's pipeline is called with: the Edit models' DiffSynth QwenImagePipeline (with `start`, the
-    image a masked or partial-strength edit starts from), or Qwen-Image-2.1's (which also takes the DiT's run
-    options, and counts the tokens each DiT forward computed into the telemetry)."""
+    image a masked or partial-strength edit starts from; the run's DiT options reach its forward through
+    _Instrumented), or Qwen-Image-2.1's (which takes the run's DiT options itself, adds its prefix cache to them,
+    and counts the tokens each DiT forward computed into the telemetry)."""
     common = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "cfg_scale": request.cfg_scale,
               "height": height, "width": width, "seed": request.seed, "num_inference_steps": request.steps}
     if family.dit == QWEN_IMAGE_21_DIT:
-        if parallel.current() is not None:
+        if mesh is not None:
             raise UnavailableOptionError(f"{family.name} runs in one process: CFG parallel and Ulysses are written "
                                          "for the Edit DiT's pipeline and forward (start it without torchrun)")
         if start is not None:
             raise UnavailableOptionError(f"{family.name} takes no mask or strength: they follow diffusers' "
                                          "QwenImageEditInpaintPipeline, written for the Edit models")
-        from ..models.qwen_image_21.pipeline import dit_options
-        return {**common, "edit_image": list(request.images) or None, "dit_options": dit_options(config),
+        return {**common, "edit_image": list(request.images) or None, "dit_options": options,
                 "prefix_cache": config.value("prefix-cache") == "on", "count_tokens": telemetry.dit_tokens.append}
     return {**common, "edit_image": list(request.images), "edit_image_auto_resize": False,
             "zero_cond_t": family.zero_cond_t, "input_image": start, "denoising_strength": request.strength}
@@ -156,11 +165,11 @@ def package_compiled_code(prepared: PreparedPipeline, device: str) -> None:
 
 
 class _Instrumented:
-    """Times DiffSynth's pipeline units (text and image encoding) and routes every DiT call through `forward`,
-    the first call of a compiled DiT at each new shape timed as the compile warm-up."""
+    """Times DiffSynth's pipeline units (text and image encoding) and routes every DiT call through `forward` with
+    the run's options, the first call of a compiled DiT at each new shape timed as the compile warm-up."""
 
-    def __init__(self, prepared: PreparedPipeline, recorder: RunRecorder):
-        self.prepared, self.recorder = prepared, recorder
+    def __init__(self, prepared: PreparedPipeline, recorder: RunRecorder, options: DitOptions):
+        self.prepared, self.recorder, self.options = prepared, recorder, options
 
     def __enter__(self):
         pipe = self.prepared.pipe
@@ -179,6 +188,8 @@ class _Instrumented:
             return self.unit_runner(unit, *args)
 
     def _model_fn(self, **inputs):
+        inputs.setdefault("options", self.options)  # a pipeline that carries them keeps its own (2.1's: with the
+        # prefix cache of its call)
         shape = _shape_signature(inputs)
         if not compile_blocks.is_compiled(self.prepared.dit) or shape in self.prepared.warmed_shapes:
             return forward(self.model_fn, inputs)

@@ -9,8 +9,8 @@ import gc
 import torch
 
 from ..device import empty_cache
-from ..models import ModelSpec, load_base_pipeline
-from ..optimize.rewrites import joinable_parts
+from ..models import ModelSpec
+from ..models.loading import load_base_pipeline
 from ..pinned import PinnedArena, pin_module
 from ..tensors import storage_bytes, storage_pointers
 from . import placement as placements
@@ -128,7 +128,7 @@ def _move(module: torch.nn.Module, where: str) -> None:
     """Every parameter and buffer of `module` to a device, or to pinned host memory (fast copies to the GPU), one
     tensor at a time so that only one extra copy exists at any moment."""
     if where == "pinned":
-        pin_module(module, end_to_end=joinable_parts(module))
+        pin_module(module, end_to_end=module.joinable_parts())
         return
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:

@@ -36,6 +36,7 @@ from ..config import EditRequest, OptimizationConfig
 from ..device import device_name
 from ..errors import GhostEditError
 from ..telemetry import ProgressCallback
+from . import Engine
 
 START_TIMEOUT_S = 600   # a worker imports torch and DiffSynth before it answers; a loaded machine is slow
 POLL_S = 0.2            # how often a waiting caller looks at cancel and at the worker's health
@@ -90,7 +91,6 @@ class WorkerPool:
     """Engines in worker processes behind the Engine's interface (see the module docstring)."""
 
     def __init__(self, source: str, devices: list[str], dtype: str | None = None):
-        from . import Engine
         self.front = Engine(source, device=devices[0], dtype=dtype)
         self.spec, self.device, self.dtypes = self.front.spec, devices[0], self.front.dtypes
         self._source, self._dtype = source, dtype
@@ -370,7 +370,6 @@ def _worker_main(index: int, device: str, source: str, dtype: str | None, inbox,
     try:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))  # code that says "cuda" means this worker's GPU
-        from . import Engine
         engine = Engine(source, device=device, dtype=dtype)
     except BaseException as error:  # noqa: BLE001 - reported to the pool, which raises it
         outbox.put((ready_ident, "error", _portable(error)))

@@ -1,5 +1,6 @@
-"""Model sources: the embedded tiny models, the full-size synthetic ones, and real weights (hub repo or local folder).
-Qwen-Image-Edit (`tiny`, `synthetic`) and Qwen-Image-2.1 (`tiny-2.1`, `synthetic-2.1`, and their `-turbo`)."""
+"""Model sources: the embedded tiny models, the full-size synthetic ones, and real weights (hub repo or local folder);
+what each is and whether it runs here. Qwen-Image-Edit (`tiny`, `synthetic`) and Qwen-Image-2.1 (`tiny-2.1`,
+`synthetic-2.1`, and their `-turbo`). Loading one is loading.py's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from ..device import Availability
+from ..device import Availability, gpu_capacity_bytes, needs_cuda
 from .family import (QWEN_IMAGE_21_DIT, RELEASED, SYNTHETIC, SYNTHETIC_21, SYNTHETIC_21_TURBO, TINY, TINY_21,
-                     TINY_21_TURBO, Family, detect, exact_pipeline, family_words)
+                     TINY_21_TURBO, Family, detect, family_words)
 
 DEFAULT_REPO = "Qwen/Qwen-Image-Edit-2509"
 # Parameters of the released Qwen-Image-Edit components (the DiT's 38.05 GiB in bf16 as measured on the synthetic
@@ -115,60 +116,19 @@ def resolve(source: str) -> ModelSpec:
     return ModelSpec(source, "hub", None)
 
 
+# the full-size synthetic model: an FP8 DiT (19.5 GiB) and room for activations (a smaller card runs it with
+# memory=low, engine/placement.py)
+SYNTHETIC_MIN_GPU_GIB = 22
+
+
 def availability(spec: ModelSpec, device: str) -> Availability:
-    if spec.kind == "synthetic":
-        from .synthetic import availability as synthetic_availability
-        return synthetic_availability(device)
+    if spec.kind != "synthetic":
+        return Availability.yes()
+    gpu = needs_cuda(device, "the full-size synthetic model")
+    if not gpu.ok:
+        return gpu
+    total = gpu_capacity_bytes(device) / 1024**3
+    if total < SYNTHETIC_MIN_GPU_GIB:
+        return Availability.no(f"the full-size synthetic model needs a GPU with {SYNTHETIC_MIN_GPU_GIB} GiB; this one "
+                               f"has {total:.0f}")
     return Availability.yes()
-
-
-def load_base_pipeline(spec: ModelSpec, device: str, dtypes: dict[str, torch.dtype], base_dit_on_gpu: bool = True,
-                       dit_only: bool = False, text_encoder_on_gpu: bool = True, on_download=None):
-    """The unmodified pipeline every prepared configuration derives from, each component in its dtype (see
-    dtypes.py; the pipeline's own dtype is the DiT's), the DiT in pinned host memory unless `base_dit_on_gpu`.
-    `dit_only`: the DiT alone (the DiT-level bench); the synthetic model then builds nothing else. `on_download`: a
-    hub repo's download plan and progress (downloads.py)."""
-    from ..diffsynth_patches import quiet_loader
-    from ..quiet import quiet_library_warnings
-    from .dtypes import apply_component_dtypes
-    quiet_loader()
-    quiet_library_warnings()
-    from .exact import ExactPipeline, install_module_patches
-    install_module_patches()
-    torch_dtype = dtypes["dit"]
-    if spec.kind in ("tiny", "synthetic") and spec.family.dit == QWEN_IMAGE_21_DIT:
-        from .qwen_image_21 import load_embedded_pipeline
-        pipe = load_embedded_pipeline(spec, device, torch_dtype, base_dit_on_gpu, dit_only, text_encoder_on_gpu)
-        if not dit_only:
-            apply_component_dtypes(pipe, dtypes)
-        return pipe
-    if spec.kind == "synthetic" and dit_only:
-        from .synthetic import build_synthetic_dit
-        pipe = ExactPipeline(device=device, torch_dtype=torch_dtype)
-        pipe.use_family(spec.family)
-        pipe.dit = build_synthetic_dit(device, torch_dtype, in_host_memory=not base_dit_on_gpu)
-        return pipe
-    if spec.kind == "tiny":
-        from .tiny import load_tiny_pipeline
-        pipe = exact_pipeline(load_tiny_pipeline(device, torch_dtype), spec.family)
-    elif spec.kind == "synthetic":
-        from .synthetic import build_synthetic_pipeline
-        pipe = exact_pipeline(build_synthetic_pipeline(device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu,
-                                                   text_encoder_in_host_memory=not text_encoder_on_gpu), spec.family)
-    else:
-        from .hub import load_pretrained_pipeline
-        pipe = load_pretrained_pipeline(spec, device, torch_dtype, on_download)
-        if not base_dit_on_gpu and device.startswith("cuda"):
-            from ..optimize.rewrites import joinable_parts
-            from ..pinned import pin_module
-            # DiffSynth's loader puts every weight on the device first
-            pin_module(pipe.dit, end_to_end=joinable_parts(pipe.dit))
-    apply_component_dtypes(pipe, dtypes)
-    from .exact import float32_rotary
-    float32_rotary(pipe.text_encoder)
-    if dit_only:
-        pipe.text_encoder = pipe.vae = None
-    return pipe
-
-
-

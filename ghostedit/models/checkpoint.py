@@ -3,8 +3,9 @@ their configs) loaded through DiffSynth's own loader, each model built from the 
 DiffSynth's hard-coded full size, so that every size of the same architecture loads the same way.
 
 DiffSynth identifies a checkpoint by a hash of its keys and shapes: each component's hash is entered in its model
-table ("model table" patch) with a class that builds the configured model; an entry DiffSynth had for the same
-hash (the released full-size files) is replaced by the equivalent configured one, so a file loads once.
+table ("model table" patch) with a class that builds the configured model (GhostEdit's DiT, models/qwen_image/dit.py,
+and its VAE computing as the reference, exact.py); an entry DiffSynth had for the same hash (the released full-size
+files) is replaced by the equivalent configured one, so a file loads once.
 """
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ import glob
 from pathlib import Path
 
 import torch
-from diffsynth.configs import MODEL_CONFIGS, VRAM_MANAGEMENT_MODULE_MAPS
+from diffsynth.configs import MODEL_CONFIGS, VERSION_CHECKER_MAPS, VRAM_MANAGEMENT_MODULE_MAPS
 from diffsynth.core.loader import ModelConfig, hash_model_file
-from diffsynth.models.general_modules import AdaLayerNorm, RMSNorm, TimestepEmbeddings
-from diffsynth.models.qwen_image_dit import QwenEmbedRope, QwenImageDiT, QwenImageTransformerBlock
+from diffsynth.models.qwen_image_dit import QwenImageDiT as DiffSynthDiT
 from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
+from diffsynth.models.qwen_image_vae import QwenImageVAE as DiffSynthVAE
 
 from ..diffsynth_patches import check_version
-from .exact import LATENTS_MEAN, LATENTS_STD, class_path, install_module_patches
+from .exact import LATENTS_MEAN, LATENTS_STD, ReferenceScaledVAE, class_path
 from .family import Family, UnsupportedModel, detect, read_json
+from .qwen_image.dit import LATENT_CHANNELS, QwenImageDiT
 
 TEXT_ENCODER_CONVERTER = ("diffsynth.utils.state_dict_converters.qwen_image_text_encoder."
                           "QwenImageTextEncoderStateDictConverter")
@@ -30,33 +32,25 @@ COMPONENTS = (
     ("text_encoder", "qwen_image_text_encoder", "model*.safetensors"),
     ("vae", "qwen_image_vae", "diffusion_pytorch_model*.safetensors"),
 )
-LATENT_CHANNELS = 16
-VAE_CLASS = "diffsynth.models.qwen_image_vae.QwenImageVAE"  # what DiffSynth's loader imports: GhostEdit's patched VAE
 
 
-def _path(cls: type | str) -> str:
-    return cls if isinstance(cls, str) else class_path(cls)
-
-
-class ConfiguredQwenImageDiT(QwenImageDiT):
-    """DiffSynth's QwenImageDiT (same attribute names and blocks) at the sizes of a diffusers transformer config."""
-
-    def __init__(self, num_layers: int, num_attention_heads: int, attention_head_dim: int, joint_attention_dim: int,
-                 axes_dims_rope: list[int]):
-        torch.nn.Module.__init__(self)  # QwenImageDiT.__init__ would build the 20B model
-        install_module_patches()  # the MLP's activation as the released model's, before its blocks are built
-        dim = num_attention_heads * attention_head_dim
-        self.pos_embed = QwenEmbedRope(theta=10000, axes_dim=list(axes_dims_rope), scale_rope=True)
-        self.time_text_embed = TimestepEmbeddings(256, dim, diffusers_compatible_format=True, scale=1000,
-                                                  align_dtype_to_timestep=False)
-        self.txt_norm = RMSNorm(joint_attention_dim, eps=1e-6)
-        self.img_in = torch.nn.Linear(4 * LATENT_CHANNELS, dim)
-        self.txt_in = torch.nn.Linear(joint_attention_dim, dim)
-        self.transformer_blocks = torch.nn.ModuleList(
-            QwenImageTransformerBlock(dim=dim, num_attention_heads=num_attention_heads,
-                                      attention_head_dim=attention_head_dim) for _ in range(num_layers))
-        self.norm_out = AdaLayerNorm(dim, single=True)
-        self.proj_out = torch.nn.Linear(dim, 4 * LATENT_CHANNELS)
+def enter_model(model_hash: str, model_name: str, cls: type, stands_for: type | None, kwargs: dict,
+                converter: str | None = None) -> None:
+    """A checkpoint's entry in DiffSynth's model table (the "model table" patch): DiffSynth's loader builds `cls`
+    with `kwargs` for a file of this hash. The offload and version maps of the DiffSynth class it stands for are
+    shared with it (same objects: a fix to DiffSynth's applies to it too); None: `cls` has maps of its own (DiffSynth's
+    class itself, or one whose module declares them). An entry with the same hash is replaced."""
+    MODEL_CONFIGS[:] = [c for c in MODEL_CONFIGS if c["model_hash"] != model_hash]
+    entry = {"model_hash": model_hash, "model_name": model_name, "model_class": class_path(cls),
+             "extra_kwargs": dict(kwargs)}
+    if converter:
+        entry["state_dict_converter"] = converter
+    MODEL_CONFIGS.append(entry)
+    if stands_for is None:
+        return
+    VRAM_MANAGEMENT_MODULE_MAPS[class_path(cls)] = VRAM_MANAGEMENT_MODULE_MAPS[class_path(stands_for)]
+    if class_path(stands_for) in VERSION_CHECKER_MAPS:
+        VERSION_CHECKER_MAPS[class_path(cls)] = VERSION_CHECKER_MAPS[class_path(stands_for)]
 
 
 class ConfiguredTextEncoder(QwenImageTextEncoder):
@@ -106,17 +100,12 @@ def weight_files(folder: Path, component: str, pattern: str,
     return files
 
 
-def model_table_entry(files: list[str], model_name: str, model_class: str, kwargs: dict,
+def model_table_entry(files: list[str], model_name: str, cls: type, stands_for: type | None, kwargs: dict,
                       converter: str | None = None) -> ModelConfig:
-    """The weight files of one model entered in DiffSynth's model table by their hash (an entry of the same hash
-    replaced), with the class that builds the configured model; their ModelConfig."""
+    """The weight files of one model entered in DiffSynth's model table by their hash (enter_model), with the class
+    that builds the configured model; their ModelConfig."""
     path = files if len(files) > 1 else files[0]
-    model_hash = hash_model_file(path)
-    MODEL_CONFIGS[:] = [c for c in MODEL_CONFIGS if c["model_hash"] != model_hash]
-    entry = {"model_hash": model_hash, "model_name": model_name, "model_class": model_class, "extra_kwargs": kwargs}
-    if converter:
-        entry["state_dict_converter"] = converter
-    MODEL_CONFIGS.append(entry)
+    enter_model(hash_model_file(path), model_name, cls, stands_for, kwargs, converter)
     return ModelConfig(path=path)
 
 
@@ -124,22 +113,20 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], ModelConfig,
     """The family of the model in `folder`, and DiffSynth ModelConfigs for its weights, tokenizer and processor,
     each weight file entered in DiffSynth's model table with the class its config describes."""
     check_version()
-    install_module_patches()
     folder = Path(folder)
     family = detect(folder)
     entries = {
-        "transformer": (ConfiguredQwenImageDiT, QwenImageDiT,
+        "transformer": (QwenImageDiT, DiffSynthDiT,
                         _dit_kwargs(read_json(folder, "transformer/config.json"), folder), None),
         "text_encoder": (ConfiguredTextEncoder, QwenImageTextEncoder,
                          {"config": read_json(folder, "text_encoder/config.json")}, TEXT_ENCODER_CONVERTER),
-        "vae": (VAE_CLASS, VAE_CLASS, _vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
+        "vae": (ReferenceScaledVAE, DiffSynthVAE, _vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
     }
     configs = []
     for component, model_name, pattern in COMPONENTS:
         files = weight_files(folder, component, pattern)
         cls, diffsynth_cls, kwargs, converter = entries[component]
-        VRAM_MANAGEMENT_MODULE_MAPS[_path(cls)] = VRAM_MANAGEMENT_MODULE_MAPS[_path(diffsynth_cls)]
-        configs.append(model_table_entry(files, model_name, _path(cls), kwargs, converter))
+        configs.append(model_table_entry(files, model_name, cls, diffsynth_cls, kwargs, converter))
     for name in ("tokenizer", "processor"):
         if not (folder / name).is_dir():
             raise UnsupportedModel(f"{folder} has no {name}/ folder")

@@ -7,10 +7,11 @@ Where DiffSynth 2.1.12 differs, and where each is fixed (tests/test_reference.py
 - each input image is resized once from the original for each encoder, by the family's rule (EditImageEmbedder);
 - true CFG rescales the combined prediction to the norm of the conditional one, per token (ExactPipeline);
 - the 8-bit output is rounded, not truncated (ExactPipeline);
-- the DiT's MLP activation is GELU with the tanh approximation, the VAE's RMS norm is computed in float32 (module
-  patches listed in diffsynth_patches.py, installed by `install_module_patches` before any model is built);
+- the DiT is GhostEdit's own (models/qwen_image/dit.py: its MLP activation is GELU with the tanh approximation);
+  the VAE's RMS norm is computed in float32 (ReferenceScaledVAE's norms are Float32RMSNorm);
 - in bf16: the text encoder's rotary frequencies stay float32 (`float32_rotary`, applied by
-  models.load_base_pipeline) and the VAE normalizes its latents as the reference does (module patch);
+  models/loading.py) and the VAE normalizes its latents as the reference does (ReferenceScaledVAE, the
+  class GhostEdit's model table entries name);
 - the schedule's sigmas and the Euler step are computed as diffusers' scheduler computes them (ReferenceSchedule);
 - 2511's `zero_cond_t` comes from the transformer config (passed by the runner from the family).
 
@@ -25,21 +26,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from diffsynth.configs import VRAM_MANAGEMENT_MODULE_MAPS
 from diffsynth.diffusion import FlowMatchScheduler
-from diffsynth.models import qwen_image_dit, qwen_image_vae
+from diffsynth.models import qwen_image_vae
 from diffsynth.pipelines.qwen_image import (QwenImagePipeline, QwenImageUnit_EditImageEmbedder,
                                             QwenImageUnit_InputImageEmbedder, QwenImageUnit_NoiseInitializer,
                                             QwenImageUnit_PromptEmbedder)
-from einops import rearrange
 from PIL import Image
 
 from .. import masks, pillow_resize
-from ..config import first_step
-from ..diffsynth_patches import replace
 from ..errors import InvalidRequestError
 from ..images import fit
 from .family import EDIT_PLUS_TEMPLATE, Family, dimensions
+from .guidance import guided
+from .qwen_image import dit
 
 SYSTEM = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
           "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
@@ -49,14 +48,7 @@ IMAGE_TOKENS = "<|vision_start|><|image_pad|><|vision_end|>"
 DROP_TOKENS = 64  # the system part of the template, left out of the prompt embedding (as the reference does)
 
 
-# ---- module patches: the model's own functions ----
-
-class TanhGELU(qwen_image_dit.ApproximateGELU):
-    """The DiT's MLP activation as trained: GELU, tanh approximation (DiffSynth: x * sigmoid(1.702 x))."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.gelu(self.proj(x), approximate="tanh")
-
+# ---- the VAE as the reference computes it ----
 
 class Float32RMSNorm(qwen_image_vae.QwenImageRMS_norm):
     """The VAE's RMS norm normalizing in float32 whatever the dtype, as the reference's does."""
@@ -69,7 +61,13 @@ class Float32RMSNorm(qwen_image_vae.QwenImageRMS_norm):
 class ReferenceScaledVAE(qwen_image_vae.QwenImageVAE):
     """The VAE's latent normalization as the reference computes it in the VAE's dtype: encoding divides by the
     std, decoding divides by 1 / std rounded to that dtype (DiffSynth multiplies by 1 / std kept from float32; in
-    bf16 the condition latents differ by 4e-3 relative)."""
+    bf16 the condition latents differ by 4e-3 relative); its RMS norms normalize in float32 (Float32RMSNorm)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for module in self.modules():
+            if type(module) is qwen_image_vae.QwenImageRMS_norm:
+                module.__class__ = Float32RMSNorm
 
     def _statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _latent_statistics(self.z_dim, x.device, x.dtype)
@@ -111,16 +109,6 @@ def _latent_statistics(z_dim: int, device: torch.device, dtype: torch.dtype) -> 
 @functools.cache
 def _reciprocal_std(z_dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return (1.0 / torch.tensor(LATENTS_STD)).view(1, z_dim, 1, 1, 1).to(device=device, dtype=dtype)
-
-
-def install_module_patches() -> None:
-    """Idempotent; before any DiT or VAE is built or loaded (their constructors, and DiffSynth's loader, look the
-    classes up in their modules)."""
-    replace("DiT MLP activation", TanhGELU)
-    replace("VAE RMS norm", Float32RMSNorm)
-    diffsynth_vae = replace("VAE latent normalization", ReferenceScaledVAE)
-    # DiffSynth's offload/FP8 map for its VAE, for a model table entry that names the subclass itself
-    VRAM_MANAGEMENT_MODULE_MAPS.setdefault(class_path(ReferenceScaledVAE), VRAM_MANAGEMENT_MODULE_MAPS[class_path(diffsynth_vae)])
 
 
 def class_path(cls: type) -> str:
@@ -384,7 +372,7 @@ class ReferenceSchedule(FlowMatchScheduler):
         if config["shift_terminal"]:
             one_minus = 1 - sigmas
             sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
-        start = first_step(num_inference_steps, denoising_strength)
+        start = masks.first_step(num_inference_steps, denoising_strength)
         self.sigmas = torch.from_numpy(sigmas[start:]).to(torch.float32)
         self.timesteps = self.sigmas * config["num_train_timesteps"]
         self.training = False
@@ -418,29 +406,24 @@ class ReferenceSchedule(FlowMatchScheduler):
 
 # ---- the pipeline ----
 
-def guided(positive: torch.Tensor, negative: torch.Tensor, scale: float) -> torch.Tensor:
-    """True CFG as the reference computes it: the combination rescaled, per DiT token (2x2 latent patch, all
-    channels), to the norm of the conditional prediction."""
-    combined = negative + scale * (positive - negative)
-    tokens = "B C (H P) (W Q) -> B H W (C P Q)"
-    positive_norm = rearrange(positive, tokens, P=2, Q=2).norm(dim=-1, keepdim=True)
-    combined_tokens = rearrange(combined, tokens, P=2, Q=2)
-    rescaled = combined_tokens * (positive_norm / combined_tokens.norm(dim=-1, keepdim=True))
-    return rearrange(rescaled, "B H W (C P Q) -> B C (H P) (W Q)", P=2, Q=2)
-
-
 class ExactPipeline(QwenImagePipeline):
-    """DiffSynth's QwenImagePipeline with the family's units, the reference's true CFG and its rounding."""
+    """DiffSynth's QwenImagePipeline with the family's units, GhostEdit's DiT forward, the reference's true CFG and
+    its rounding."""
 
     family: Family | None = None
 
     def use_family(self, family: Family) -> None:
         self.family = family
-        self.scheduler = ReferenceSchedule(family.computation.scheduler)
+        self.model_fn = dit.model_fn   # GhostEdit's DiT forward: the engine hands it each run's options
+        self.use_schedule(family.computation.scheduler)
         swaps = {QwenImageUnit_EditImageEmbedder: functools.partial(EditImageEmbedder, family),
                  QwenImageUnit_PromptEmbedder: functools.partial(PromptEmbedder, family),
                  QwenImageUnit_NoiseInitializer: NoiseInitializer, QwenImageUnit_InputImageEmbedder: StartEmbedder}
         self.units = [swaps[type(unit)]() if type(unit) in swaps else unit for unit in self.units]
+
+    def use_schedule(self, config: dict) -> None:
+        """The sampling schedule of a scheduler config, computed as diffusers computes it (ReferenceSchedule)."""
+        self.scheduler = ReferenceSchedule(config)
 
     def cfg_guided_model_fn(self, model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
         positive = model_fn(**inputs_posi, **inputs_shared, **inputs_others)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..downloads import model_folder
 from .family import detect, exact_pipeline, load
 
 
@@ -27,5 +28,4 @@ def load_pretrained_pipeline(spec, device: str, torch_dtype: torch.dtype, on_dow
 
 def download_model(reference: str, on_download=None) -> Path:
     """The local folder of a hub repo id, downloaded first where the cache does not hold it."""
-    from ..downloads import model_folder
     return model_folder(reference, on_progress=on_download, on_plan=on_download)

@@ -1,5 +1,6 @@
-"""The real Qwen-Image-Edit architecture at full size (DiffSynth's own classes: 20.4 B-parameter DiT, 7 B Qwen2.5-VL
-text encoder, VAE) with random weights, created directly on the GPU, for benchmarks with nothing to download.
+"""The real Qwen-Image-Edit architecture at full size (GhostEdit's DiT and VAE classes and DiffSynth's text encoder:
+20.4 B-parameter DiT, 7 B Qwen2.5-VL text encoder, VAE) with random weights, created directly on the GPU, for
+benchmarks with nothing to download.
 
 Random weights give real shapes and real costs, not meaningful images. The tokenizer is GhostEdit's own (see
 processor.py) with Qwen's pixel limits, so the text encoder's special-token ids are set to that tokenizer's.
@@ -9,31 +10,21 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
+from diffsynth.pipelines.qwen_image import QwenImagePipeline
 
-from ..device import Availability, gpu_capacity_bytes, needs_cuda
-from .processor import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, load_processor, special_token_ids, write_processor
 from ..paths import ghostedit_home
 from ..pinned import PinnedArena, pin_module
+from . import seams
+from .exact import ReferenceScaledVAE
+from .processor import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, load_processor, special_token_ids, write_processor
+from .qwen_image.dit import FUSED_PROJECTIONS, QwenImageDiT, TransformerBlock
 
 # GPT-style init: with PyTorch's default (Kaiming) init the modulation gates come out near zero and the blocks barely
 # change the residual stream, so quantization errors would be measured on a near-identity network.
 INIT_STD = 0.02
 # The released DiT's shape (diffsynth's QwenImageDiT hardcodes it too)
 DIT_LAYERS, DIT_WIDTH, DIT_HEADS = 60, 3072, 24
-# an FP8 DiT (19.5 GiB) and room for activations: a smaller card runs it with memory=low (engine/placement.py)
-MIN_GPU_GIB = 22
-
-
-def availability(device: str) -> Availability:
-    gpu = needs_cuda(device, "the full-size synthetic model")
-    if not gpu.ok:
-        return gpu
-    total = gpu_capacity_bytes(device) / 1024**3
-    if total < MIN_GPU_GIB:
-        return Availability.no(f"the full-size synthetic model needs a GPU with {MIN_GPU_GIB} GiB; this one has {total:.0f}")
-    return Availability.yes()
-
-
 @contextlib.contextmanager
 def _created_on(device: str, dtype: torch.dtype):
     """Modules built inside get their parameters allocated and initialised on `device` in `dtype`."""
@@ -67,16 +58,12 @@ def build_synthetic_pipeline(device: str, torch_dtype: torch.dtype, dit_in_host_
     """The whole pipeline, with the same random weights in every process. A text encoder kept in host memory is
     made there (slower: its initialisation runs on the CPU), so that a small card never holds it: DiffSynth's class
     builds all of it at once, its vision tower in float32."""
-    from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
-    from diffsynth.models.qwen_image_vae import QwenImageVAE
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
-
     folder = processor_folder()
     dit = build_synthetic_dit(device, torch_dtype, in_host_memory=dit_in_host_memory)
     with _seeded(device, 1), _created_on("cpu" if text_encoder_in_host_memory else device, torch_dtype):
         text_encoder = QwenImageTextEncoder().eval().to(torch_dtype)
     with _seeded(device, 2), _created_on(device, torch_dtype):
-        vae = QwenImageVAE().eval()
+        vae = ReferenceScaledVAE().eval()
     _use_token_ids(text_encoder, special_token_ids(folder))
     pipe = QwenImagePipeline(device=device, torch_dtype=torch_dtype)
     pipe.dit, pipe.text_encoder, pipe.vae = dit, text_encoder, vae
@@ -89,11 +76,6 @@ def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: b
     """The full-size DiT, with the same random weights every time. `in_host_memory`: each of its 60 blocks is made
     on the device and copied into pinned host memory at once (ghostedit/pinned.py), so the device never holds more
     than one block."""
-    from diffsynth.models.qwen_image_dit import QwenImageDiT, QwenImageTransformerBlock
-
-    from ..optimize.rewrites import joinable_parts
-    from .exact import install_module_patches
-    install_module_patches()  # the MLP's activation as the released model's
     arena = PinnedArena() if in_host_memory else None
     with _seeded(device, 0):
         with _created_on(device, torch_dtype):
@@ -101,10 +83,10 @@ def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: b
         _init_like_trained(dit)
         for _ in range(DIT_LAYERS):
             with _created_on(device, torch_dtype):
-                block = QwenImageTransformerBlock(dim=DIT_WIDTH, num_attention_heads=DIT_HEADS,
-                                                  attention_head_dim=DIT_WIDTH // DIT_HEADS).eval()
+                block = TransformerBlock(DIT_WIDTH, DIT_HEADS, DIT_WIDTH // DIT_HEADS).eval()
             _init_like_trained(block)
-            dit.transformer_blocks.append(pin_module(block, arena, joinable_parts(block)) if in_host_memory else block)
+            dit.transformer_blocks.append(pin_module(block, arena, seams.joinable_parts(block, FUSED_PROJECTIONS))
+                                          if in_host_memory else block)
     return pin_module(dit, arena) if in_host_memory else dit
 
 

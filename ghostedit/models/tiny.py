@@ -2,24 +2,27 @@
 
 It lets GhostEdit (tests, CI, CPU-only machines) run the real DiffSynth edit pipeline end to end with no
 download: the files are generated on first use, registered in DiffSynth's model table by the hash DiffSynth
-computes, and loaded through ``QwenImagePipeline.from_pretrained`` exactly as real weights are.
+computes (with GhostEdit's DiT and VAE classes, as real weights are), and loaded through
+``QwenImagePipeline.from_pretrained`` exactly as real weights are.
 """
 
 from pathlib import Path
 
 import torch
-from diffsynth.configs import MODEL_CONFIGS, VERSION_CHECKER_MAPS, VRAM_MANAGEMENT_MODULE_MAPS
 from diffsynth.core.loader import ModelConfig, hash_model_file
-from diffsynth.models.qwen_image_dit import QwenImageDiT
+from diffsynth.models.qwen_image_dit import QwenImageDiT as DiffSynthDiT
 from diffsynth.models.qwen_image_text_encoder import QwenImageTextEncoder
 from diffsynth.models.qwen_image_vae import QwenImageVAE
+from diffsynth.pipelines.qwen_image import QwenImagePipeline
 from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig
 
 from ..diffsynth_patches import check_version
 from ..paths import generated_once, ghostedit_home, write_atomically  # ghostedit_home: $GHOSTEDIT_HOME or ~/.cache/ghostedit
-from .checkpoint import ConfiguredQwenImageDiT, ConfiguredTextEncoder
+from .checkpoint import ConfiguredTextEncoder, enter_model
+from .exact import ReferenceScaledVAE
 from .processor import special_token_ids, write_processor
+from .qwen_image.dit import QwenImageDiT
 
 TINY_MODEL_NAME = "tiny-v2"  # bump whenever the generated files change: caches keep old versions
 SEED = 20260101
@@ -66,9 +69,8 @@ LORA_TARGETS = (
 )
 
 
-class TinyQwenImageDiT(ConfiguredQwenImageDiT):
-    """QwenImageDiT with the same attribute names and real QwenImageTransformerBlocks, at width 64, computing as the
-    released model does."""
+class TinyQwenImageDiT(QwenImageDiT):
+    """GhostEdit's QwenImageDiT at width 64, computing as the released model does."""
 
     def __init__(self):
         super().__init__(num_layers=DIT_LAYERS, num_attention_heads=DIT_HEADS, attention_head_dim=DIT_HEAD_DIM,
@@ -152,39 +154,19 @@ def ensure_tiny_model(folder: Path | None = None) -> Path:
 
 
 def register_tiny_models(folder: Path) -> None:
-    """Add the tiny classes to DiffSynth's model table, keyed by the hash DiffSynth computes for each file.
-
-    VRAM-management maps are shared with the real classes (same dict objects), so offload/FP8 wraps the
-    tiny models layer by layer exactly as it wraps the real ones, including DiffSynth 2.1.12's stale
-    text-encoder map (``Qwen2_5_VisionRotaryEmbedding`` no longer exists in transformers 5), and a fix
-    applied to the real map applies here too. Idempotent: an entry with the same hash is replaced. (The
-    "tiny model table" patch of ghostedit/diffsynth_patches.py.)
-    """
+    """Add the tiny classes to DiffSynth's model table, keyed by the hash DiffSynth computes for each file (the
+    "model table" patch of ghostedit/diffsynth_patches.py; checkpoint.enter_model). Idempotent."""
     check_version()
     folder = Path(folder)
     entries = {
-        "dit": ("qwen_image_dit", TinyQwenImageDiT, QwenImageDiT, {}),
-        "text_encoder": (
-            "qwen_image_text_encoder", TinyQwenImageTextEncoder, QwenImageTextEncoder,
-            {"token_ids": special_token_ids(folder / PROCESSOR_DIR)},
-        ),
-        "vae": ("qwen_image_vae", QwenImageVAE, QwenImageVAE, VAE_KWARGS),
+        "dit": ("qwen_image_dit", TinyQwenImageDiT, DiffSynthDiT, {}),
+        "text_encoder": ("qwen_image_text_encoder", TinyQwenImageTextEncoder, QwenImageTextEncoder,
+                         {"token_ids": special_token_ids(folder / PROCESSOR_DIR)}),
+        "vae": ("qwen_image_vae", ReferenceScaledVAE, QwenImageVAE, VAE_KWARGS),
     }
     for component, (model_name, tiny_class, real_class, extra_kwargs) in entries.items():
-        model_hash = hash_model_file(str(folder / FILES[component]))
-        MODEL_CONFIGS[:] = [c for c in MODEL_CONFIGS if c["model_hash"] != model_hash]
-        tiny_path, real_path = _class_path(tiny_class), _class_path(real_class)
-        MODEL_CONFIGS.append({
-            "model_hash": model_hash, "model_name": model_name, "model_class": tiny_path,
-            "extra_kwargs": dict(extra_kwargs),
-        })
-        VRAM_MANAGEMENT_MODULE_MAPS[tiny_path] = VRAM_MANAGEMENT_MODULE_MAPS[real_path]
-        if real_path in VERSION_CHECKER_MAPS:
-            VERSION_CHECKER_MAPS[tiny_path] = VERSION_CHECKER_MAPS[real_path]
-
-
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+        enter_model(hash_model_file(str(folder / FILES[component])), model_name, tiny_class, real_class,
+                    extra_kwargs)
 
 
 def tiny_model_configs(folder: Path, **options) -> list[ModelConfig]:
@@ -194,8 +176,6 @@ def tiny_model_configs(folder: Path, **options) -> list[ModelConfig]:
 
 def load_tiny_pipeline(device: str, torch_dtype: torch.dtype):
     """The tiny model through DiffSynth's real loader; path= configs never download."""
-    from diffsynth.pipelines.qwen_image import QwenImagePipeline
-
     folder = ensure_tiny_model()
     register_tiny_models(folder)
     processor_config = ModelConfig(path=str(folder / PROCESSOR_DIR))

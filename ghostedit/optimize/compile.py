@@ -50,7 +50,7 @@ def availability(mode: str, device: str) -> Availability:
 
 
 def compiled_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return list(model.transformer_blocks)
+    return list(model.blocks)
 
 
 RECOMPILE_LIMIT = 64
@@ -192,22 +192,10 @@ def _compile_keys() -> None:
     CacheBase.get_system()
 
 
-def hand_blocks_plain_tensors(model: torch.nn.Module) -> None:
-    """The DiT's input projections return views (F.linear folds the batch dimensions and views its result back), so
-    the first block gets views and every later block gets plain tensors. Dynamo guards on a view's base, so the
-    second block would compile the same code a second time. The projections hand on detached aliases instead,
-    which are not views (inference only: nothing needs their autograd history)."""
-    for name in ("img_in", "txt_in"):
-        layer = getattr(model, name, None)
-        if layer is not None:
-            layer.register_forward_hook(lambda module, args, output: output.detach())
-
-
 def compile_regions(model: torch.nn.Module, mode: str, extra_options: dict | None = None) -> int:
     """Compiles each transformer block. Inductor options go with the compiled module (not the global config),
     so configurations with different options get their own compiled code rather than reusing another's."""
     configure_dynamo()
-    hand_blocks_plain_tensors(model)
     blocks = compiled_blocks(model)
     options = {**INDUCTOR_OPTIONS[mode], **(extra_options or {})}
     # one torch.compile for all blocks: each call with Inductor options copies Inductor's whole configuration, and

@@ -20,26 +20,9 @@ import torch
 
 from ..device import Availability, needs_cuda
 from ..pinned import moved_in_turn
+from . import te
 
 TE_SCALING = {"te": "current", "te-delayed": "delayed"}
-FP8 = torch.float8_e4m3fn   # the FP8 format of GhostEdit's own kernels (the FP8 attention, the fused GELU quantization)
-FP8_MAX = torch.finfo(FP8).max  # 448
-
-
-def is_torchao_fp8(layer: torch.nn.Module) -> bool:
-    """True when `layer` is a plain linear holding torchao's rowwise FP8 weight (fp8=torchao, no runtime LoRA
-    wrapped around it)."""
-    from torchao.quantization import Float8Tensor
-    return type(layer) is torch.nn.Linear and isinstance(layer.weight, Float8Tensor)
-
-
-def torchao_fp8_linear(layer: torch.nn.Linear, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """A torchao FP8 linear layer applied to input already in FP8: `values` [rows, in] float8_e4m3fn and their
-    float32 `scales` [rows, 1], multiplied by the layer's own FP8 weight tensors (qdata [out, in], scale [out, 1])
-    through the torch._scaled_mm call torchao makes, so a fused LoRA written into them stays in effect."""
-    weight = layer.weight
-    return torch._scaled_mm(values, weight.qdata.t(), scale_a=scales, scale_b=weight.scale.t(), bias=layer.bias,
-                            out_dtype=torch.bfloat16, use_fast_accum=weight.mm_config.use_fast_accum)
 
 
 @dataclass
@@ -71,7 +54,6 @@ def availability(mode: str, device: str) -> Availability:
         except ImportError as error:
             return Availability.no(f"torchao is not installed ({error})")
         return Availability.yes()
-    from . import te
     return te.availability(device)
 
 
@@ -90,7 +72,6 @@ def apply_fp8(model: torch.nn.Module, mode: str, device: str) -> Fp8Report:
     report.kept_bf16 = sorted(set(linears) - set(eligible))
     report.converted = len(eligible)
     if mode.startswith("te"):
-        from . import te
         te.convert(model, eligible, report, device, scaling=TE_SCALING[mode])
         return report
     targets = list(eligible.values())
@@ -128,6 +109,5 @@ def quantized_like(linear: torch.nn.Module, weight: torch.Tensor) -> torch.Tenso
 def forward_context(model: torch.nn.Module, mode: str):
     """The context a forward of an FP8 model runs under (TE's FP8 autocast; nothing for the other modes)."""
     if mode.startswith("te"):
-        from . import te
         return te.autocast(model)
     return contextlib.nullcontext()

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..device import device_name
+from ..downloads import DownloadError, hub_snapshot, printer
 from ..paths import ghostedit_home, write_atomically
 
 SUFFIX, MANIFEST = ".bin", ".json"
@@ -108,7 +109,6 @@ def install(source: str, device: str, on_progress=None) -> list[tuple[Package, s
     if where.is_dir() and where.resolve() == folder().resolve():
         raise ValueError(f"{source} is this machine's own package folder")
     if not where.is_dir():
-        from ..downloads import hub_snapshot
         where = hub_snapshot(source, [f"*{SUFFIX}", f"*{MANIFEST}"], on_progress, on_progress)
     outcomes = []
     for package in listed(where):
@@ -129,7 +129,6 @@ class InstallError(Exception):
 def install_and_tell(source: str, device: str) -> tuple[list[str], bool]:
     """`install` with its progress printed, for the command line and `serve --compiled-from`: what it did, a line per
     package, and whether any package was installed. Raises InstallError with the reason."""
-    from ..downloads import DownloadError, printer
     try:
         outcomes = install(source, device, printer())
     except (DownloadError, ValueError) as error:

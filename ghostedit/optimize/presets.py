@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..downloads import hub_snapshot
+from ..models import EMBEDDED
+from ..models.family import CONFIG_FILES, RELEASED, UnsupportedModel, detect
+
 _DIT = ("fp8=torchao,compile=regional,rewrites=real-rope+joint-layout+fused-qkv+inductor-persistent-rows"
         "+fused-gelu-quant+carried-residual+cuda-graph")
 _FP8_ATTENTION = "+fused-qk-norm-rope+fp8-attention-out,attention=cudnn-fp8"  # the FP8 attention and its two rewrites
@@ -48,8 +52,6 @@ class PresetError(ValueError):
 def model_family(source: str):
     """Which edit model `source` is, as its models/family.py entry: a released repo by its id, a folder (or another
     repo) by its own configs (family.detect). A model without a Lightning LoRA is refused."""
-    from ..models import EMBEDDED
-    from ..models.family import RELEASED, UnsupportedModel, detect
     if source in EMBEDDED:
         raise PresetError(f"the {source} model has random weights and no Lightning LoRA: Lightning presets need "
                           f"{', '.join(repo for repo, family in RELEASED.items() if family.lightning)} or a folder "
@@ -68,6 +70,4 @@ def model_family(source: str):
 
 
 def _hub_configs(repo: str) -> Path:
-    from ..downloads import hub_snapshot
-    from ..models.family import CONFIG_FILES
     return hub_snapshot(repo, CONFIG_FILES)

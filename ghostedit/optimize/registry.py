@@ -6,7 +6,9 @@ A toggle has choices; a choice says what it needs (another toggle's setting), wh
 and its words. The toggle says what it changes: the prepared pipeline (and so the cache key: only what its
 `prepared_key` keeps of the value), or only how a run goes. It may bring a preparation step (run in `order`, lossless
 steps before lossy ones) and work to start before the first step (`begin`), a run-time context, Inductor options for
-compiled code, and an availability check that gives the reason when a choice cannot run on this machine.
+compiled code, and an availability check that gives the reason when a choice cannot run on this machine. Where it
+changes how the DiT's forward computes, it sets a field of the run's options (models/seams.py, DitOptions): a flag
+names the field it turns on (`option`), a run-time context sets one in `RunContext.options`.
 
 A flag is a toggle with the choices "off" and "on" that belongs to a group (the lossless rewrites): the command line,
 the API and the page show a group as one multi-choice setting, e.g. `rewrites=real-rope+joint-layout`.
@@ -19,6 +21,7 @@ model's family is refused with its reason.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
@@ -26,14 +29,15 @@ from typing import Any, Callable, ContextManager
 
 from ..device import Availability
 from ..models.family import QWEN_IMAGE_21_DIT
+from . import toggles as toggle_files
 
 PREPARED = "prepared"   # the toggle changes the prepared pipeline: part of the cache key
 RUN = "run"             # the toggle changes only how a run goes: switching it prepares nothing
 PLACEMENT = "placement"  # the toggle changes where the model's weights live (the model store applies it)
 OFF, ON = "off", "on"
 # Why a toggle that says nothing about Qwen-Image-2.1 does not apply to it
-NOT_PORTED = {QWEN_IMAGE_21_DIT: "written for the Qwen-Image-Edit DiT (DiffSynth's QwenImageDiT and GhostEdit's "
-                                 "rewrites of it); Qwen-Image-2.1's single-stream DiT (models/qwen_image_21/dit.py) "
+NOT_PORTED = {QWEN_IMAGE_21_DIT: "written for the Qwen-Image-Edit DiT's forward (models/qwen_image/dit.py); "
+                                 "Qwen-Image-2.1's single-stream DiT (models/qwen_image_21/dit.py) "
                                  "has no such path yet"}
 
 
@@ -76,14 +80,18 @@ class PrepareContext:
 @dataclass
 class RunContext:
     """What a run-time context sees: the prepared pipeline, the run's configuration, the device, the number of
-    tokens a DiT forward attends over at this run's shape, and the recorder (to time what it does as a stage of its
-    own)."""
+    tokens a DiT forward attends over at this run's shape, the recorder (to time what it does as a stage of its
+    own) and the process mesh of a parallel edit (None in one process). `options` collects the fields of the run's
+    DitOptions that the toggles set."""
     prepared: Any
     config: Any
     device: str
     sequence_length: int
     recorder: Any
+    mesh: Any = None
+    step_cache_threshold: float | None = None    # every skipping step-cache choice's threshold (the bench's)
     ran: dict = field(default_factory=dict)   # what a context resolved, for the result (e.g. "auto" -> a backend)
+    options: dict = field(default_factory=dict)
 
     def not_applied(self, toggle: str, words: str) -> None:
         """What a toggle did not do on this run, and why: in the run's words and in its notes."""
@@ -111,6 +119,7 @@ class Toggle:
     component: str = "dit"                         # the model component it changes: dit, text_encoder or vae
     families: dict = field(default_factory=lambda: dict(NOT_PORTED), hash=False, compare=False)  # DiT family -> why
     # it does not apply there (a family it applies to is absent)
+    option: str | None = None                      # a flag's DitOptions field, set while the flag is on
 
     def label_part(self, value: str) -> str | None:
         if value == self.default:
@@ -141,7 +150,6 @@ class Toggle:
 
 
 _TOGGLES: dict[str, Toggle] = {}
-_discovered = False
 
 
 def register(toggle: Toggle) -> Toggle:
@@ -158,16 +166,12 @@ def unregister(name: str) -> None:
     _TOGGLES.pop(name, None)
 
 
+@functools.cache
 def _discover() -> None:
     """Imports every module of ghostedit.optimize.toggles once: each registers its toggle. Toggle files import only
     what declaring needs; their steps import the heavy code (torchao, DiffSynth's modules) when they run."""
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    from . import toggles
-    for module in pkgutil.iter_modules(toggles.__path__):
-        importlib.import_module(f"{toggles.__name__}.{module.name}")
+    for module in pkgutil.iter_modules(toggle_files.__path__):
+        importlib.import_module(f"{toggle_files.__name__}.{module.name}")
 
 
 def toggles() -> list[Toggle]:
@@ -243,8 +247,12 @@ def words(setting: str, value: str) -> str:
 
 
 def run_contexts(config, context: RunContext) -> ContextManager:
-    """Every toggle's run-time context for this configuration, entered in preparation order. A toggle of a component
-    the pipeline has not loaded has nothing to act on (the DiT-level bench loads the DiT alone)."""
+    """Every toggle's run-time context for this configuration, entered in preparation order, each flag's option set
+    first. A toggle of a component the pipeline has not loaded has nothing to act on (the DiT-level bench loads the
+    DiT alone)."""
+    for toggle in toggles():
+        if toggle.option is not None and config.value(toggle.name) == ON:
+            context.options[toggle.option] = True
     stack = contextlib.ExitStack()
     for toggle in toggles():
         if toggle.run_context is not None and getattr(context.prepared.pipe, toggle.component) is not None:

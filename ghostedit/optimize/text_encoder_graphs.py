@@ -11,14 +11,13 @@ that first brings it, and replayed from the next edit on; each layer keeps its l
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import torch
 
+from .. import tensors
 from .cuda_graphs import ShapeGraphs
 
 SHAPES_PER_LAYER = 8   # prompt lengths (and image sizes) held per layer, the least recently used dropped
-_stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # text encoder -> its ShapeGraphs
 
 
 def regions(text_encoder) -> list:
@@ -28,10 +27,10 @@ def regions(text_encoder) -> list:
 
 
 def graphs_of(text_encoder) -> ShapeGraphs:
-    if text_encoder not in _stores:
-        _stores[text_encoder] = ShapeGraphs(what="text-encoder layer calls replayed", capture_at_first_call=True,
-                                            limit=SHAPES_PER_LAYER * len(regions(text_encoder)))
-    return _stores[text_encoder]
+    """The text encoder's graphs, kept with it (every configuration shares the text encoder, and its graphs)."""
+    return tensors.kept_with(text_encoder, "layer graphs", lambda: ShapeGraphs(
+        what="text-encoder layer calls replayed", capture_at_first_call=True,
+        limit=SHAPES_PER_LAYER * len(regions(text_encoder))))
 
 
 def _graphed_forward(layer: torch.nn.Module, index: int, graphs: ShapeGraphs):

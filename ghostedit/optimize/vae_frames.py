@@ -11,7 +11,7 @@ video) runs as released.
 
 The same profile had most of the VAE's GPU time in elementwise kernels around its RMS norms: the reference's float32
 normalization (a cast, a norm, a division, a cast back), then the scale, gamma, the bias and the SiLU, each a pass
-over tensors of up to 100 M values at 1024x1024. GhostEdit's Triton kernel (kernels.channel_rms_norm) reads each
+over tensors of up to 100 M values at 1024x1024. GhostEdit's Triton kernel (kernels/triton_code.channel_rms_norm) reads each
 pixel's channels once and writes the result once, rounding to bf16 where those kernels round; on the H100 its
 outputs match theirs bit for bit but where the sum of squares, summed in another order, rounds otherwise
 (lab/probes: vae_norm_probe.py). The upsampling before each upsampling convolution also runs in the VAE's dtype
@@ -131,9 +131,9 @@ def bias_residual(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor) -
     if rows is None or residual_rows is None:
         return x + _per_channel(bias, x) + residual
     import triton
-    from . import kernels
+    from ..kernels import triton_code
     out = torch.empty_like(rows)
-    kernels.channel_bias_residual[(triton.cdiv(rows.numel(), RESIDUAL_BLOCK),)](
+    triton_code.channel_bias_residual[(triton.cdiv(rows.numel(), RESIDUAL_BLOCK),)](
         rows, bias, residual_rows, out, rows.numel(), n_channels=rows.shape[1], BLOCK=RESIDUAL_BLOCK)
     return _as_laid_out(out, x)
 
@@ -148,13 +148,13 @@ def channel_rms_norm_launch(rows: torch.Tensor, gamma: torch.Tensor, bias: torch
                             warps: int = WARPS, input_bias: torch.Tensor | None = None) -> torch.Tensor:
     """kernels.channel_rms_norm over contiguous [pixels, channels] rows; the output in the same layout."""
     import triton
-    from . import kernels
+    from ..kernels import triton_code
     n_rows, n_channels = rows.shape
     chunk = chunk or channel_chunk(n_channels)
     chunks = triton.cdiv(n_channels, chunk)
     per_program = triton.next_power_of_2(max(1, row_values // (chunk * chunks)))
     out = torch.empty_like(rows)
-    kernels.channel_rms_norm[(triton.cdiv(n_rows, per_program),)](
+    triton_code.channel_rms_norm[(triton.cdiv(n_rows, per_program),)](
         rows, gamma if input_bias is None else input_bias, gamma, gamma if bias is None else bias, out, n_rows, scale,
         NORMALIZE_EPS, n_channels=n_channels, CHUNK=chunk, CHUNKS=chunks, ROWS=per_program,
         INPUT_BIAS=input_bias is not None, HAS_BIAS=bias is not None, SILU=silu, num_warps=warps)

@@ -3,11 +3,11 @@
 
 mesh.py     the torch.distributed process group and the ("cfg", "ulysses") device mesh, from the torchrun environment
 cfg.py      CFG parallel: the conditional and unconditional passes on two ranks, predictions exchanged
-ulysses.py  sequence parallel: the image tokens and their rotary frequencies split over ranks, all-to-all around
-            the joint attention (optimize/attention.py calls it while it is active)
+ulysses.py  sequence parallel: the DiT forward's sequence split (its image tokens over ranks, all-to-all around the
+            joint attention), handed to the forward in the run's options
 
 Every rank runs the whole pipeline (encoders, scheduler, VAE) and ends with the same latent; rank 0 writes the
-image. In a single process `current()` is None and `edit_context` changes nothing.
+image. The process's mesh travels with its engine; in a single process there is none and nothing changes.
 """
 from __future__ import annotations
 
@@ -15,32 +15,26 @@ import contextlib
 
 from ..errors import InvalidRequestError
 from .cfg import guiding_in_parallel
-from .mesh import MODE_HELP, MODES, ParallelMesh, current, setup, teardown, world_size_from_environment
-from .ulysses import SequenceSharding
+from .mesh import MODE_HELP, MODES, ParallelMesh, setup, teardown, world_size_from_environment
+from .ulysses import Ulysses
 
-__all__ = ["MODES", "MODE_HELP", "ParallelMesh", "current", "setup", "teardown", "world_size_from_environment",
+__all__ = ["MODES", "MODE_HELP", "ParallelMesh", "Ulysses", "setup", "teardown", "world_size_from_environment",
            "edit_context", "describe"]
 
 
-def describe() -> str:
-    """The parallel degree of this process's edits, in words (shown in the telemetry)."""
-    mesh = current()
+def describe(mesh: ParallelMesh | None) -> str:
+    """The parallel degree of an edit on `mesh`, in words (shown in the telemetry)."""
     return "single process" if mesh is None else mesh.describe()
 
 
 @contextlib.contextmanager
-def edit_context(pipe, dit, cfg_scale: float):
-    """Around one edit on a prepared pipeline: its CFG steps split over the CFG ranks and its DiT forwards over
-    the Ulysses ranks, as the current mesh says; nothing in a single process."""
-    mesh = current()
-    if mesh is None:
+def edit_context(pipe, mesh: ParallelMesh | None, cfg_scale: float):
+    """Around one edit on a prepared pipeline: its CFG steps split over the CFG ranks, as the mesh says (the Ulysses
+    split goes into the DiT forward's options); nothing in a single process."""
+    if mesh is None or mesh.cfg_degree == 1:
         yield
         return
-    if mesh.cfg_degree > 1 and cfg_scale == 1.0:
+    if cfg_scale == 1.0:
         raise InvalidRequestError("this process runs CFG parallel, which needs true CFG (cfg > 1)")
-    with contextlib.ExitStack() as stack:
-        if mesh.cfg_degree > 1:
-            stack.enter_context(guiding_in_parallel(pipe, mesh))
-        if mesh.ulysses_degree > 1:
-            stack.enter_context(SequenceSharding(dit, mesh))
+    with guiding_in_parallel(pipe, mesh):
         yield

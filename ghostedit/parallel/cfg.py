@@ -11,6 +11,7 @@ import copy
 import torch
 from torch.distributed import _functional_collectives as collectives
 
+from ..models.guidance import guided
 from .mesh import ParallelMesh
 
 # DiffSynth inputs that swap LoRAs around one side's pass (not something GhostEdit sends)
@@ -26,8 +27,6 @@ def exchange(prediction: torch.Tensor, mesh: ParallelMesh) -> tuple[torch.Tensor
 
 def split_guidance(mesh: ParallelMesh):
     """A drop-in for DiffSynth's `cfg_guided_model_fn` that runs one side per CFG rank."""
-    from ..models.exact import guided  # here, not at import: exact.py imports DiffSynth, which the CLI's start needs not
-
     def cfg_guided_model_fn(model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
         if cfg_scale == 1.0:
             raise RuntimeError("CFG parallel ran a step without true CFG (cfg 1): the mesh should have no CFG split")

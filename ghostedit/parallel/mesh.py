@@ -1,7 +1,8 @@
 """The process mesh of one edit on several processes: read from the torchrun environment (WORLD_SIZE, RANK,
 LOCAL_RANK), a torch.distributed process group (NCCL on GPUs, gloo on the CPU) and a 2-D device mesh
 ("cfg", "ulysses"): the CFG dimension splits the conditional and unconditional passes, the Ulysses dimension splits
-each pass's token sequence. The mesh is a property of the process, set once at start; None in a single process."""
+each pass's token sequence. The process makes its mesh once at start and hands it to its engine (Engine(mesh=...)),
+which hands it down to each edit; in a single process there is none."""
 from __future__ import annotations
 
 import os
@@ -52,14 +53,6 @@ class ParallelMesh:
                 f"Ulysses {self.ulysses_degree}")
 
 
-_mesh: ParallelMesh | None = None
-
-
-def current() -> ParallelMesh | None:
-    """The mesh this process runs its edits on; None in a single process (the engine runs as usual)."""
-    return _mesh
-
-
 def world_size_from_environment() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -84,9 +77,8 @@ def degrees(mode: str, world_size: int, true_cfg: bool) -> tuple[int, int]:
 
 
 def setup(mode: str, true_cfg: bool, device: str) -> ParallelMesh:
-    """The process group (created once, from the torchrun environment) and this process's mesh for `mode`; the
-    mesh becomes `current()`. Called again (a test's second mode), it builds a new mesh on the same group."""
-    global _mesh
+    """The process group (created once, from the torchrun environment) and this process's mesh for `mode`. Called
+    again (a test's second mode), it builds a new mesh on the same group."""
     world_size = world_size_from_environment()
     cfg_degree, ulysses_degree = degrees(mode, world_size, true_cfg)
     on_gpu = device.startswith("cuda")
@@ -96,13 +88,10 @@ def setup(mode: str, true_cfg: bool, device: str) -> ParallelMesh:
         dist.init_process_group("nccl" if on_gpu else "gloo")
     device_mesh = init_device_mesh("cuda" if on_gpu else "cpu", (cfg_degree, ulysses_degree),
                                    mesh_dim_names=("cfg", "ulysses"))
-    _mesh = ParallelMesh(world_size, dist.get_rank(), cfg_degree, ulysses_degree, dist.get_backend(), device_mesh)
-    return _mesh
+    return ParallelMesh(world_size, dist.get_rank(), cfg_degree, ulysses_degree, dist.get_backend(), device_mesh)
 
 
 def teardown() -> None:
-    """Forgets the mesh and closes the process group (at the end of a torchrun process)."""
-    global _mesh
-    _mesh = None
+    """Closes the process group (at the end of a torchrun process)."""
     if dist.is_initialized():
         dist.destroy_process_group()

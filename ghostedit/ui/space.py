@@ -83,10 +83,11 @@ def compile_ahead_of_time(engine) -> int:
 
 
 def block_dynamic_shapes(kwargs: dict) -> dict:
-    """The dynamic dimensions of a DiffSynth QwenImageTransformerBlock call: the image and text sequence lengths
+    """The dynamic dimensions of a DiT block call (models/qwen_image/dit.py): the image and text sequence lengths
     (the output size, the input images and the prompt change them; compile.token_dims finds them, as for the
     just-in-time compile); everything else as captured."""
     tokens = {"image": IMAGE_TOKENS, "text": TEXT_TOKENS}
     found = {id(tensor): {dim: tokens[which] for dim, which in dims.items()} or None
              for tensor, dims in token_dims(kwargs)}
-    return tree_map(lambda value: found.get(id(value)) if isinstance(value, torch.Tensor) else None, kwargs)
+    shapes = tree_map(lambda value: found.get(id(value)) if isinstance(value, torch.Tensor) else None, kwargs)
+    return {**shapes, "options": []}  # the run's DitOptions: a pytree constant (no leaves) of the exported block

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ghostedit.optimize import attention, fp8_attention
+from ghostedit.kernels import attention, fp8_attention
 from ghostedit.telemetry import median_ms
 
 HEADS, HEAD_DIM, IMAGE_TOKENS = 24, 128, 8192

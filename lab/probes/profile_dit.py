@@ -26,16 +26,17 @@ import torch
 from ghostedit.bench.dit import dit_inputs, running
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
-from ghostedit.optimize import kernels, registry
+from ghostedit.kernels import triton_code
+from ghostedit.optimize import registry
 from ghostedit.optimize.compile import compile_regions
 from ghostedit.telemetry import RunRecorder, median_ms
 
 from timing import back_to_back_ms  # beside this script
 
-# Kernel families by name, first match wins: GhostEdit's own Triton kernels (ghostedit/optimize/kernels.py) by their
+# Kernel families by name, first match wins: GhostEdit's own Triton kernels (ghostedit/kernels/triton_code.py) by their
 # function names; Inductor names its kernels after the ops they fuse ("scaled_mm" when one quantizes a GEMM's
 # input), and FlashAttention-4's kernels are CUTLASS kernels
-FAMILIES = (("ghostedit", "^(" + "|".join(kernels.NAMES) + ")$"),
+FAMILIES = (("ghostedit", "^(" + "|".join(triton_code.NAMES) + ")$"),
             ("inductor", r"^triton_"),
             ("attention", r"flash|fmha|sdpa|attn|fprop"),
             ("gemm", r"gemm|cutlass|xmma|nvjet|f8f8bf16|scaled_mm|matmul|sm90_"),
@@ -53,7 +54,7 @@ def compiled_variant(engine, config: OptimizationConfig, dynamic: bool):
     if dynamic:
         compile_regions(prepared.dit, config.value("compile"), options)
     else:
-        for block in prepared.dit.transformer_blocks:
+        for block in prepared.dit.blocks:
             block.compile(dynamic=False, options=options or None)
     return prepared
 

@@ -43,7 +43,7 @@ def run(args) -> None:
     if parallel.world_size_from_environment() > 1:
         mesh = parallel.setup(args.parallel, args.cfg != 1.0, device)
     try:
-        engine = Engine(args.model, device=device, dtype=args.dtype)
+        engine = Engine(args.model, device=device, dtype=args.dtype, mesh=mesh)
         config = OptimizationConfig.parse(args.config)
         image = Image.open(args.image).convert("RGB")
 

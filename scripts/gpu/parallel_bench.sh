@@ -12,6 +12,9 @@
 #                                           power and clock reasons every 2 s: does a GPU slow when its neighbour works
 #   scripts/gpu/parallel_bench.sh table     table.md from the phases run so far (rows against 1gpu)
 #   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, link (not in a DRY_RUN), table
+#   scripts/gpu/parallel_bench.sh split     torchrun on 2 GPUs, the DiT forward alone: one GPU against the Ulysses
+#                                           split, bit for bit and timed, for best and exact
+#                                           (scripts/gpu/split_check.py)
 #   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses
 #                                           code paths with $CONFIG through a fake process group
 #                                           (tests/gpu/parallel_smoke.py; its image is garbage)
@@ -96,10 +99,14 @@ case ${1:-} in
   link) link ;;
   both-busy) both_busy ;;
   table) table ;;
+  split) "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/split_check.py \
+           --out "$DIR" --model "$MODEL" --device "$DEVICE" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } |
+           tee "$DIR/split.log" ;;
   smoke) "$PYTHON" tests/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
            --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
   all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; [ -n "${DRY_RUN:-}" ] || link; table ;;
-  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|both-busy|table|all|smoke" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|both-busy|table|all|split|smoke" >&2
+     exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/parallel-$1.tar.gz" -C "$RESULTS" parallel

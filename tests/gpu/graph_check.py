@@ -1,8 +1,8 @@
 """Whether the DiT's forward replayed from CUDA graphs (`cuda-graph`) gives the forward run from Python bit for bit,
 on the GPU, and what it takes: the full-size synthetic DiT prepared once with a configuration (best), four forwards
 of varied inputs at one shape (latents, timestep, prompt) each way (run from Python; warmed, captured, then replayed),
-with zero_cond_t off and on (Qwen-Image-Edit-2511: the forward builds a modulation index from host values, which the
-capture makes from pinned constants), each output compared with torch.equal, and the forward timed both ways.
+with zero_cond_t off and on (Qwen-Image-Edit-2511: the forward builds a modulation index on the device, part of the
+captured graph), each output compared with torch.equal, and the forward timed both ways.
 With --same-as CONFIG, a second configuration prepared beside it (a lossless rewrite's configuration without the
 rewrite): its replayed outputs are compared with the first's, input by input.
 
@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ghostedit.bench.dit import dit_inputs, sequence_length, without_cuda_graph
+from ghostedit.bench.dit import dit_inputs, running, without_cuda_graph
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
-from ghostedit.engine.runner import dit_contexts, forward
 from ghostedit.telemetry import RunRecorder, median_ms
 
 
@@ -33,12 +32,12 @@ def varied(inputs: dict, seed: int) -> dict:
 
 
 def outputs_and_ms(prepared, config, series: list[dict]) -> tuple[list[torch.Tensor], float, dict]:
-    recorder = RunRecorder("cuda")
-    contexts, ran = dit_contexts(prepared, config, "cuda", sequence_length(series[0]), recorder)
-    with torch.no_grad(), contexts:
-        model_fn = prepared.pipe.model_fn
-        outputs = [forward(model_fn, {**each, "dit": prepared.dit}).clone() for each in series]
-        ms = median_ms(lambda: forward(model_fn, {**series[-1], "dit": prepared.dit}), "cuda", repeats=10, warmup=2)
+    outputs = []
+    for each in series:  # one run's options (and graphs) per input: the graphs are kept by the prepared pipeline
+        with running(prepared, config, each, "cuda", RunRecorder("cuda")) as (call, ran):
+            outputs.append(call().clone())
+    with running(prepared, config, series[-1], "cuda", RunRecorder("cuda")) as (call, ran):
+        ms = median_ms(call, "cuda", repeats=10, warmup=2)
     return outputs, ms, ran.get("words", {})
 
 

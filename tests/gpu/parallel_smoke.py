@@ -1,8 +1,10 @@
 """The code paths of ghostedit/parallel on ONE device, before a multi-GPU machine is at hand: rank 0 of a 2-rank
 "fake" process group (PyTorch's test backend: its collectives move no data, so the image is garbage and nothing is
 compared), through CFG parallel and Ulysses in turn, with a configuration's toggles. It shows that the all-to-alls
-trace and compile inside the compiled blocks, that the attention backends (the FP8 one included) take the
-redistributed heads, and how long a step takes on half of the work (a bound, not a measurement of a real mesh).
+trace and compile inside the compiled blocks, that the attention backends (the FP8 one and its fused q/k kernel
+included) take the redistributed heads, and how long a step takes on half of the work (a bound, not a measurement of
+a real mesh). The fake group is not NCCL: a configuration's cuda-graph says it is not applied (over NCCL the
+collectives are captured with the forward: scripts/gpu/parallel_bench.sh on two GPUs).
 
   python tests/gpu/parallel_smoke.py --model synthetic --device cuda --config best --side 1024 --steps 3
 """
@@ -42,7 +44,7 @@ def main() -> None:
     request = EditRequest(images=[image], prompt="ghostly", width=args.side, height=args.side, steps=args.steps,
                           cfg_scale=4.0)
     for mode in args.modes:
-        parallel.setup(mode, True, args.device)
+        engine.mesh = parallel.setup(mode, True, args.device)
         for run in ("first", "again"):
             result = engine.run(request, OptimizationConfig.parse(args.config))
             summary = result.telemetry.summary()

@@ -20,16 +20,16 @@ from diffsynth.models.qwen_image_21_vae import QwenImage21VAE
 
 from ...diffsynth_patches import check_version
 from ..checkpoint import model_table_entry, weight_files
+from ..exact import class_path
 from ..family import Family, UnsupportedModel, detect, read_json
 from . import dit
 
 TEXT_ENCODER_CONVERTER = ("diffsynth.utils.state_dict_converters.qwen_image_21_text_encoder."
                           "QwenImage21TextEncoderStateDictConverter")
-DIT_CLASS = f"{dit.QwenImage21DiT.__module__}.{dit.QwenImage21DiT.__qualname__}"
 LINEAR = "diffsynth.core.vram.layers.AutoWrappedLinear"
 MODULE = "diffsynth.core.vram.layers.AutoWrappedModule"
 # DiffSynth's offload/FP8 map for the DiT: its linears, and its norms as whole modules
-VRAM_MANAGEMENT_MODULE_MAPS.setdefault(DIT_CLASS, {
+VRAM_MANAGEMENT_MODULE_MAPS.setdefault(class_path(dit.QwenImage21DiT), {
     "torch.nn.Linear": LINEAR, f"{dit.__name__}.RMSNorm": MODULE, f"{dit.__name__}.ZeroCenteredRMSNorm": MODULE})
 # (component folder, DiffSynth's model name, weight files)
 COMPONENTS = (
@@ -39,7 +39,6 @@ COMPONENTS = (
 )
 LATENT_CHANNELS = 64
 LAYOUT = "transformer/, text_encoder/, vae/, scheduler/, processor/"  # the released 2.1 folders
-
 
 class ConfiguredTextEncoder(QwenImage21TextEncoder):
     """DiffSynth's QwenImage21TextEncoder (the hidden state before the final norm) over the Qwen3-VL of a
@@ -55,18 +54,10 @@ class ConfiguredTextEncoder(QwenImage21TextEncoder):
         self._fp32_buffers = {name: buffer.detach().clone() for name, buffer in self.model.named_buffers()
                               if buffer.dtype == torch.float32}
 
-
-TEXT_ENCODER_CLASS = f"{ConfiguredTextEncoder.__module__}.{ConfiguredTextEncoder.__qualname__}"
-VRAM_MANAGEMENT_MODULE_MAPS.setdefault(TEXT_ENCODER_CLASS, VRAM_MANAGEMENT_MODULE_MAPS[
-    "diffsynth.models.qwen_image_21_text_encoder.QwenImage21TextEncoder"])
-VAE_CLASS = "diffsynth.models.qwen_image_21_vae.QwenImage21VAE"
-
-
 def _keyword_arguments(cls, config: dict) -> dict:
     """The config's values that `cls.__init__` takes (a diffusers config also holds `_class_name`, versions...)."""
     names = inspect.signature(cls.__init__).parameters
     return {name: value for name, value in config.items() if name in names and name != "self"}
-
 
 def dit_kwargs(config: dict, folder: Path) -> dict:
     kwargs = _keyword_arguments(dit.QwenImage21DiT, config)
@@ -78,7 +69,6 @@ def dit_kwargs(config: dict, folder: Path) -> dict:
                                f"{LATENT_CHANNELS}-channel latents with causal_condition")
     return kwargs
 
-
 def vae_kwargs(config: dict, folder: Path) -> dict:
     kwargs = _keyword_arguments(QwenImage21VAE, config)
     if kwargs.get("z_dim", LATENT_CHANNELS) != LATENT_CHANNELS or kwargs.get("in_channels", 4) != 4 \
@@ -86,7 +76,6 @@ def vae_kwargs(config: dict, folder: Path) -> dict:
         raise UnsupportedModel(f"{folder}: vae/config.json is not an unpatched RGBA VAE with {LATENT_CHANNELS} "
                                "latent channels")
     return kwargs
-
 
 def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], None, ModelConfig]:
     """The family of the 2.1 model in `folder`, DiffSynth ModelConfigs for its weights, no tokenizer (the
@@ -96,10 +85,12 @@ def model_configs(folder: Path) -> tuple[Family, list[ModelConfig], None, ModelC
     folder = Path(folder)
     family = detect(folder)
     entries = {
-        "transformer": (DIT_CLASS, dit_kwargs(read_json(folder, "transformer/config.json"), folder), None),
-        "text_encoder": (TEXT_ENCODER_CLASS, {"config": read_json(folder, "text_encoder/config.json")},
-                         TEXT_ENCODER_CONVERTER),
-        "vae": (VAE_CLASS, vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
+        # (the class, the DiffSynth class whose maps it shares: None where it has its own, its kwargs, converter)
+        "transformer": (dit.QwenImage21DiT, None, dit_kwargs(read_json(folder, "transformer/config.json"), folder),
+                        None),
+        "text_encoder": (ConfiguredTextEncoder, QwenImage21TextEncoder,
+                         {"config": read_json(folder, "text_encoder/config.json")}, TEXT_ENCODER_CONVERTER),
+        "vae": (QwenImage21VAE, None, vae_kwargs(read_json(folder, "vae/config.json"), folder), None),
     }
     configs = [model_table_entry(weight_files(folder, component, pattern, LAYOUT), model_name, *entries[component])
                for component, model_name, pattern in COMPONENTS]

@@ -9,7 +9,7 @@ reference image's tokens see what comes before the image and the whole image; th
 Text and reference tokens are modulated as at t=0 (`causal_condition`), so their keys and values are the same at
 every step: the first step fills a prefix cache with them and later steps compute the target's tokens alone.
 
-Where the run's choices attach, the forward calls the seams (seams.py; the options travel down in `DitOptions`):
+Where the run's choices attach, the forward calls the seams (models/seams.py; the options travel down in `DitOptions`):
 - attention: `attention(...)` over the block-causal `Segments` (span by span through the backend the options name,
   or one flex_attention call), or, from the cache, the target's queries over the cached prefix and its own keys;
 - linear: every projection is an `nn.Linear` attribute of its module (`to_q`, `img_mlp.proj`, ...), so a quantizer
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .seams import FLEX, DitOptions, Segments, attention, flex_block_mask
+from ..seams import FLEX, DitOptions, Segments, attention, flex_block_mask
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
 

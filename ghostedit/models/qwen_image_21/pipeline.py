@@ -11,7 +11,8 @@ final norm), the noise (the same draw), the size check. GhostEdit's own where Di
   computes it, Turbo's `sample_sigmas` shifted by it as diffusers shifts them (DiffSynth uses its "Qwen-Image"
   template, and Turbo's sigmas as given) (Schedule);
 - the 8-bit output is rounded, not truncated, and keeps its alpha channel (ExactPipeline21.vae_output_to_image);
-- the prefix cache is GhostEdit's own (dit.PrefixCache, one per CFG branch), on unless the run's options say off.
+- the prefix cache is GhostEdit's own (models/seams.py's PrefixKVCache, one per call, its CFG branches told apart by
+  step), on unless the call says off; the run's DiT options (`dit_options`) travel with the pipeline's inputs.
 """
 from __future__ import annotations
 
@@ -24,21 +25,11 @@ from PIL import Image
 from ..exact import ReferenceSchedule, condition_images, to_tensor
 from ..family import Family
 from .dit import layout
-from .seams import DIFFSYNTH, FLEX, DitOptions, PrefixKVCache
+from ..seams import DitOptions, PrefixKVCache
 
 # diffusers' FlowMatchEulerDiscreteScheduler defaults, for keys a scheduler config leaves out
 SCHEDULER_DEFAULTS = {"base_image_seq_len": 256, "max_image_seq_len": 4096, "base_shift": 0.5, "max_shift": 1.15,
                       "shift": 1.0, "shift_terminal": None, "use_dynamic_shifting": False, "num_train_timesteps": 1000}
-
-
-# The attention toggle's choices 2.1 runs (optimize/toggles/attention.py), as DitOptions names them
-ATTENTION = {"diffsynth": DIFFSYNTH, "sdpa-flash": "sdpa-flash", "sdpa-cudnn": "sdpa-cudnn",
-             "sdpa-efficient": "sdpa-efficient", "sdpa-math": "sdpa-math", "flex": FLEX}
-
-
-def dit_options(config) -> DitOptions:
-    """How the DiT runs under an OptimizationConfig (its attention backend); the run adds its prefix cache."""
-    return DitOptions(attention=ATTENTION[config.value("attention")])
 
 
 class EditImageEmbedder(QwenImage21Unit_EditImageEmbedder):
@@ -65,9 +56,9 @@ class PrefixCacheUnit(QwenImage21Unit_KVCacheInitializer):
     branch's Layout of the joint sequence, the same at every step."""
 
     def process(self, pipe, inputs_shared, inputs_posi, inputs_nega):
-        options = inputs_shared["dit_options"]
+        options = inputs_shared["options"]
         if inputs_shared["use_kv_cache"]:
-            inputs_shared["dit_options"] = options.replace(prefix_cache=PrefixKVCache())
+            inputs_shared["options"] = options.replace(prefix_cache=PrefixKVCache())
         latents = inputs_shared["latents"]
         img_shapes = [*[(1, edit.shape[2], edit.shape[3]) for edit in inputs_shared.get("edit_latents") or []],
                       (1, latents.shape[2], latents.shape[3])]
@@ -80,18 +71,18 @@ class PrefixCacheUnit(QwenImage21Unit_KVCacheInitializer):
         return inputs_shared, inputs_posi, inputs_nega
 
 
-def model_fn(dit, latents, timestep, prompt_embeds, dit_layout, edit_latents=None, dit_options=DitOptions(),
+def model_fn(dit, latents, timestep, prompt_embeds, dit_layout, edit_latents=None, options=DitOptions(),
              progress_id=0, count_tokens=None, **kwargs):
     """One DiT forward as diffusers' pipeline makes it: the references' latent tokens before the target's, t / 1000
     in the latents' dtype, the prefix cache told which step this is. `count_tokens`: called with the number of
     tokens this forward computed (the target's alone from the cache)."""
     height, width = latents.shape[2], latents.shape[3]
-    cache = dit_options.prefix_cache
+    cache = options.prefix_cache
     if cache is not None:
         cache.begin(progress_id)
     from_cache = cache is not None and not cache.filling
     tokens = torch.cat([*[patchify(edit) for edit in edit_latents or []], patchify(latents)], dim=1)
-    prediction = dit(tokens, prompt_embeds, timestep.to(latents.dtype) / 1000, dit_layout, dit_options)
+    prediction = dit(tokens, prompt_embeds, timestep.to(latents.dtype) / 1000, dit_layout, options)
     if count_tokens is not None:
         count_tokens(dit_layout.target_length if from_cache else dit_layout.length)
     return unpatchify(prediction, height, width)
@@ -124,7 +115,7 @@ class ExactPipeline21(QwenImage21Pipeline):
         inputs_shared = {"cfg_scale": cfg_scale, "edit_image": list(edit_image) if edit_image else None,
                          "controlnet_inputs": None, "height": height, "width": width, "seed": seed,
                          "rand_device": "cpu", "tiled": False, "tile_size": 256, "tile_stride": 192,
-                         "use_kv_cache": prefix_cache, "dit_options": dit_options,
+                         "use_kv_cache": prefix_cache, "options": dit_options,
                          "count_tokens": count_tokens}
         for unit in self.units:
             inputs_shared, inputs_posi, inputs_nega = self.unit_runner(unit, self, inputs_shared, inputs_posi,

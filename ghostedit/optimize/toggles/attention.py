@@ -1,12 +1,14 @@
-"""Toggle `attention`: the attention backend of the DiT (implemented in ghostedit/optimize/attention.py).
+"""Toggle `attention`: the attention backend of the DiT (the backends: ghostedit/kernels/attention.py; the forward's
+dispatch: models/seams.py), set in the run's options.
 
-Switching between exact backends prepares nothing (the backend is chosen around each run); only the FP8 attentions
+Switching between exact backends prepares nothing (the backend is chosen for each run); only the FP8 attentions
 change the prepared DiT (FP8 scales of q and k, through the joint layout they imply)."""
 import contextlib
 
 from ...device import Availability
+from ...kernels import attention
 from ...models.family import QWEN_IMAGE_21_DIT, QWEN_IMAGE_DIT
-from .. import attention
+from ...models.seams import FLEX
 from ..registry import ON, Choice, Requires, RunContext, Toggle, register
 
 # Qwen-Image-2.1's DiT runs the block-causal structure through PyTorch's SDPA (its default, or a kernel named) or
@@ -17,17 +19,19 @@ FLEX_HELP = "one flex_attention call over Qwen-Image-2.1's block-causal mask (it
 
 
 @contextlib.contextmanager
-def _active(context: RunContext, backend: str):
+def _chosen(context: RunContext, backend: str):
     words = backend
     if backend == "auto":
         with context.recorder.stage("attention auto", "timing attention backends at this shape", into_prepare=True):
-            backend, words = attention.resolve(backend, context.prepared.dit, context.sequence_length, context.device)
+            dit = context.prepared.dit
+            backend, words = attention.resolve(backend, dit.heads, dit.head_dim, context.sequence_length,
+                                               context.device)
     elif backend == "diffsynth":
         words = f"DiffSynth default ({attention.diffsynth_default()})"
     context.ran["attention"] = backend
     context.ran.setdefault("words", {})["attention"] = words
-    with attention.active(backend):
-        yield
+    context.options["attention"] = backend
+    yield
 
 
 register(Toggle(
@@ -48,13 +52,13 @@ register(Toggle(
                families=NOT_FOR_21),
         Choice("fa3-fp8", "FlashAttention-3 FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),),
                families=NOT_FOR_21),
-        Choice("flex", "flex_attention (Qwen-Image-2.1's block mask)", help=FLEX_HELP,
+        Choice(FLEX, "flex_attention (Qwen-Image-2.1's block mask)", help=FLEX_HELP,
                requires=(Requires("compile", not_values=("off",), why="flex_attention runs its fused kernel only "
                                   "compiled; uncompiled it computes the whole score matrix"),),
                families={QWEN_IMAGE_DIT: "the Edit DiT's joint attention has no mask to give flex_attention"}),
     ),
     default="diffsynth", order=15,
     prepared_key=lambda backend: backend if backend in attention.FP8_BACKENDS else None,
-    run_context=_active, availability=lambda backend, device: Availability.yes() if backend == "flex" else
+    run_context=_chosen, availability=lambda backend, device: Availability.yes() if backend == FLEX else
     attention.availability(backend, device), tag=lambda backend: backend, families={},
 ))

@@ -1,32 +1,34 @@
 """Flag `carried-residual` (lossless rewrite): each DiT block's last residual addition done by the next block, fused
-into its first LayerNorm (ghostedit/optimize/carried_residual.py). Prepared: the blocks' forward; at run time:
-GhostEdit's block loop, which hands the additions on, in DiffSynth's place. Where the loop cannot run (the step
-cache, sequence parallel) the run says so in its words and notes and the blocks add their own, as released."""
+into its first LayerNorm (the forward's `carried_residual` path, models/qwen_image/dit.py). Where a run's block loop
+cannot hand the additions on (the step cache runs the blocks one by one and watches each one's output) the run says
+so in its words and notes and the blocks add their own, as released."""
 import contextlib
 
 from ..registry import OFF, ON, Choice, PrepareContext, RunContext, Toggle, register
 
 
+def why_not_carried(config) -> str | None:
+    """Why this run's blocks cannot hand their additions on, or None."""
+    if config.value("step-cache") != OFF:
+        return "the step cache watches each block's output, with its additions done"
+    return None
+
+
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
-        from .. import carried_residual
-        blocks = carried_residual.carry_residuals(context.dit)
+        blocks = len(context.dit.blocks)
         context.report["carried-residual"] = f"{blocks} blocks hand their last residual addition to the next block"
 
 
 @contextlib.contextmanager
 def _carried(context: RunContext, value: str):
-    if value == OFF:
-        yield
-        return
-    from .. import carried_residual
-    reason = carried_residual.why_not_carried(context.config)
-    if reason is not None:
-        context.not_applied("carried-residual", f"not applied on this run: {reason}")
-        yield
-        return
-    with carried_residual.carried(context.prepared.pipe):
-        yield
+    if value == ON:
+        reason = why_not_carried(context.config)
+        if reason is None:
+            context.options["carried_residual"] = True
+        else:
+            context.not_applied("carried-residual", f"not applied on this run: {reason}")
+    yield
 
 
 register(Toggle(

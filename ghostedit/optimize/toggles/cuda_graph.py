@@ -1,11 +1,12 @@
 """Flag `cuda-graph` (lossless): the DiT's whole forward captured as a CUDA graph per shape and replayed
-(ghostedit/optimize/cuda_graphs.py). It changes only how a run goes: the graphs belong to the prepared DiT and are
-kept from run to run; what they did goes into the run's words. Where the forward cannot be captured (the step cache
-on, weights streamed from host memory, sequence parallel) the run says so in its words and notes and runs it from
-Python."""
+(ghostedit/optimize/cuda_graphs.py; the forward runs from the graphs the run's options hold). It changes only how a
+run goes: the graphs belong to the prepared DiT and are kept from run to run; what they did goes into the run's
+words. Where the forward cannot be captured (the step cache on, weights streamed from host memory, a gloo process
+group) the run says so in its words and notes and runs it from Python."""
 import contextlib
 
 from ...device import Availability, needs_cuda
+from .. import cuda_graphs
 from ..registry import OFF, ON, RUN, Choice, RunContext, Toggle, register
 
 
@@ -14,16 +15,14 @@ def _graphed(context: RunContext, value: str):
     if value == OFF:
         yield
         return
-    from .. import cuda_graphs
-    dit = context.prepared.dit
-    reason = cuda_graphs.why_not_capturable(dit, context.device, context.config)
+    reason = cuda_graphs.why_not_capturable(context.prepared.dit, context.device, context.config, context.mesh)
     if reason is not None:  # said in the run's words and notes: the forward runs from Python
         context.not_applied("cuda-graph", f"not applied on this run: {reason}")
         yield
         return
-    graphs = cuda_graphs.graphs_of(dit)
-    owner = cuda_graphs.owner(context.config, context.prepared)
-    with graphs.running(owner, context.recorder), cuda_graphs.graphed(context.prepared.pipe, graphs):
+    graphs = context.prepared.graphs
+    with graphs.running(cuda_graphs.owner(context.config, context.prepared), context.recorder):
+        context.options["graphs"] = graphs
         try:
             yield
         finally:

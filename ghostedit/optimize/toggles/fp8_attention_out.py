@@ -1,16 +1,16 @@
 """Flag `fp8-attention-out` (next to fused-qk-norm-rope and fp8=torchao): the FP8 attention's output goes into the
-output projections' FP8 GEMMs as cuDNN wrote it, instead of dequantized and quantized again
-(ghostedit/optimize/fp8_qk.py). One rounding fewer than without it."""
-from .. import attention
+output projections' FP8 GEMMs as cuDNN wrote it, instead of dequantized and quantized again (the forward's
+`fp8_attention_out` path). One rounding fewer than without it."""
+from ...kernels.attention import availability
+from .. import rewrites
 from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, register
 
 
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
-        from .. import rewrites
-        fused = rewrites.fp8_attention_out(context.shared["joint attention layers"])
+        fused = rewrites.check_fp8_attention_out(context.dit)
         context.report["fp8-attention-out"] = f"{fused} attention layers: the FP8 attention output goes into the " \
-                                              "output projections' FP8 GEMMs as it is (not under sequence parallel)"
+                                              "output projections' FP8 GEMMs as it is"
 
 
 register(Toggle(
@@ -23,6 +23,6 @@ register(Toggle(
         Requires("fused-qk-norm-rope", values=(ON,), why="it takes the attention output on that rewrite's path"),
         Requires("fp8", values=("torchao",), why="it feeds torchao's FP8 output projections")),
         needs_fused_loras="runtime LoRA layers sit on the output projections it calls directly")),
-    order=67, prepare=_prepare,
-    availability=lambda value, device: attention.availability("cudnn-fp8", device),
+    order=67, prepare=_prepare, option="fp8_attention_out",
+    availability=lambda value, device: availability("cudnn-fp8", device),
 ))

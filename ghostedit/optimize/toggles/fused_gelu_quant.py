@@ -1,15 +1,13 @@
 """Flag `fused-gelu-quant` (lossless next to fp8=torchao): each feed-forward layer's GELU and the rowwise FP8
-quantization of its output in one Triton kernel (ghostedit/optimize/fp8_mlp.py)."""
-from .. import fp8
+quantization of its output in one Triton kernel (kernels/gelu_quant.py; the forward's `fused_gelu_quant` path)."""
 from ...models.family import QWEN_IMAGE_21_DIT
+from .. import fp8, rewrites
 from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, register
 
 
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
-        from .. import fp8_mlp
-        with context.stage("fuse GELU quantization", "fusing GELU with its FP8 quantization"):
-            layers = fp8_mlp.fuse_gelu_quantization(context.dit)
+        layers = rewrites.check_gelu_quant(context.dit)
         context.report["fused-gelu-quant"] = f"{layers} feed-forward layers: GELU and FP8 quantization in one kernel"
 
 
@@ -20,7 +18,7 @@ register(Toggle(
     choices=(Choice(OFF, "off"), Choice(ON, "on", requires=(
         Requires("fp8", values=("torchao",), why="it feeds torchao's FP8 down projection"),),
         needs_fused_loras="runtime LoRA layers sit on the feed-forward projections it calls directly")),
-    order=65, prepare=_prepare,
+    order=65, prepare=_prepare, option="fused_gelu_quant",
     availability=lambda value, device: fp8.availability("torchao", device),
     families={QWEN_IMAGE_21_DIT: "Qwen-Image-2.1's feed-forward is SwiGLU: there is no GELU to fuse"},
 ))

@@ -5,7 +5,7 @@ LIGHTNING_SCHEDULER, computed as diffusers computes it), for 4 or 8 steps at CFG
 (ghostedit/optimize/presets.py)."""
 import contextlib
 
-from ...models.family import QWEN_IMAGE_21_DIT
+from ...models.family import LIGHTNING_SCHEDULER, QWEN_IMAGE_21_DIT
 from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
@@ -14,11 +14,9 @@ def _schedule(context: RunContext, choice: str):
     if choice == "model":  # the pipeline's own: its family's schedule
         yield
         return
-    from ...models.exact import ReferenceSchedule
-    from ...models.family import LIGHTNING_SCHEDULER
     pipe = context.prepared.pipe
     previous = pipe.scheduler
-    pipe.scheduler = ReferenceSchedule(LIGHTNING_SCHEDULER)
+    pipe.use_schedule(LIGHTNING_SCHEDULER)
     try:
         yield
     finally:

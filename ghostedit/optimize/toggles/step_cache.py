@@ -1,9 +1,12 @@
 """Toggle `step-cache`: a lossy step cache around the DiT's block loop, First-Block Cache at a choice of thresholds
-(implemented in ghostedit/optimize/step_cache.py). It changes only how a run goes: the prepared (compiled, FP8) DiT
-is the same with it on or off, and every edit starts with an empty cache. What it skipped goes into the run's
-telemetry (`step_cache`), its words and a note that says how little random weights tell about its quality."""
+(implemented in ghostedit/optimize/step_cache.py; the forward's block loop consults the one the run's options hold).
+It changes only how a run goes: the prepared (compiled, FP8) DiT is the same with it on or off, and every edit
+starts with an empty cache. What it skipped goes into the run's telemetry (`step_cache`), its words and a note that
+says how little random weights tell about its quality. The bench on random weights raises the threshold
+(`RunContext`'s step_cache_threshold, the bench's --step-cache-threshold): see `threshold`."""
 import contextlib
 
+from .. import step_cache
 from ..registry import OFF, RUN, Choice, RunContext, Toggle, register
 
 THRESHOLDS = (0.05, 0.08, 0.12, 0.2)
@@ -12,28 +15,13 @@ QUALITY_NOTE = ("lossy: compare its output with a run without it (PSNR/SSIM); ra
                 "by about 90 percent from step to step, so that these thresholds skip nothing there")
 
 
-_override: dict[str, float] = {}
-
-
-def threshold(value: str) -> float:
+def threshold(value: str, override: float | None = None) -> float:
+    """The choice's threshold, or `override` for every choice but threshold 0 (the bench on random weights, whose
+    first block changes the image by about 90% from one step to the next (tiny and the full-size synthetic model
+    alike), so that no offered threshold ever skips a step there: with a threshold near 1 the cache skips steps and
+    the cost of a served step, under compile and FP8 too, can be measured)."""
     offered = float(value.removeprefix("fbcache-"))
-    return _override.get("threshold", offered) if offered else offered
-
-
-@contextlib.contextmanager
-def threshold_override(value: float | None):
-    """Inside, every First-Block Cache choice but threshold 0 runs at `value` (None: as offered). For the bench on
-    random weights, whose first block changes the image by about 90% from one step to the next (tiny and the
-    full-size synthetic model alike), so that no offered threshold ever skips a step there: with a threshold near 1
-    the cache skips steps and the cost of a served step, under compile and FP8 too, can be measured."""
-    if value is None:
-        yield
-        return
-    _override["threshold"] = value
-    try:
-        yield
-    finally:
-        _override.pop("threshold")
+    return override if offered and override is not None else offered
 
 
 @contextlib.contextmanager
@@ -41,14 +29,14 @@ def _cached(context: RunContext, value: str):
     if value == OFF:
         yield
         return
-    from .. import step_cache
-    with step_cache.first_block_cache(context.prepared.pipe, threshold(value)) as cache:
-        try:
-            yield
-        finally:
-            context.recorder.telemetry.step_cache = cache.summary()
-            context.recorder.telemetry.notes.append(f"step cache: {cache.words()}; {QUALITY_NOTE}")
-            context.ran.setdefault("words", {})["step-cache"] = cache.words()
+    cache = step_cache.FirstBlockCache(threshold(value, context.step_cache_threshold), context.mesh)
+    context.options["step_cache"] = cache
+    try:
+        yield
+    finally:
+        context.recorder.telemetry.step_cache = cache.summary()
+        context.recorder.telemetry.notes.append(f"step cache: {cache.words()}; {QUALITY_NOTE}")
+        context.ran.setdefault("words", {})["step-cache"] = cache.words()
 
 
 def _choice(value: float) -> Choice:

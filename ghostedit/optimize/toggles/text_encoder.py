@@ -9,7 +9,6 @@ the text encoder. The VAE is not compiled: DiffSynth's causal VAE carries its fr
 changes in place, which Dynamo cannot keep in one graph (its own toggle, `vae`, runs it as an image network
 instead)."""
 import contextlib
-import weakref
 
 from ... import tensors
 from ...device import Availability, UnavailableOptionError, needs_cuda
@@ -19,7 +18,6 @@ from ..registry import RUN, Choice, RunContext, Toggle, register
 
 
 STREAMED = "the text encoder is streamed from host memory layer by layer (memory mode low)"
-_compiled_once = weakref.WeakSet()   # the text encoders this process has compiled (Dynamo keeps their code)
 
 
 def _on_device(text_encoder, device: str) -> bool:
@@ -48,8 +46,7 @@ def _text_encoder(context: RunContext, choice: str):
         raise UnavailableOptionError(f"text-encoder compiled needs the text encoder on the device; here {STREAMED}")
     compile_blocks.configure_dynamo()
     layers = text_encoder_graphs.regions(text_encoder)
-    if text_encoder not in _compiled_once:
-        _compiled_once.add(text_encoder)
+    if tensors.first_time(text_encoder, "compiled"):  # Dynamo keeps the compiled code for later runs
         context.recorder.telemetry.notes.append("text encoder compiled on this run: its text-encoding stage includes "
                                                 "the compile, later runs reuse the code")
     for layer in layers:

@@ -35,9 +35,6 @@ _Q, _K, _V, _O, _AMAX_O = 1, 2, 3, 4, 5
 _DESCALE_Q, _DESCALE_K, _DESCALE_V, _DESCALE_S, _SCALE_S, _SCALE_O = 10, 11, 12, 13, 14, 15
 _SEQ_LEN_Q, _SEQ_LEN_KV = 20, 21
 
-_graphs: dict[tuple, tuple] = {}
-_graphs_lock = threading.Lock()
-_handles = threading.local()  # cuDNN handles must not be shared between threads
 
 
 @contextlib.contextmanager
@@ -99,14 +96,19 @@ def dequantized(output: torch.Tensor, output_descale: torch.Tensor, dtype=torch.
 
 
 def _handle(cudnn, device: torch.device):
-    handles = getattr(_handles, "by_device", None)
-    if handles is None:
-        handles = _handles.by_device = {}
-    if device not in handles:
-        with torch.cuda.device(device):
-            handles[device] = cudnn.create_handle()
-    cudnn.set_stream(handle=handles[device], stream=torch.cuda.current_stream(device).cuda_stream)
-    return handles[device]
+    """This thread's cuDNN handle on `device` (a handle must not be used by two threads at once), on the current
+    stream."""
+    handle = _thread_handle(threading.get_ident(), device)
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
+    return handle
+
+
+@functools.cache
+def _thread_handle(thread: int, device: torch.device):
+    """A handle per thread and device, made once: a thread that ended leaves its handle to the next one Python
+    gives its number."""
+    with torch.cuda.device(device):
+        return cudnn_frontend().create_handle()
 
 
 def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride, padding_mask=False):
@@ -143,8 +145,12 @@ def operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_s
     return graph
 
 
-def _build_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride):
-    graph = operation_graph(cudnn, handle, shape, q_stride, k_stride, v_stride, output_stride)
+@functools.cache
+def _plan(shape, q_stride, k_stride, v_stride, output_stride, device: torch.device):
+    """cuDNN's built graph and its workspace bytes for these shapes and strides, built once (kept for the process:
+    it depends on nothing but them)."""
+    cudnn = cudnn_frontend()
+    graph = operation_graph(cudnn, _handle(cudnn, device), shape, q_stride, k_stride, v_stride, output_stride)
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     graph.check_support()
     graph.build_plans()
@@ -194,11 +200,7 @@ def cudnn_fp8_attention(q: list[torch.Tensor], k: list[torch.Tensor], v: list[to
     handle = _handle(cudnn, q.device)
     output = torch.empty((batch, seq_q, heads, head_dim), dtype=FP8, device=q.device)
     pack = variant_pack(q, k, v, output.permute(0, 2, 1, 3), q_descale, k_descale, v_descale)
-    key = (shape, q.stride(), k.stride(), v.stride(), q.device)
-    with _graphs_lock:
-        if key not in _graphs:
-            _graphs[key] = _build_graph(cudnn, handle, shape, q.stride(), k.stride(), v.stride(), output_stride)
-        graph, workspace_bytes = _graphs[key]
+    graph, workspace_bytes = _plan(shape, q.stride(), k.stride(), v.stride(), output_stride, q.device)
     graph.execute(pack, torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=q.device), handle=handle)
     return output
 
@@ -233,42 +235,58 @@ def _(q, k, v, q_descale, k_descale, v_descale):
 
 
 def joint_attention(streams, q_scale: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
-                    backend: str = "cudnn-fp8") -> torch.Tensor:
+                    backend: str = "cudnn-fp8", v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """FP8 attention (the FP8 `backend`) over streams joined along the sequence, in order: each stream's bf16
     (q, k, v) in [batch, seq, heads, head_dim]; the output in their dtype, in the same layout. q and k are cast per
     stream, with the joined tensor's one scale, and joined in FP8 by the kernel's op, so their casts fuse into the
     kernels that make them (RMSNorm and RoPE); v, a GEMM's output, is joined and cast in one pass. q and k are
-    scaled by the given factors (fp8_scale of a bound), else by their largest values."""
+    scaled by the given factors (fp8_scale of a bound), else by their largest values; v by `v_scale` where given
+    (the whole sequence's, when this process holds part of it), else by its largest value."""
     queries, keys, values = zip(*streams)
-    q8, q_descale = _fp8_parts(queries, q_scale)
-    k8, k_descale = _fp8_parts(keys, k_scale)
-    return attend(q8, q_descale, k8, k_descale, values, backend)
+    q8, q_descale = fp8_parts(queries, q_scale)
+    k8, k_descale = fp8_parts(keys, k_scale)
+    return attend(q8, q_descale, k8, k_descale, values, backend, v_scale)
 
 
 def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
-           values, backend: str = "cudnn-fp8") -> torch.Tensor:
+           values, backend: str = "cudnn-fp8", v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The attention of FP8 q and k (parts the kernel's op joins) over the bf16 `values` of each stream, which are
     joined and cast in one pass, by the FP8 `backend`; the output in the values' dtype, [batch, seq, heads,
     head_dim]."""
-    output, output_descale = attend_as_written(q8, q_descale, k8, k_descale, values, backend)
+    output, output_descale = attend_as_written(q8, q_descale, k8, k_descale, values, backend, v_scale)
     if output_descale is None:
         return output.to(values[0].dtype)
     return dequantized(output, output_descale, values[0].dtype)
 
 
 def attend_as_written(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
-                      values, backend: str = "cudnn-fp8") -> tuple[torch.Tensor, torch.Tensor | None]:
+                      values, backend: str = "cudnn-fp8",
+                      v_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """attend's output as the kernel writes it, [batch, seq, heads, head_dim], and the factor [1, 1, 1, 1] that gives
-    its real values: cuDNN's in float8_e4m3fn with its factor, FlashAttention-3's real values in bf16 with None."""
+    its real values: cuDNN's in float8_e4m3fn with its factor, FlashAttention-3's real values in bf16 with None.
+    Without `v_scale` the values are joined and cast in one pass at their largest value's scale; with it each part
+    is cast with it (the same bits as the joined tensor's cast) and the kernel's op joins them."""
+    if v_scale is None:
+        v8, v_descale = fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
+    else:
+        v8, v_descale = fp8_parts(values, v_scale)
+    return attend_fp8(q8, q_descale, k8, k_descale, v8, v_descale, backend)
+
+
+def attend_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
+               v8: list[torch.Tensor], v_descale: torch.Tensor,
+               backend: str = "cudnn-fp8") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The FP8 `backend` over q, k and v given in FP8 (parts in [batch, seq, heads, head_dim] the kernel's op joins
+    along the sequence) with their descale factors: the output as attend_as_written gives it."""
     if backend not in BACKENDS:
         raise ValueError(f"{backend!r} is not an FP8 attention; they are {', '.join(BACKENDS)}")
-    v8, v_descale = _fp8_parts([torch.cat(values, dim=1)] if len(values) > 1 else values, None)
     if backend == "fa3-fp8":
         return fa3_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), None
     return cudnn_fp8_attention(q8, k8, v8, q_descale, k_descale, v_descale), v_descale
 
 
-def _fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+def fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each part cast to FP8 with `scale` (None: the parts' largest magnitude's), and the factor that undoes it."""
     if scale is None:
         scale = fp8_scale(torch.stack([largest_magnitude(part) for part in parts]).amax())
     cast = [_scaled_fp8(part, scale) for part in parts]

@@ -1,12 +1,13 @@
-"""The FP8 attention's inputs and output in GhostEdit's own code: q and k normalized, rotated and cast to FP8 in one
-Triton kernel that writes each stream straight into the joined tensor (the `fused-qk-norm-rope` rewrite), and
-cuDNN's FP8 output handed to the output projections' FP8 GEMMs as it is (the `fp8-attention-out` rewrite).
+"""The FP8 attention's q and k in GhostEdit's own kernel: normalized, rotated and cast to FP8 in one Triton kernel
+that writes each stream straight into the joined tensor (the `fused-qk-norm-rope` rewrite; the forward that calls it:
+models/qwen_image/dit.py).
 
 With an FP8 attention (`cudnn-fp8`, `fa3-fp8`) each block computes, for q and for k of both streams: the per-head
 RMSNorm, the rotary embedding (real cos/sin, the real-rope rewrite), the multiplication by the FP8 scale worked out
-from the bound of rewrites.qk_bounds, the cast to float8_e4m3fn, and then a byte copy that joins text and image
-along the sequence for the kernel. Inductor fuses the first part into one reduction kernel per stream that reads
-each row several times, and the join is a kernel of its own: the profile in lab/LOG.md (section 6)
+from a bound on q or k (the attention layer's qk_bounds, models/qwen_image/dit.py), the cast to float8_e4m3fn, and
+then a byte copy that joins text and image along the sequence for the kernel. Inductor fuses the first part into one
+reduction kernel per stream that reads each row several times, and the join is a kernel of its own: the profile in
+lab/LOG.md (section 6)
 measured them as the largest glue around the attention.
 
 The kernel here gives each program a few tokens, and for each token loads all its heads of q and of k once, and
@@ -19,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from . import fp8_attention
-from .fp8 import FP8, FP8_MAX, torchao_fp8_linear
+from .fp8 import FP8, FP8_MAX
 
 # tokens per program and warps: the fastest setting of the probe's sweep on the H100
 # (qk_norm_rope_probe.py in lab/probes/README.md, lab/LOG.md section 6)
@@ -43,7 +43,7 @@ def qk_norm_rope_fp8_launch(q: list[torch.Tensor], k: list[torch.Tensor], q_weig
     rotated by the stream's real `cos` and `sin` ([seq, head_dim], float32), multiplied by their scale and cast to
     float8_e4m3fn, each joined along the sequence in stream order: [batch, total seq, heads, head_dim] twice."""
     import triton
-    from . import kernels
+    from . import triton_code
     batch, _, heads, head_dim = q[0].shape
     out_seq = sum(part.shape[1] for part in q)
     q8, k8 = (torch.empty((batch, out_seq, heads, head_dim), dtype=FP8, device=q[0].device) for _ in range(2))
@@ -53,7 +53,7 @@ def qk_norm_rope_fp8_launch(q: list[torch.Tensor], k: list[torch.Tensor], q_weig
             _check(part, stream_cos)
         seq = stream_q.shape[1]
         n_tokens = batch * seq
-        kernels.qk_norm_rope_fp8[(triton.cdiv(n_tokens, tokens),)](
+        triton_code.qk_norm_rope_fp8[(triton.cdiv(n_tokens, tokens),)](
             stream_q, stream_k, q_weight, k_weight, stream_cos, stream_sin, q_scale, k_scale, q8, k8, n_tokens, seq,
             heads, stream_q.stride(0), stream_q.stride(1), stream_k.stride(0), stream_k.stride(1), first_token,
             out_seq, eps, FP8_MAX, HEAD_DIM=head_dim, HEADS_BLOCK=triton.next_power_of_2(heads), TOKENS=tokens,
@@ -75,34 +75,3 @@ def _(q, k, q_weights, k_weights, cos, sin, q_scale, k_scale, eps):
     batch, _, heads, head_dim = q[0].shape
     shape = (batch, sum(part.shape[1] for part in q), heads, head_dim)
     return q[0].new_empty(shape, dtype=FP8), q[0].new_empty(shape, dtype=FP8)
-
-
-def joint_attention(module, streams, freqs,
-                    backend: str = "cudnn-fp8") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The FP8 joint attention (the FP8 `backend`) of a JointAttention `module` (rewrites.py) over its streams' raw
-    q (before RMSNorm and RoPE), k and v, each [batch, seq, heads, head_dim], with each stream's (cos, sin)
-    [seq, head_dim]: q and k through the kernel, v as fp8_attention quantizes it. The output as the kernel writes
-    it and the factor that gives its real values (fp8_attention.attend_as_written)."""
-    (text_q, text_k, text_v), (image_q, image_k, image_v) = streams
-    cos, sin = zip(*freqs)
-    q8, k8 = qk_norm_rope_fp8([text_q, image_q], [text_k, image_k], [module.norm_added_q.weight, module.norm_q.weight],
-                              [module.norm_added_k.weight, module.norm_k.weight], list(cos), list(sin),
-                              module.q_scale, module.k_scale, module.norm_q.eps)
-    return fp8_attention.attend_as_written([q8], fp8_attention.descale(module.q_scale), [k8],
-                                           fp8_attention.descale(module.k_scale), (text_v, image_v), backend)
-
-
-def out_projection(linear: torch.nn.Linear, output: torch.Tensor, descale: torch.Tensor | None,
-                   in_fp8: bool) -> torch.Tensor:
-    """An output projection of the FP8 attention's `output` ([batch, seq, heads, head_dim]: FP8 with real values
-    output * descale, or real values where descale is None). in_fp8 (the fp8-attention-out rewrite): the torchao
-    FP8 GEMM takes the FP8 values as they are, with `descale` as every row's scale; else they are dequantized to
-    bf16 and the layer quantizes them again per row."""
-    if descale is None:
-        return linear(output.flatten(2))
-    if not in_fp8:
-        return linear(fp8_attention.dequantized(output, descale).flatten(2))
-    rows = output.flatten(2)
-    flat = rows.reshape(-1, rows.shape[-1])
-    projected = torchao_fp8_linear(linear, flat, descale.reshape(1, 1).expand(flat.shape[0], 1).contiguous())
-    return projected.reshape(*rows.shape[:-1], projected.shape[-1])

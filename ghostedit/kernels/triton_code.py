@@ -14,7 +14,9 @@ def gelu_rowwise_fp8(x_ptr, out_ptr, scale_ptr, fp8_max, smallest_amax, n_column
     columns = tl.arange(0, BLOCK)
     mask = columns < n_columns
     x = tl.load(x_ptr + row * n_columns + columns, mask=mask, other=0.0).to(tl.float32)
-    gelu = (x * tl.sigmoid(1.702 * x)).to(tl.bfloat16).to(tl.float32)
+    # GELU with the tanh approximation, as trained (0.5 x (1 + tanh(u)) written as x * sigmoid(2u))
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    gelu = (x * tl.sigmoid(2.0 * inner)).to(tl.bfloat16).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), smallest_amax) / fp8_max
     tl.store(scale_ptr + row, scale)
     quantized = tl.clamp(gelu / scale, -fp8_max, fp8_max)
