@@ -10,19 +10,25 @@
   stock forward, within the choice's loss), or is refused with its reason;
 - under Ulysses on two gloo processes it gives the one-process forward bit for bit.
 
-Choices of the text encoder and the VAE are held to the same on whole edits. The GPU-only choices' paths run on the
-CPU with their kernels emulated in tests/test_sequence_split.py, and on the GPU in scripts/gpu/."""
+Choices of the text encoder and the VAE are held to the same on whole edits. Each DiT family is held apart: a choice
+that does not apply to a family (the registry's `families`) is refused on its model with that reason, and the
+choices that apply to Qwen-Image-2.1's DiT are held to the same on whole edits of the tiny 2.1 (its prefix cache
+filled at the first step and read at the second), which runs in one process only. The GPU-only choices' paths run on
+the CPU with their kernels emulated in tests/test_sequence_split.py, and on the GPU in scripts/gpu/."""
 import os
 
 import pytest
 import torch
 import torch.multiprocessing
 
+from conftest import ASSETS
 from dit_helpers import dit_engine, inputs_for
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.bench.dit import running
 from ghostedit.config import LoraChoice
 from ghostedit.device import UnavailableOptionError
+from ghostedit.engine import Engine
+from ghostedit.models.family import QWEN_IMAGE_21_DIT, QWEN_IMAGE_DIT
 from ghostedit.models.tiny import ensure_tiny_lora
 from ghostedit.optimize import registry
 from ghostedit.telemetry import RunRecorder
@@ -36,6 +42,7 @@ OTHER_KERNELS = {"attention": "another kernel computes the same attention",
 ROUNDING = 1e-5   # relative error allowed where other kernels compute the same function, float32
 LOSSY = 0.15      # a lossy choice's relative error on the tiny DiT's output (FP8 weights: about 0.07)
 LORA_SCALE = 0.8
+FAMILIES = {"tiny": QWEN_IMAGE_DIT, "tiny-2.1": QWEN_IMAGE_21_DIT}  # each DiT family's embedded tiny model
 
 
 def choices():
@@ -71,12 +78,15 @@ def config_for(name: str, value: str) -> OptimizationConfig:
     return OptimizationConfig(**settings_for(name, value))
 
 
-def available(config: OptimizationConfig) -> registry.Availability:
-    """Whether every choice of `config` runs here, else the first reason why not."""
-    for toggle in registry.toggles():
-        chosen = config.value(toggle.name)
-        if chosen != toggle.default:
-            found = registry.availability(toggle, chosen, "cpu")
+def available(config: OptimizationConfig, family: str = QWEN_IMAGE_DIT) -> registry.Availability:
+    """Whether every choice of `config` runs here and on the DiT family `family`, else the first reason why not, in
+    the engine's order: this machine's reasons, then the family's."""
+    chosen = [(toggle, config.value(toggle.name)) for toggle in registry.toggles()
+              if config.value(toggle.name) != toggle.default]
+    for check in (lambda toggle, value: registry.availability(toggle, value, "cpu"),
+                  lambda toggle, value: registry.family_availability(toggle, value, family)):
+        for toggle, value in chosen:
+            found = check(toggle, value)
             if not found.ok:
                 return found
     return registry.Availability.yes()
@@ -93,10 +103,27 @@ def test_every_toggle_is_held_to_it():
     assert len(ALL) == sum(len(toggle.choices) - 1 for toggle in registry.toggles())
 
 
+def test_every_toggle_says_for_each_family_whether_it_applies():
+    """A choice applies to each DiT family or says why not, in words a person can read."""
+    for toggle in registry.toggles():
+        for choice in toggle.choices:
+            for family in FAMILIES.values():
+                found = registry.family_availability(toggle, choice.value, family)
+                assert found.ok or len(found.reason) > 30, (toggle.name, choice.value, family)
+    assert _dit_choices(QWEN_IMAGE_21_DIT), "some DiT choices apply to 2.1 on the CPU"
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """The engine of each family's tiny model (nothing loaded: a check reads the declarations)."""
+    return {model: Engine(model, device="cpu") for model in FAMILIES}
+
+
+@pytest.mark.parametrize("model", FAMILIES)
 @pytest.mark.parametrize("name, value", ALL, ids=IDS)
-def test_a_choice_that_cannot_run_here_is_refused_with_its_reason(engine, name, value):
-    config = config_for(name, value)
-    found = available(config)
+def test_a_choice_that_cannot_run_here_is_refused_with_its_reason(engines, model, name, value):
+    engine, config = engines[model], config_for(name, value)
+    found = available(config, FAMILIES[model])
     if found.ok:
         engine.check(config)
         return
@@ -137,9 +164,9 @@ def _relative(output, reference) -> float:
     return float((output - reference).norm() / reference.norm())
 
 
-def _dit_choices():
+def _dit_choices(family: str = QWEN_IMAGE_DIT):
     return [(name, value) for name, value in ALL if registry.get(name).component == "dit"
-            and registry.get(name).changes != registry.PLACEMENT and available(config_for(name, value)).ok]
+            and registry.get(name).changes != registry.PLACEMENT and available(config_for(name, value), family).ok]
 
 
 DIT = _dit_choices()
@@ -196,7 +223,6 @@ def edit_engine():
 
 def _request():
     from PIL import Image
-    from conftest import ASSETS
     return EditRequest(images=[Image.open(ASSETS / "house.png").convert("RGB")], prompt="ghostly", width=64,
                        height=64, steps=2, seed=1)
 
@@ -211,6 +237,82 @@ def test_an_encoder_choice_edits_as_stock_and_leaves_the_base_weights(edit_engin
     assert all(torch.equal(tensor, before[key]) for key, tensor in getattr(engine.load(), component).state_dict().items())
     difference = np.abs(np.asarray(result.image, dtype=np.int16) - np.asarray(stock.image, dtype=np.int16))
     assert difference.max() <= (1 if name in OTHER_KERNELS else 0), difference.max()
+
+
+# ---- Qwen-Image-2.1's DiT: the choices that apply to it, on whole edits of the tiny 2.1 ----
+
+DIT_21 = _dit_choices(QWEN_IMAGE_21_DIT)
+DIT_21_IDS = [f"{name}={value}" for name, value in DIT_21]
+OTHER_KERNELS_LEVELS = 1   # 8-bit levels an image may move where other kernels compute the same function
+LOSSY_LEVELS = 6           # mean levels a lossy choice's image may move on the tiny 2.1 (FP8 weights: about 1)
+
+
+@pytest.fixture(scope="module")
+def engine_21():
+    """The tiny 2.1 in float32, a copy of its DiT's base weights and stock's image."""
+    engine = Engine("tiny-2.1", device="cpu", dtype="float32")
+    base = {name: tensor.clone() for name, tensor in engine.load().dit.state_dict().items()}
+    return engine, base, _pixels(engine.run(_request_21(), OptimizationConfig()).image)
+
+
+def _request_21() -> EditRequest:
+    """An edit with one reference (a block-causal prefix of text and image), two steps: the first fills the prefix
+    cache, the second reads it."""
+    from PIL import Image
+    return EditRequest(images=[Image.open(ASSETS / "house.png").convert("RGB")], prompt="ghostly", width=64,
+                       height=64, steps=2, cfg_scale=1.0, seed=1)
+
+
+def _pixels(image):
+    import numpy as np
+    return np.asarray(image, dtype=np.int16)
+
+
+@pytest.mark.parametrize("name, value", DIT_21, ids=DIT_21_IDS)
+def test_a_2_1_dit_choice_prepares_runs_and_leaves_the_base_weights(engine_21, name, value):
+    engine, base, stock = engine_21
+    config = config_for(name, value)
+    result = engine.run(_request_21(), config)
+    assert all(torch.equal(tensor, base[key]) for key, tensor in engine.load().dit.state_dict().items())
+    first, second = result.telemetry.dit_tokens
+    assert (second == first) == (config.value("prefix-cache") == registry.OFF), (first, second)
+    difference = abs(_pixels(result.image) - stock)
+    if config.lossy:
+        assert 0 < difference.mean() <= LOSSY_LEVELS, difference.mean()
+    elif any(setting in OTHER_KERNELS for setting in settings_for(name, value)):
+        assert difference.max() <= OTHER_KERNELS_LEVELS, difference.max()
+    else:  # the prefix cache off: the same attention over the same keys, in float32
+        assert difference.max() == 0, difference.max()
+
+
+@pytest.fixture(scope="module")
+def lora_21(tmp_path_factory):
+    """A LoRA of the tiny 2.1 in diffusers' published keys, as runtime and as fused."""
+    from test_qwen_image_21 import _lora_file
+    path = _lora_file(tmp_path_factory.mktemp("lora-21"), "diffusers")
+    return tuple(LoraChoice.from_file(path, LORA_SCALE, mode) for mode in ("runtime", "fused"))
+
+
+@pytest.mark.parametrize("name, value", DIT_21, ids=DIT_21_IDS)
+def test_a_2_1_dit_choice_with_a_runtime_lora_computes_the_fused_lora_or_says_why_not(engine_21, lora_21, name,
+                                                                                      value):
+    engine, _, stock = engine_21
+    runtime, fused = lora_21
+    config = config_for(name, value)
+    reason = registry.get(name).choice(value).needs_fused_loras
+    if reason:
+        with pytest.raises(ValueError, match="needs fused LoRAs"):
+            config.replace(loras=(runtime,))
+        return
+    with_runtime = _pixels(engine.run(_request_21(), config.replace(loras=(runtime,))).image)
+    exact_lora = config if not config.lossy else OptimizationConfig()  # FP8: the fused LoRA on stock's weights
+    with_fused = _pixels(engine.run(_request_21(), exact_lora.replace(loras=(fused,))).image)
+    assert abs(with_fused - stock).mean() > 1, "the LoRA changes the image"
+    difference = abs(with_runtime - with_fused)
+    if config.lossy:
+        assert difference.mean() <= LOSSY_LEVELS, difference.mean()
+    else:
+        assert difference.max() <= OTHER_KERNELS_LEVELS, difference.max()
 
 
 # ---- under Ulysses: two gloo processes ----
@@ -231,6 +333,11 @@ def _ulysses_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
     results = {}
     try:
         mesh = meshes.setup("ulysses", True, "cpu")
+        try:  # Qwen-Image-2.1 runs in one process: refused with the reason before anything is split
+            Engine("tiny-2.1", device="cpu", mesh=mesh).run(_request_21())
+            results["2.1 refused"] = "ran"
+        except UnavailableOptionError as refused:
+            results["2.1 refused"] = str(refused)
         for name, value in ULYSSES:
             config = config_for(name, value)
             prepared, _ = engine.prepare(config)
@@ -256,3 +363,8 @@ def ulysses_results(tmp_path_factory):
 def test_under_ulysses_a_dit_choice_gives_the_one_process_forward_bit_for_bit(ulysses_results, name, value):
     for rank, results in enumerate(ulysses_results):
         assert results[f"{name}={value}"], rank
+
+
+def test_under_ulysses_a_2_1_edit_is_refused_with_its_reason(ulysses_results):
+    for results in ulysses_results:
+        assert "runs in one process" in results["2.1 refused"], results["2.1 refused"]

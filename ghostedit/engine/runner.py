@@ -99,11 +99,13 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
     sequence_length = sum(w * h // 256 for w, h in [(width, height), *condition_sizes])
     recorder.telemetry.parallel = parallel.describe(mesh)
     start = exact.Start.of(request, (width, height))  # None: a plain edit
+    if family.dit == QWEN_IMAGE_21_DIT:
+        refuse_for_2_1(family, mesh, start)
     with dit_run(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder, mesh,
                  step_cache_threshold) as (options, ran), \
             _Instrumented(prepared, recorder, options), parallel.edit_context(prepared.pipe, mesh, request.cfg_scale):
         image = prepared.pipe(**pipeline_arguments(request, family, config, width, height, recorder.telemetry, start,
-                                                   options, mesh),
+                                                   options),
                               progress_bar_cmd=lambda timesteps: recorder.timed_steps(on_device(timesteps, device)))
         image = start.finished(image) if start else image
         recorder.decoding_done()
@@ -111,8 +113,18 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
                       {**prepared.report, **ran.get("words", {})}, recorder.finish())
 
 
+def refuse_for_2_1(family, mesh, start) -> None:
+    """What Qwen-Image-2.1's pipeline does not run, refused with the reason before anything starts."""
+    if mesh is not None:
+        raise UnavailableOptionError(f"{family.name} runs in one process: CFG parallel and Ulysses are written for "
+                                     "the Edit DiT's pipeline and forward (start it without torchrun)")
+    if start is not None:
+        raise UnavailableOptionError(f"{family.name} takes no mask or strength: they follow diffusers' "
+                                     "QwenImageEditInpaintPipeline, written for the Edit models")
+
+
 def pipeline_arguments(request: EditRequest, family, config, width: int, height: int, telemetry, start,
-                       options: DitOptions, mesh=None) -> dict:
+                       options: DitOptions) -> dict:
     """What the family's pipeline is called with: the Edit models' DiffSynth QwenImagePipeline (with `start`, the
     image a masked or partial-strength edit starts from; the run's DiT options reach its forward through
     _Instrumented), or Qwen-Image-2.1's (which takes the run's DiT options itself, adds its prefix cache to them,
@@ -120,12 +132,6 @@ def pipeline_arguments(request: EditRequest, family, config, width: int, height:
     common = {"prompt": request.prompt, "negative_prompt": request.negative_prompt, "cfg_scale": request.cfg_scale,
               "height": height, "width": width, "seed": request.seed, "num_inference_steps": request.steps}
     if family.dit == QWEN_IMAGE_21_DIT:
-        if mesh is not None:
-            raise UnavailableOptionError(f"{family.name} runs in one process: CFG parallel and Ulysses are written "
-                                         "for the Edit DiT's pipeline and forward (start it without torchrun)")
-        if start is not None:
-            raise UnavailableOptionError(f"{family.name} takes no mask or strength: they follow diffusers' "
-                                         "QwenImageEditInpaintPipeline, written for the Edit models")
         return {**common, "edit_image": list(request.images) or None, "dit_options": options,
                 "prefix_cache": config.value("prefix-cache") == "on", "count_tokens": telemetry.dit_tokens.append}
     return {**common, "edit_image": list(request.images), "edit_image_auto_resize": False,

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..seams import FLEX, DitOptions, Segments, attention, flex_block_mask
+from ..seams import FLEX, DitOptions, Segments, attention, flex_block_mask, joinable_parts
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
 
@@ -296,6 +296,9 @@ class QwenImage21DiT(nn.Module):
     # cached steps are one graph each (torch's automatic dynamic shapes make the second one over any length), and
     # the blocks share them; no token dimension needs marking
     one_graph_per_step_kind = True
+    # projections joined into one (models/seams.py): none, its q, k and v stay the released layers (fused-qkv is the
+    # Edit DiT's); fused LoRAs and the pinned base read this
+    fused_projections: dict[str, tuple[str, ...]] = {}
 
     def __init__(self, patch_size: int = 1, in_channels: int = 64, out_channels: int | None = 64,
                  num_layers: int = 32, attention_head_dim: int = 128, num_attention_heads: int = 32,
@@ -327,6 +330,10 @@ class QwenImage21DiT(nn.Module):
     def blocks(self) -> nn.ModuleList:
         """The repeated blocks (DiffSynth's attribute name, which the state dict's keys carry)."""
         return self.transformer_blocks
+
+    def joinable_parts(self) -> list[list[torch.Tensor]]:
+        """The weight groups a fused projection would join (seams.joinable_parts): none."""
+        return joinable_parts(self, self.fused_projections)
 
     def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor, layout_: Layout,
                 options: DitOptions = DitOptions()) -> torch.Tensor:
