@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from ..config import EditRequest, OptimizationConfig
+from .workers import WorkerPool
 
 WARM_UP_STEPS = 2   # the fewest the schedules run (models/exact.py)
 WARM_UP_CFG = 4.0   # true CFG: the negative prompt's encoding and the DiT's unconditional call are warmed too
@@ -124,7 +125,6 @@ class StartUp:
 
 def _warm(engine, request: EditRequest, config: OptimizationConfig, on_progress) -> list:
     """The warm-up edit on the engine, or on every worker of a pool at once."""
-    from .workers import WorkerPool
     if isinstance(engine, WorkerPool):
         return engine.run_on_every_worker(request, config, on_progress)
     return [engine.run(request, config, on_progress=on_progress)]

@@ -7,6 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from diffsynth.pipelines.qwen_image_21 import QwenImage21Pipeline
+
+from ..family import exact_pipeline
+from .checkpoint import model_configs
+from .synthetic import build_synthetic_pipeline
+from .tiny import ensure_tiny_model
 
 
 def load_embedded_pipeline(spec, device: str, torch_dtype: torch.dtype, base_dit_on_gpu: bool = True,
@@ -14,14 +20,8 @@ def load_embedded_pipeline(spec, device: str, torch_dtype: torch.dtype, base_dit
     """The tiny model (generated on first use, loaded as real weights are) or the synthetic one (built on the
     device), computing as `spec.family` (2.1 or Turbo) does."""
     if spec.kind == "synthetic":
-        from .synthetic import build_synthetic_pipeline
         return build_synthetic_pipeline(spec.family, device, torch_dtype, dit_in_host_memory=not base_dit_on_gpu,
                                         text_encoder_in_host_memory=not text_encoder_on_gpu, dit_only=dit_only)
-    from diffsynth.pipelines.qwen_image_21 import QwenImage21Pipeline
-
-    from ..family import exact_pipeline
-    from .checkpoint import model_configs
-    from .tiny import ensure_tiny_model
     family, weights, _, processor = model_configs(ensure_tiny_model(turbo=spec.family.sample_sigmas is not None))
     pipe = QwenImage21Pipeline.from_pretrained(torch_dtype=torch_dtype, device=device, model_configs=weights,
                                                processor_config=processor)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from diffsynth.core.attention import attention_forward
 from torch import nn
 
 from ..seams import FLEX, DitOptions, Segments, attention, flex_block_mask, joinable_parts
@@ -146,7 +147,6 @@ def apply_rotary(x: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
 def diffsynth_attention(q, k, v, mask) -> torch.Tensor:
     """DiffSynth's own attention for this DiT (its choice of kernel, PyTorch SDPA for a mask), heads first in,
     [batch, queries, heads * head_dim] out."""
-    from diffsynth.core.attention import attention_forward
     return attention_forward(q, k, v, q_pattern="b n s d", k_pattern="b n s d", v_pattern="b n s d",
                              out_pattern="b s n d", attn_mask=mask).flatten(2)
 

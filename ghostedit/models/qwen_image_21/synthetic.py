@@ -10,11 +10,17 @@ from __future__ import annotations
 import copy
 
 import torch
+from diffsynth.models.qwen_image_21_text_encoder import QwenImage21TextEncoder
+from diffsynth.models.qwen_image_21_vae import QwenImage21VAE
+from diffsynth.pipelines.qwen_image_21 import QwenImage21Pipeline
 
 from ...paths import ghostedit_home
 from ...pinned import PinnedArena, pin_module
+from ..family import exact_pipeline
 from ..processor import special_token_ids
 from ..synthetic import INIT_STD, _created_on, _seeded
+from .checkpoint import ConfiguredTextEncoder
+from .dit import QwenImage21DiT
 from .processor import load_processor, write_processor
 
 # an FP8 DiT (7 GiB) and room for the activations of a 1024x1024 edit; memory=low brings a 24 GB card under
@@ -32,13 +38,6 @@ def build_synthetic_pipeline(family, device: str, torch_dtype: torch.dtype, dit_
                              text_encoder_in_host_memory: bool = False, dit_only: bool = False):
     """The whole pipeline (or the DiT alone), with the same random weights in every process, computing as the
     family (2.1 or Turbo) does."""
-    from diffsynth.models.qwen_image_21_text_encoder import QwenImage21TextEncoder
-    from diffsynth.models.qwen_image_21_vae import QwenImage21VAE
-    from diffsynth.pipelines.qwen_image_21 import QwenImage21Pipeline
-
-    from ..family import exact_pipeline
-    from .checkpoint import ConfiguredTextEncoder
-
     pipe = QwenImage21Pipeline(device=device, torch_dtype=torch_dtype)
     pipe.dit = build_synthetic_dit(device, torch_dtype, in_host_memory=dit_in_host_memory)
     if not dit_only:
@@ -58,8 +57,6 @@ def build_synthetic_pipeline(family, device: str, torch_dtype: torch.dtype, dit_
 def build_synthetic_dit(device: str, torch_dtype: torch.dtype, in_host_memory: bool = False):
     """The full-size DiT with GPT-style random weights (see ..synthetic.INIT_STD). `in_host_memory`: each block
     made on the device and copied into pinned host memory at once, so the device never holds more than one."""
-    from .dit import QwenImage21DiT
-
     arena = PinnedArena() if in_host_memory else None
     with _seeded(device, 0):
         with _created_on(device, torch_dtype):

@@ -9,10 +9,13 @@ import json
 from pathlib import Path
 
 import torch
+from diffsynth.models.qwen_image_21_vae import QwenImage21VAE
 from safetensors.torch import save_file
 
 from ...paths import generated_once, ghostedit_home
+from ..family import QWEN_IMAGE_21, QWEN_IMAGE_21_TURBO
 from ..processor import special_token_ids
+from .dit import QwenImage21DiT
 from .processor import write_processor
 
 TINY_MODEL_NAME = "tiny-2.1-v1"  # bump whenever the generated files change: caches keep old versions
@@ -79,7 +82,6 @@ def ensure_tiny_model(turbo: bool = False, root: Path | None = None) -> Path:
 
 def generate_tiny_model(folder: Path, turbo: bool) -> None:
     """The released layout with tiny seeded weights: GhostEdit's DiT, transformers' Qwen3-VL, DiffSynth's VAE."""
-    from ..family import QWEN_IMAGE_21, QWEN_IMAGE_21_TURBO
     family = QWEN_IMAGE_21_TURBO if turbo else QWEN_IMAGE_21
     folder.mkdir(parents=True)
     index = {**MODEL_INDEX, **({"sample_sigmas": list(family.sample_sigmas)} if turbo else {})}
@@ -96,7 +98,6 @@ def generate_tiny_model(folder: Path, turbo: bool) -> None:
 
 
 def build_dit(seed: int) -> torch.nn.Module:
-    from .dit import QwenImage21DiT
     return init_like_trained(QwenImage21DiT(**TRANSFORMER), seed)
 
 
@@ -123,7 +124,6 @@ def build_text_encoder(token_ids: dict) -> torch.nn.Module:
 
 
 def build_vae() -> torch.nn.Module:
-    from diffsynth.models.qwen_image_21_vae import QwenImage21VAE
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED + 2)
         return QwenImage21VAE(**{k: v for k, v in VAE.items()})
