@@ -140,9 +140,13 @@ class BranchSteps:
         self.branch = 0
 
     def begin(self, step: int) -> int:
-        self.branch = self.branch + 1 if step == self.step else 0
+        self.branch = self.next(step)
         self.step = step
         return self.branch
+
+    def next(self, step: int) -> int:
+        """The branch a forward at `step` would belong to (what `begin` will say)."""
+        return self.branch + 1 if step == self.step else 0
 
 
 class PrefixKVCache:
@@ -170,10 +174,10 @@ class PrefixKVCache:
         """Whether this forward computes every token and stores the prefix (its branch has none yet)."""
         return self.branch not in self._filled
 
-    @property
-    def shape_key(self) -> str:
-        """What the cache adds to a forward's shapes (a compiled DiT runs one graph for each)."""
-        return "filling the prefix cache" if self.filling else "from the prefix cache"
+    def shape_key(self, step: int) -> str:
+        """What the cache adds to the shapes of the forward at `step`, before it begins (a compiled DiT runs one
+        graph for each)."""
+        return "from the prefix cache" if self._branches.next(step) in self._filled else "filling the prefix cache"
 
     def store(self, block: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Block `block`'s prefix keys and values, [batch, prefix tokens, heads, head_dim] (kept as copies of their
