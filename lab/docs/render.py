@@ -688,7 +688,7 @@ def _fastest(kernels: dict, prefix: str, timing: str = "ms") -> tuple[str, dict]
 
 
 def fused_gelu() -> str:
-    """Section 6: the feed-forward layers' GELU and FP8 quantization in one kernel (ghostedit/optimize/fp8_mlp.py):
+    """Section 6: the feed-forward layers' GELU and FP8 quantization in one kernel (ghostedit/kernels/gelu_quant.py):
     the kernel alone against Inductor's and other layouts (gelu_quant_probe.py (retired)), then the feed-forward
     layer and the DiT forward with and without it."""
     path = LAB / "gelu-quant" / "gelu-quant.json"
