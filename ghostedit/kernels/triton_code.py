@@ -1,7 +1,7 @@
 """GhostEdit's own Triton kernels, each run by the module that owns its choice: the GELU and its rowwise FP8
-quantization (fp8_mlp.py, fused-gelu-quant) and the FP8 attention's q and k normalized, rotated and cast (fp8_qk.py,
-fused-qk-norm-rope), both through custom ops that compiled blocks call; the VAE's RMS norm with the SiLU after it
-(vae_frames.py, vae=image-fused). This module imports Triton: those modules load it only when a GPU configuration
+quantization (gelu_quant.py, fused-gelu-quant) and the FP8 attention's q and k normalized, rotated and cast
+(qk_norm_rope.py, fused-qk-norm-rope), both through custom ops that compiled blocks call; the VAE's RMS norm with the
+SiLU after it (optimize/vae_frames.py, vae=image-fused). This module imports Triton: those modules load it only when a GPU configuration
 runs them. Triton resolves a kernel's helper functions among the module's globals, hence one module for them."""
 import triton
 import triton.language as tl
