@@ -313,6 +313,7 @@ def test_eight_clients_at_once_each_get_only_their_own_results(app, tmp_path):
     assert isinstance(outcomes[FOREIGN_LORA], AppError) and "matched 0 layers" in str(outcomes[FOREIGN_LORA])
     cancelled = outcomes[CANCELLING][RUN_JSON]
     assert cancelled["state"] == "cancelled" and "of 60 steps" in cancelled["message"]
+    assert own_total_steps(jobs[CANCELLING]) == {60}
     for index, plan in enumerate(requests):
         if index in (CANCELLING, FOREIGN_LORA):
             continue
@@ -321,7 +322,8 @@ def test_eight_clients_at_once_each_get_only_their_own_results(app, tmp_path):
         assert run["state"] == "done" and "Done in" in result[STATUS], index
         assert (run["seed"], run["steps"], (run["width"], run["height"])) == (plan["seed"], plan["steps"], size)
         assert len(run["telemetry"]["step_s"]) == plan["steps"]
-        assert own_total_steps(jobs[index]) == {plan["steps"]}  # the live view showed only this run
+        # the live view showed only this run (a short run may end before a throttled view shows its steps)
+        assert own_total_steps(jobs[index]) <= {plan["steps"]}
         assert run["telemetry"]["notes"] == ([f"input image 1: {GIF_NOTE}"] if index == GIF else [])
         assert Image.open(result[BEFORE_AFTER][1]).size == size
         table = rows(result[TABLE])  # this session's history: its own run and nothing else

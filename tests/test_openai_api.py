@@ -86,6 +86,16 @@ def test_n_images_have_consecutive_seeds(server, api):
     assert not np.array_equal(made[0], made[1])
 
 
+def test_a_list_setting_in_extra_body_arrives_as_the_openai_client_sends_it(server, api):
+    """The openai client sends a list of extra_body as NAME[] fields (rewrites[]=real-rope&rewrites[]=...): a group
+    of flags takes them, and the run says it ran them."""
+    with open(HOUSE, "rb") as image:
+        answer = api.images.edit(image=image, prompt=PROMPT, size=f"{SIZE[0]}x{SIZE[1]}",
+                                 extra_body={**SETTINGS, "rewrites": ["real-rope", "joint-layout"]})
+    configuration = answer.model_extra["ghostedit"]["runs"][0]["configuration"]
+    assert "real-rope" in configuration and "joint-layout" in configuration, configuration
+
+
 def test_a_masked_edit_keeps_the_image_outside_the_mask(server, api):
     with open(HOUSE, "rb") as image, open(MASK, "rb") as mask:
         answer = api.images.edit(image=image, mask=mask, prompt=PROMPT, size=f"{SIZE[0]}x{SIZE[1]}",

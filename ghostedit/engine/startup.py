@@ -64,11 +64,16 @@ class StartUp:
     warmed: list[Warmed] = field(default_factory=list)
     events: dict = field(default_factory=dict)   # the latest progress event, per worker ("" without a pool)
 
-    def start(self) -> "StartUp":
-        """Starts warming in the background; refuses at once (UnavailableOptionError) a configuration that cannot
-        run here."""
+    def check(self) -> "StartUp":
+        """Refuses at once (UnavailableOptionError) a configuration that cannot run here."""
         for config in self.configs:
             self.engine.check(config)
+        return self
+
+    def start(self) -> "StartUp":
+        """Starts warming in the background (the app calls it once its server answers: the warm-up's work would
+        otherwise slow the page's start); refuses at once a configuration that cannot run here."""
+        self.check()
         self.started = time.perf_counter()
         if not self.configs:
             self.state, self.finished = OFF, self.started
@@ -79,7 +84,8 @@ class StartUp:
 
     @property
     def busy(self) -> bool:
-        return self.state == "warming"
+        """Warming, or about to (created with configurations, not started yet)."""
+        return self.state == "warming" or (self.state == "waiting" and bool(self.configs))
 
     def _run(self) -> None:
         request = warm_up_request()
@@ -115,7 +121,8 @@ class StartUp:
         """What start-up is doing or did, JSON-ready: state, the configuration being warmed, seconds so far, each
         worker's latest stage (with its download progress), the configurations warmed and their stages."""
         end = self.finished if self.finished is not None else time.perf_counter()
-        return {"state": self.state, "configuration": self.current, "elapsed_s": end - self.started,
+        return {"state": self.state, "configuration": self.current or (self.configs[0].label if self.configs else ""),
+                "elapsed_s": end - self.started if self.started else 0.0,
                 "error": self.error or None,
                 "now": {worker: {"stage": event.stage, "message": event.message, "download": event.download}
                         for worker, event in dict(self.events).items()} if self.busy else {},

@@ -10,8 +10,9 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
     """The Blocks app on an engine for `model`, with its queue: one edit at a time per GPU. With several GPUs (or
     `workers` CPU workers) a pool of engines, one per device, serves that many edits at once (engine/workers.py),
     its workers starting in the background. `warm_up`: the configurations (OptimizationConfig) made ready in the
-    background from now on (engine/startup.py; None: the page's default one; []: none): the weights load and each
-    is prepared and warmed while the page serves. One that cannot run here is refused (UnavailableOptionError)."""
+    background (engine/startup.py; None: the page's default one; []: none) once `demo.ghostedit_startup.start()` is
+    called (serve.py: when the server answers): the weights load and each is prepared and warmed while the page
+    serves. One that cannot run here is refused at once (UnavailableOptionError)."""
     from ..device import default_device
     from ..engine import Engine
     from ..config import OptimizationConfig
@@ -26,8 +27,9 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
     for done in prepare_space(engine):  # on a ZeroGPU Space: weights and AoT compile before serving
         print(done, flush=True)
     # on ZeroGPU the GPU exists only inside an edit's call: prepare_space did what start-up can do there
-    startup = StartUp(engine, [] if zero_gpu() else [OptimizationConfig()] if warm_up is None else warm_up).start()
+    startup = StartUp(engine, [] if zero_gpu() else [OptimizationConfig()] if warm_up is None else warm_up).check()
     demo = build_app(engine, Path(lora_dir), concurrency=len(devices), startup=startup)
+    demo.ghostedit_startup = startup  # serve() starts it once the server answers
     demo.queue(default_concurrency_limit=1, max_size=64)
     threading.Thread(target=_first_event_imports, name="ghostedit-imports", daemon=True).start()
     return demo

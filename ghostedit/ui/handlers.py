@@ -33,6 +33,10 @@ from .tables import column_widths, comparison_html, readable
 from .system import cache_table, hardware_markdown, options_json, options_table, system_report
 
 
+# At most one streamed view of a running edit this often: Gradio spends 10-40 ms of the server's time on each
+# (docs/benchmarks/latency-4: "Gradio ms per update"), so a 1-second edit streaming a view per stage and step ended
+# with a backlog of views the picture waited behind; four a second still show every stage a person can read
+STREAM_INTERVAL_S = 0.25
 MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
 BEFORE_VIEWS = 16  # the inputs' views kept (the same input edited again shows the same file)
 REUSED_REQUEST = ["prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width", "height"]
@@ -164,11 +168,15 @@ class Handlers:
         try:
             yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip,
                    {"state": "starting"}, skip, skip, skip)
+            shown = time.perf_counter()  # the "Starting" view
             for item in run:
                 if not isinstance(item, live.Live):
                     return item
                 if item.event is not None and item.event.stage == "done":
                     continue  # the result follows at once
+                if time.perf_counter() - shown < STREAM_INTERVAL_S:
+                    continue  # the next view shows it: a quicker one would only delay the picture
+                shown = time.perf_counter()
                 if item.event is not None and item.event.total_steps:
                     progress((item.event.step, item.event.total_steps), desc=live.stage_words(item.event.stage),
                              unit="steps")

@@ -233,7 +233,9 @@ class ImagesAPI:
 
     def _call(self, fields: dict, images: list[bytes], mask: bytes | None) -> "Call":
         """The request checked and its images read (the engine's own checks), before it waits in the queue."""
-        unknown = sorted(set(fields) - set(OPENAI_FIELDS) - set(IGNORED_FIELDS) - set(extra_fields()) - {"config"})
+        # a list in the openai client's extra_body arrives as NAME[] (rewrites[]=real-rope&rewrites[]=...)
+        named = {name.removesuffix("[]") for name in fields}
+        unknown = sorted(named - set(OPENAI_FIELDS) - set(IGNORED_FIELDS) - set(extra_fields()) - {"config"})
         if unknown:
             raise OpenAIError(400, f"Unrecognized request argument supplied: {', '.join(unknown)} (GhostEdit's "
                                    f"settings: {', '.join(extra_fields())}, config)", param=unknown[0])
@@ -253,10 +255,12 @@ class ImagesAPI:
         try:
             config = panel_config(self.handlers.loras, values)
             self.handlers.engine.check(config)
+            family = self.handlers.engine.family
             edit = edit_request(images, values.get("prompt"), values.get("negative_prompt"), values["steps"],
                                 values["cfg_scale"], values["seed"], values.get("width"), values.get("height"),
-                                mask=mask, strength=values["strength"],
+                                keep_alpha=bool(family and family.rgba), mask=mask, strength=values["strength"],
                                 padding_mask_crop=values.get("padding_mask_crop"), paste_back=values["paste_back"])
+            self.handlers.engine.check_request(edit)
             edits = seeded_requests(edit, values["count"])
         except GhostEditError as error:
             raise _answer_for(error) from error
@@ -280,7 +284,9 @@ class ImagesAPI:
     def _values(self, fields: dict, one: dict) -> dict:
         """/edit's {parameter: value} from OpenAI's fields and GhostEdit's, with /edit's defaults."""
         spec = self.handlers.engine.spec
-        values = {"steps": spec.default_steps, "cfg_scale": 4.0, "seed": 0, "strength": 1.0, "paste_back": False}
+        family = self.handlers.engine.family
+        values = {"steps": spec.default_steps, "cfg_scale": family.default_cfg if family else 4.0, "seed": 0,
+                  "strength": 1.0, "paste_back": False}
         if one.get("config"):
             values.update(_preset_values(one["config"]))
         types_ = parameter_types(spec.default_steps)

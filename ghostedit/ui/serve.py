@@ -76,6 +76,7 @@ def serve(args: argparse.Namespace) -> None:
                 app_kwargs={"routes": images_api(demo, args.api_key)}, **launch_options())
     print(f"GhostEdit is serving on {demo.local_url}" + (f" and {demo.share_url}" if demo.share_url else
           " (add --share for a public gradio.live link)"), flush=True)
+    demo.ghostedit_startup.start()  # now, not before: the warm-up's work would slow the page's own start
     if args.mcp:
         from .tools import keep_agent_tools
         print(f"MCP tools {', '.join(keep_agent_tools(demo))} at (Streamable HTTP) "
