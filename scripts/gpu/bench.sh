@@ -13,6 +13,7 @@
 #             in one process, best in another, which ends with e2e-4-mask: best's e2e-4 edit with $MASK (the
 #             masked row: compare with e2e-4's best). The compiled text encoder was measured once (lab/LOG.md,
 #             section 3), not in every run
+#   scripts/gpu/bench.sh mask      issue 42: e2e-4's best edit, then the same with $MASK, in one process
 #   scripts/gpu/bench.sh cold      the never-compiled first use of ready again in five new processes one after
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
@@ -121,6 +122,13 @@ e2e() {
     --then --out-dir "$RESULTS/e2e-4-mask" "${E2E_4[@]}" --baseline-from "" --mask "$MASK" --configs "$BEST"
 }
 
+# The masked row alone (issue 42): best's e2e-4 edit, then the same edit with $MASK in the same process (its
+# preparation and compile times show that a masked edit of the same size recompiles nothing)
+mask() {
+  bench e2e-4-plain --width "$SIDE" --height "$SIDE" "${E2E_4[@]}" --configs "$BEST" \
+    --then --out-dir "$RESULTS/e2e-4-mask" "${E2E_4[@]}" --baseline-from "" --mask "$MASK" --configs "$BEST"
+}
+
 speed() { dit; ready; e2e; }
 
 cards() {
@@ -179,7 +187,7 @@ latency() {
 }
 
 case ${1:-} in
-  speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21|latency) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|cards|all|card-full|lora-switch|qwen21|latency" >&2
+  speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|latency) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|latency" >&2
      exit 2 ;;
 esac
