@@ -18,7 +18,9 @@ ARTIFACTS = REPO / "test-artifacts"
 # Each test's tier by its file (the markers of pytest.ini); every test under tests/gpu/ is `gpu`
 TIERS = {"browser": ("test_app_browser.py",),
          "server": ("test_app_api.py", "test_hardening_server.py", "test_mcp.py", "test_space.py", "test_workers.py",
-                    "test_compiled_package.py", "test_wheel.py")}
+                    "test_compiled_package.py", "test_wheel.py", "test_openai_api.py", "test_app_qwen_image_21.py",
+                    "test_mask_app.py", "test_latency.py")}
+BROWSER_FIXTURES = {"browser", "page"}  # a browser test in a server file (its tier is both)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -29,6 +31,8 @@ def pytest_collection_modifyitems(items):
         for tier, files in TIERS.items():
             if item.path.name in files:
                 item.add_marker(getattr(pytest.mark, tier))
+        if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.browser)
 
 
 def pytest_report_header(config):

@@ -181,6 +181,7 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
     assert f"{first['client_s']:.2f} s" in block and "never compiled it" in block
 
 
+@pytest.mark.browser  # its own chromium, started inside
 def test_the_page_says_it_is_ready_and_fills_the_comparison_after_the_picture(fresh_app):
     """In a browser: the start-up notice says the app is warmed up; after a run, the follow-up event fills the
     comparison's image metrics and offers the output as a PNG, without another run."""

@@ -1,5 +1,5 @@
-"""The test tiers: each test gets its tier's marker by its file (tests/conftest.py, the markers of pytest.ini), and
-`python -m pytest` deselects the gpu tier, which `-m gpu` selects on the GPU machine."""
+"""The test tiers: each test gets its tier's marker by its file or a browser fixture (tests/conftest.py, the markers
+of pytest.ini), and `python -m pytest` deselects the gpu tier, which `-m gpu` selects on the GPU machine."""
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +28,13 @@ def test_browser_and_server_tests_are_marked_by_their_file():
     assert collected("-m", "browser", *paths)[0] == {"tests/test_app_browser.py"}
     assert collected("-m", "server", *paths)[0] == {"tests/test_mcp.py"}
     assert collected("-m", "not browser and not server", *paths)[0] == {"tests/test_tiers.py"}
+
+
+def test_a_browser_test_in_a_server_file_is_in_both_tiers():
+    paths = ("tests/test_mask_app.py", "tests/test_latency.py")
+    browser = collected("-m", "browser", *paths)[1]
+    server_only = collected("-m", "server and not browser", *paths)[1]
+    assert "test_a_stroke_painted_on_the_image_is_the_runs_mask" in browser
+    assert "test_the_page_says_it_is_ready_and_fills_the_comparison_after_the_picture" in browser
+    assert "test_a_stroke_painted_on_the_image_is_the_runs_mask" not in server_only
+    assert "test_mask_app.py" in server_only and "test_latency.py" in server_only

@@ -119,7 +119,7 @@ QUEUED = """
 def mark_unavailable(reasons: dict[str, str]) -> str:
     """A script that greys every choice this machine cannot run, in the dropdowns and checkbox groups, with its
     reason on hover. `reasons`: {choice label: why} (settings.unavailable_reasons)."""
-    return """
+    return r"""
 () => {
   const reasons = %s;
   let queued = false;

@@ -37,6 +37,7 @@ from .system import cache_table, hardware_markdown, options_json, options_table,
 # (docs/benchmarks/latency-4: "Gradio ms per update"), so a 1-second edit streaming a view per stage and step ended
 # with a backlog of views the picture waited behind; four a second still show every stage a person can read
 STREAM_INTERVAL_S = 0.25
+TIMER_INTERVAL_S = 1.0  # a view with only the timer moved (no new stage or step)
 MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
 BEFORE_VIEWS = 16  # the inputs' views kept (the same input edited again shows the same file)
 REUSED_REQUEST = ["prompt", "negative_prompt", "steps", "cfg_scale", "seed", "width", "height"]
@@ -163,20 +164,23 @@ class Handlers:
         cancel = threading.Event()
         self._cancel_events[request.session_hash] = cancel
         notice = self.prepare_notice(config)  # before the run starts: it reads what the run will change
-        run = live.stream_run(self.engine, edit, config, cancel)  # the engine starts now, not after this first view
+        # the engine starts now, not after this first view; a tick every STREAM_INTERVAL_S shows a stage or step
+        # the throttle held back (the load's, say) that soon, not only when the next event comes
+        run = live.stream_run(self.engine, edit, config, cancel, tick_seconds=STREAM_INTERVAL_S)
         skip = gr.skip()  # the previous result stays up until this run's replaces it, and after a cancel
         try:
             yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip,
                    {"state": "starting"}, skip, skip, skip)
-            shown = time.perf_counter()  # the "Starting" view
+            shown, shown_event = time.perf_counter(), None  # the "Starting" view
             for item in run:
                 if not isinstance(item, live.Live):
                     return item
                 if item.event is not None and item.event.stage == "done":
                     continue  # the result follows at once
-                if time.perf_counter() - shown < STREAM_INTERVAL_S:
-                    continue  # the next view shows it: a quicker one would only delay the picture
-                shown = time.perf_counter()
+                interval = TIMER_INTERVAL_S if item.event is shown_event else STREAM_INTERVAL_S
+                if time.perf_counter() - shown < interval:
+                    continue  # a later view shows it: a quicker one would only delay the picture
+                shown, shown_event = time.perf_counter(), item.event
                 if item.event is not None and item.event.total_steps:
                     progress((item.event.step, item.event.total_steps), desc=live.stage_words(item.event.stage),
                              unit="steps")

@@ -32,7 +32,7 @@ BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /f
 PHASES = {"dit": "dit", "ready-never-compiled": "ready", "ready-package-only": "ready", "ready-restart": "ready",
           "e2e-4": "e2e", "e2e-40": "e2e", "e2e-4-stock": "e2e", "e2e-40-stock": "e2e", "card-24": "cards",
           "card-48": "cards", "card-full": "all", "lora-switch": "lora-switch", "latency-4": "latency",
-          "latency-40": "latency", "latency-restart": "latency"}
+          "latency-40": "latency", "latency-restart": "latency", "e2e-4-plain": "mask", "e2e-4-mask": "mask"}
 READY = {"ready-never-compiled": "a process that never compiled it (empty compile cache, no package)",
          "ready-package-only": "a new machine given its package (`ghostedit compiled install`)",
          "ready-restart": "a restarted process (compile cache on disk)"}
@@ -628,6 +628,56 @@ def latency() -> str:
             f"over the calls; browser edits where chromium was there). Measured on {source('latency-4')}.\n\n"
             f"{table}\n\nThe first {name(results('latency-4')['summary'][0])} edit after start:\n"
             + "\n".join(first) + "\n")
+
+
+def masked() -> str:
+    """Issue 42: the best configuration's 4-step edit and the same edit with a mask, one after the other in one
+    process: their times, and what the masked edit had to prepare or compile (nothing, when it recompiles nothing)."""
+    plain, mask = (results(part)["rows"][0] for part in ("e2e-4-plain", "e2e-4-mask"))
+    size = results("e2e-4-plain")["size"]
+    masked_with = results("e2e-4-mask")["start"]["mask"]
+    return (f"{name(plain)}, {size[0]}x{size[1]}, 4 steps, CFG 1, end to end: {plain['end_to_end_s']:.3f} s plain, "
+            f"{mask['end_to_end_s']:.3f} s with the mask `{masked_with}` (denoising {plain['s_per_step']:.3f} and "
+            f"{mask['s_per_step']:.3f} s a step); the masked edit, after the plain one, prepared for "
+            f"{mask['prepare_s']:.3f} s and compiled for {mask['warmup_s']:.3f} s. Measured on "
+            f"{source('e2e-4-plain')}.\n")
+
+
+QWEN21_PARTS = ("qwen21", "qwen21-2048")
+QWEN21_COLUMNS = {"end_to_end_s": "end to end s", "first_step_s": "first step s", "cached_step_s": "cached step s",
+                  "tokens_first": "tokens, first step", "tokens_cached": "tokens, cached step",
+                  "peak_gib": "peak GiB"}
+
+
+def qwen21() -> str:
+    """Issue 41: Qwen-Image-2.1 (the full-size synthetic model) on DiffSynth's own pipeline and on GhostEdit's, stock
+    and fast, case by case: end to end, the first step (which fills the prefix cache) and a cached step, the tokens
+    each computes. A case its process did not finish is named, with how the process ended."""
+    rows, unfinished = [], []
+    for part in QWEN21_PARTS:
+        found = results(part)
+        rows += [{"case": row["case"], "config": row["config"], **{key: row.get(key) for key in QWEN21_COLUMNS}}
+                 for row in found["rows"]]
+        done = {row["case"] for row in found["rows"]}
+        left = [case for case in _cases_asked(found) if case not in done]
+        if left:
+            log = located(f"{part}/{part}.log").read_text()
+            where = ("DiffSynth's own DiT" if "diffsynth/models/qwen_image_21_dit.py" in log else "GhostEdit's DiT")
+            ended = f"ran out of GPU memory in {where}" if "OutOfMemoryError" in log else "ended"
+            unfinished.append(f" In `{part}` the process {ended} at {left[0]}"
+                              + (f"; {', '.join(left[1:])} never ran." if left[1:] else "."))
+    table = markdown_table(rows, {"case": "case", "config": "pipeline and configuration", **QWEN21_COLUMNS})
+    commands = "; ".join(f"`{results(part)['environment']['command']}` (`docs/benchmarks/{part}/`)"
+                         for part in QWEN21_PARTS)
+    return (f"Measured on {_ran_on(results(QWEN21_PARTS[0])['environment'])}: {commands}.{''.join(unfinished)}"
+            f"\n\n{table}\n")
+
+
+def _cases_asked(found: dict) -> list[str]:
+    """The --cases of the command that wrote a result, in order."""
+    words = found["environment"]["command"].split()
+    after = words[words.index("--cases") + 1:]
+    return after[:next((index for index, word in enumerate(after) if word.startswith("--")), len(after))]
 
 
 def _committed_on(path: Path) -> str:
@@ -1338,7 +1388,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "gpu-nee
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
             "attention-lengths": attention_lengths, "cudnn-version": cudnn_version, "fa3-fp8": fa3_fp8,
             "vae-norm": vae_norm,
-            "parallel": parallel, "latency": latency}
+            "parallel": parallel, "latency": latency, "masked": masked, "qwen21": qwen21}
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
