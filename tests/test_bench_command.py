@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from ghostedit.bench import command
+from ghostedit.bench import command, qwen_image_21
 from ghostedit.cli import build_parser
 
 
@@ -225,3 +226,23 @@ def test_the_2_1_level_runs_each_case_on_stock_diffsynth_and_on_each_configurati
     assert stock["tokens_cached"] == 16, "stock's cache computes the target's 4x4 tokens too"
     assert uncached["tokens_cached"] == uncached["tokens_first"]
     assert ours["speedup_cached"] > 0 and (tmp_path / "table.md").read_text().count("\n") == 8
+
+
+def test_the_2_1_level_says_where_stock_diffsynth_ran_out_of_memory_and_goes_on(tmp_path, monkeypatch):
+    """DiffSynth's own pipeline ran out of the H100's memory at 2048 with four references (docs/benchmarks.md, 9):
+    its row says so and GhostEdit's configurations still run the case."""
+    timed = qwen_image_21._timed
+
+    def stock_out_of_memory(pipe, case, arguments, device, tokens):
+        if "dit_options" not in arguments:  # DiffSynth's pipeline gets no GhostEdit options
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.88 GiB.")
+        return timed(pipe, case, arguments, device, tokens)
+    monkeypatch.setattr(qwen_image_21, "_timed", stock_out_of_memory)
+    args = build_parser().parse_args(["bench", "--model", "tiny-2.1", "--device", "cpu", "--out-dir", str(tmp_path),
+                                      "--level", "2.1", "--width", "64", "--cases", "turbo-1024-1ref",
+                                      "--configs", "baseline"])
+    assert args.run(args) == 0
+    stock, ours = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert stock["error"] == "out of memory: CUDA out of memory. Tried to allocate 1.88 GiB."
+    assert ours["config"] == "GhostEdit stock" and ours["speedup_cached"] is None and len(ours["step_s"]) == 8
+    assert "out of memory" in (tmp_path / "table.md").read_text()

@@ -270,6 +270,9 @@ def _qwen_image_21(args, engine, configs, out_dir: Path, context: dict, timeline
         rows.append(row)
         timeline.mark(f"{row['config']} at {row['case']}")
         write_results(out_dir, {**context, "rows": rows})  # kept even if a later case fails
+        if "error" in row:
+            print(f"{row['case']} ({row['words']}), {row['config']}: {row['error']}", flush=True)
+            return row
         cached = f"{row['cached_step_s']:.3f}" if row["cached_step_s"] is not None else "-"
         print(f"{row['case']} ({row['words']}), {row['config']}: {row['end_to_end_s']:.2f} s end to end, first step "
               f"{row['first_step_s']:.3f} s, cached step {cached} s, tokens {row['tokens_first']} then "
@@ -277,12 +280,14 @@ def _qwen_image_21(args, engine, configs, out_dir: Path, context: dict, timeline
         return row
     results = qwen_image_21.run_bench(engine, configs, cases, args.seed, on_row, side=args.width)
     write_results(out_dir, {**context, **results})
-    (out_dir / "table.md").write_text(markdown_table(results["rows"], qwen_image_21.COLUMNS) + "\n")
+    ran = [row for row in results["rows"] if "error" not in row]
+    columns = {**qwen_image_21.COLUMNS, **({"error": "error"} if len(ran) < len(results["rows"]) else {})}
+    (out_dir / "table.md").write_text(markdown_table(results["rows"], columns) + "\n")
     write_bar_charts(out_dir / "chart.png", args.title or f"GhostEdit {engine.spec.source} on {engine.device}",
-                     [f"{row['case']}: {row['config']}" for row in results["rows"]],
-                     [row["end_to_end_s"] for row in results["rows"]], "seconds end to end (lower is better)",
-                     [row["peak_gib"] or 0 for row in results["rows"]], "peak GiB")
-    print(markdown_table(results["rows"], qwen_image_21.COLUMNS))
+                     [f"{row['case']}: {row['config']}" for row in ran],
+                     [row["end_to_end_s"] for row in ran], "seconds end to end (lower is better)",
+                     [row["peak_gib"] or 0 for row in ran], "peak GiB")
+    print(markdown_table(results["rows"], columns))
 
 
 @contextlib.contextmanager
