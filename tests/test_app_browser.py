@@ -517,8 +517,9 @@ def test_qwen_image_21_generates_without_an_image_edits_four_and_shows_transpare
     pixels[..., 2], pixels[:, 32:, 3] = 200, 255
     half = tmp_path / "half.png"
     Image.fromarray(pixels, "RGBA").save(half)
-    for _ in range(3):  # one image slot, and "add an image"
+    for slot in (2, 3, 4):  # one image slot, and "add an image": each click shows the next slot
         page.locator("#add_image").click()
+        page.locator(f"#input_image_{slot}").wait_for(state="visible", timeout=30_000)
     for elem_id in ("input_image", "input_image_2", "input_image_3", "input_image_4"):
         page.locator(f"#{elem_id} input[type=file]").set_input_files(str(half))
     page.locator("#prompt textarea").fill("put the four together")

@@ -197,3 +197,27 @@ def test_a_gpu_graphs_signature_holds_the_values_python_reads_off_host_tensors()
     shorter[0, 6:] = False
     assert key(mask) == key(mask.clone()) and key(mask) != key(shorter)
     assert key(mask, "cpu") == key(shorter, "cpu")  # on a CPU the host is the device
+
+
+def test_a_split_forward_has_graphs_of_its_own(prepared):
+    """The same inputs with and without a sequence split run different kernels (the split's all-to-alls and its
+    shard's shapes): the forward names its graphs by its split, and a graph captured under one name is never
+    replayed under another."""
+    class NamedGraphs:
+        names = []
+
+        def run(self, function, inputs, name=None):
+            self.names.append(name)
+            return "not run"
+    split = object()  # a stand-in for parallel.ulysses.Ulysses (frozen, hashable)
+    inputs = inputs_for(dit_engine(), side=64)
+    assert prepared.pipe.model_fn(dit=prepared.dit, options=DitOptions(graphs=NamedGraphs(), sequence_split=split),
+                                  **inputs) == "not run"
+    assert NamedGraphs.names == [split]
+    graphs = cuda_graphs.ShapeGraphs(ReplayingCapture())
+    held = {"latents": torch.ones(2, 3)}
+    with torch.no_grad(), graphs.running(("stock", None), RunRecorder("cpu")):
+        outputs = [graphs.run(lambda given: given["latents"] * 2, held, name=name)
+                   for name in (None, None, split, split, None, split)]
+    assert all(torch.equal(output, torch.full((2, 3), 2.0)) for output in outputs)
+    assert (graphs.captured, graphs.replayed) == (2, 4) and "2 shapes held" in graphs.words()

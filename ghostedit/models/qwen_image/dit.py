@@ -501,7 +501,9 @@ def model_fn(dit: QwenImageDiT = None, options: DitOptions = DitOptions(), progr
         if cache is not None:
             cache.begin(progress_id)
     if options.graphs is not None:
-        return options.graphs.run(lambda held: dit(**held, options=options), taken)
+        # a split forward runs other kernels (its all-to-alls, its shard's shapes) on the same inputs: a graph of
+        # its own (scripts/gpu/split_check.py once replayed the one-GPU graph for the split and called them equal)
+        return options.graphs.run(lambda held: dit(**held, options=options), taken, name=options.sequence_split)
     return dit(**taken, options=options)
 
 
