@@ -5,18 +5,24 @@ pipeline calls (its options holding the graphs), with a stand-in capture that re
 again on the tensors the graph would read. That checks what a real graph depends on: each replay must
 see the new inputs copied into the held tensors, a shape is warmed before it is captured, and other weights or
 another configuration drop the graphs. The captured kernels themselves are the GPU's: on the GPU the graphed
-forward's output equals the loop's bit for bit (lab/LOG.md, section 1)."""
+forward's output equals the loop's bit for bit (lab/LOG.md, section 1). Qwen-Image-2.1's forward is replayed the
+same way, its prefix cache's filling and cached forwards as graphs of their own over tensors kept from edit to
+edit."""
 import contextlib
 
 import pytest
 import torch
 from torch.utils import _pytree as pytree
 
+from PIL import Image, ImageOps
+
+from conftest import ASSETS
 from dit_helpers import dit_engine, inputs_for
 from ghostedit.bench.dit import dit_inputs
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit import tensors
 from ghostedit.device import UnavailableOptionError
+from ghostedit.engine import Engine
 from ghostedit.models.qwen_image import dit as qwen_image
 from ghostedit.models.seams import DitOptions
 from ghostedit.optimize import cuda_graphs, registry
@@ -221,3 +227,58 @@ def test_a_split_forward_has_graphs_of_its_own(prepared):
                    for name in (None, None, split, split, None, split)]
     assert all(torch.equal(output, torch.full((2, 3), 2.0)) for output in outputs)
     assert (graphs.captured, graphs.replayed) == (2, 4) and "2 shapes held" in graphs.words()
+
+
+# ---- Qwen-Image-2.1: each step's whole forward, the prefix cache's filling and cached forwards apart ----
+
+@pytest.fixture(scope="module")
+def prepared_21():
+    prepared, _ = Engine("tiny-2.1", device="cpu", dtype="float32").prepare(OptimizationConfig())
+    return prepared
+
+
+def _references(count: int, variant: int) -> list:
+    """`count` references of one size; another `variant` gives other pictures of the same sizes."""
+    house = Image.open(ASSETS / "house.png").convert("RGB")
+    pictures = [house, ImageOps.mirror(house), ImageOps.flip(house), house.rotate(180)]
+    return [pictures[(index + variant) % len(pictures)] for index in range(count)]
+
+
+def _predictions_21(prepared, references: list, seed: int, prefix_cache: bool, graphs=None) -> list:
+    """Every DiT prediction of a four-step edit (text-to-image without references), from `graphs` where given."""
+    pipe, predictions = prepared.pipe, []
+    model_fn = pipe.model_fn
+    pipe.model_fn = lambda **inputs: predictions.append(model_fn(**inputs)) or predictions[-1]
+    try:
+        with torch.no_grad(), (graphs.running(("stock", None), RunRecorder("cpu")) if graphs else
+                               contextlib.nullcontext()):
+            pipe(prompt="a ghostly house", edit_image=references or None, height=64, width=64, seed=seed,
+                 num_inference_steps=4, dit_options=DitOptions(graphs=graphs), prefix_cache=prefix_cache)
+    finally:
+        pipe.model_fn = model_fn
+    return predictions
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False], ids=["prefix cache", "no prefix cache"])
+@pytest.mark.parametrize("count", [0, 1, 3], ids=["text-to-image", "one reference", "three references"])
+def test_2_1_replays_give_the_eager_forwards_bit_for_bit_edit_after_edit(prepared_21, count, prefix_cache):
+    """A first edit warms and captures; the next, with other references and noise of the same shapes, replays its
+    graphs: with the prefix cache, its filling forward's graph writes the kept tensors the cached forwards' graph,
+    captured in the edit before, reads."""
+    graphs = cuda_graphs.ShapeGraphs(ReplayingCapture())
+    counts, addresses = [], []
+    for variant, seed in ((0, 1), (1, 2)):
+        references = _references(count, variant)
+        expected = _predictions_21(prepared_21, references, seed, prefix_cache)
+        replayed = _predictions_21(prepared_21, references, seed, prefix_cache, graphs)
+        for output, reference in zip(replayed, expected, strict=True):
+            torch.testing.assert_close(output, reference, rtol=0, atol=0)
+        counts.append((graphs.captured, graphs.replayed))
+        # the stand-in reads the cache in Python at each replay; a real graph reads the addresses it captured
+        addresses.append({key: [t.data_ptr() for kv in blocks.values() for t in kv]
+                          for key, blocks in graphs.kept.items()})
+    if prefix_cache:  # the filling forward warmed, the cached ones warmed, captured, replayed; then all replayed
+        assert counts == [(1, 2), (1, 4)] and len(graphs.kept) == 1
+        assert addresses[0] == addresses[1], "the next edit fills the tensors the captured graph reads"
+    else:
+        assert counts == [(1, 3), (0, 4)] and not graphs.kept

@@ -124,7 +124,7 @@ def test_the_dit_matches_diffusers_with_and_without_the_prefix_cache(transformer
     first and read at the others, against diffusers' own KV cache."""
     from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
 
-    from ghostedit.models.qwen_image_21.dit import layout
+    from ghostedit.models.qwen_image_21.dit import layout, step_forward
     from ghostedit.models.seams import DitOptions, PrefixKVCache
 
     reference, ours = transformers
@@ -143,8 +143,8 @@ def test_the_dit_matches_diffusers_with_and_without_the_prefix_cache(transformer
             expected = reference(hidden_states=latents, encoder_hidden_states=prompt, timestep=torch.tensor([t]),
                                  img_shapes=[shapes], img_mask=image_mask, kv_cache=theirs_cache,
                                  kv_cache_mode="extract" if step == 0 else "cached", return_dict=False)[0][:, -24:]
-            our_cache.begin(step)
-            cached = ours(latents, prompt, torch.tensor([t]), layout_, options.replace(prefix_cache=our_cache))
+            cached, _ = step_forward(ours, latents, prompt, torch.tensor([t]), layout_, step,
+                                     options.replace(prefix_cache=our_cache))
             uncached = ours(latents, prompt, torch.tensor([t]), layout_, options)
             exact = backend in ("diffsynth", "sdpa-flash")  # the kernel diffusers' SDPA runs here
             torch.testing.assert_close(cached, expected, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-5)
@@ -158,13 +158,14 @@ def test_the_dit_matches_diffusers_with_and_without_the_prefix_cache(transformer
 
 def test_every_toggle_says_whether_it_applies_to_2_1():
     """Each toggle applies to 2.1's DiT or gives a reason; the ones that apply: attention (SDPA's kernels, flex),
-    compile (and its Inductor options), FP8 (torchao), memory placement, the schedule, the prefix cache."""
+    compile (and its Inductor options), FP8 (torchao), memory placement, the schedule, the prefix cache, CUDA
+    graphs."""
     from ghostedit.models.family import QWEN_IMAGE_21_DIT
     from ghostedit.optimize import registry
 
     applying = {toggle.name for toggle in registry.toggles() if QWEN_IMAGE_21_DIT not in toggle.families}
     assert applying == {"attention", "compile", "inductor-cdt", "inductor-multi-kernel", "inductor-persistent-rows",
-                        "fp8", "memory", "scheduler", "prefix-cache"}
+                        "fp8", "memory", "scheduler", "prefix-cache", "cuda-graph"}
     for toggle in registry.toggles():
         reason = toggle.families.get(QWEN_IMAGE_21_DIT)
         assert reason is None or len(reason) > 40, f"{toggle.name}: a reason a person can read"
@@ -245,7 +246,7 @@ def test_compiled_blocks_run_one_graph_to_fill_the_cache_and_one_for_every_cache
     from torch._dynamo.utils import counters
 
     from ghostedit.models.qwen_image_21 import tiny
-    from ghostedit.models.qwen_image_21.dit import QwenImage21DiT, layout
+    from ghostedit.models.qwen_image_21.dit import QwenImage21DiT, layout, step_forward
     from ghostedit.models.seams import DitOptions, PrefixKVCache
     from ghostedit.optimize.compile import compile_regions
 
@@ -260,9 +261,8 @@ def test_compiled_blocks_run_one_graph_to_fill_the_cache_and_one_for_every_cache
     cache, graphs = PrefixKVCache(), []
     with torch.no_grad():
         for step in range(4):
-            cache.begin(step)
-            dit(torch.randn(1, 32, 64), torch.randn(1, 12, 64), torch.tensor([0.9 - 0.2 * step]), layout_,
-                DitOptions(prefix_cache=cache))
+            step_forward(dit, torch.randn(1, 32, 64), torch.randn(1, 12, 64), torch.tensor([0.9 - 0.2 * step]),
+                         layout_, step, DitOptions(prefix_cache=cache))
             graphs.append(counters["stats"]["unique_graphs"])
     assert graphs == [1, 2, 2, 2] and not counters["graph_break"], (graphs, dict(counters["graph_break"]))
 

@@ -122,14 +122,30 @@ def test_the_prefix_cache_keeps_each_branch_and_block_from_its_first_step():
     keys, values = torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4)
     for step in range(2):
         for branch in range(2):  # a step's branches: the positive then the negative pass
-            cache.begin(step)
-            assert cache.branch == branch and cache.filling == (step == 0)
-            if cache.filling:
-                cache.store(0, keys * (branch + 1), values)
+            forward = cache.begin(step)
+            assert forward.branch == branch and forward.filling == (step == 0)
+            if forward.filling:
+                forward.store(0, keys * (branch + 1), values)
             else:
-                assert torch.equal(cache.stored(0)[0], keys * (branch + 1))
+                assert torch.equal(forward.stored(0, keys.shape, keys.dtype)[0], keys * (branch + 1))
             cache.done(10 if step == 0 else 4)
     assert cache.summary() == {"branches": 2, "tokens_computed": [10, 10, 4, 4]}
+
+
+def test_caches_given_the_same_kept_tensors_write_them_in_place_each_shape_its_own():
+    """What a graphed forward needs: the next edit's cache fills the very tensors the last one's cached steps read
+    (a graph replays them at their addresses), and a prefix of another shape gets tensors of its own."""
+    kept = {}
+    addresses = []
+    for edit, tokens in enumerate((3, 3, 5)):
+        cache = PrefixKVCache(kept)
+        keys = torch.full((1, tokens, 2, 4), float(edit))
+        cache.begin(0).store(0, keys, keys + 1)
+        cache.done(tokens + 2)
+        stored = cache.begin(1).stored(0, keys.shape, keys.dtype)
+        assert torch.equal(stored[0], keys) and torch.equal(stored[1], keys + 1)
+        addresses.append(stored[0].data_ptr())
+    assert addresses[0] == addresses[1] != addresses[2] and len(kept) == 2
 
 
 def test_the_options_are_frozen_and_replaced_whole():

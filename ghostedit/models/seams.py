@@ -126,9 +126,12 @@ class StepCache(Protocol):
 
 
 class ForwardGraphs(Protocol):
-    """The whole forward replayed from CUDA graphs, one per input signature (optimize/cuda_graphs.py)."""
+    """The whole forward replayed from CUDA graphs, one per input signature (optimize/cuda_graphs.py). `kept`:
+    tensors a graphed forward keeps from one forward to the next at fixed addresses (a prefix cache's:
+    PrefixKVCache), dropped with the graphs."""
+    kept: dict
 
-    def run(self, function: Callable[[dict], Any], inputs: dict) -> Any: ...
+    def run(self, function: Callable[[dict], Any], inputs: dict, name: Any = None) -> Any: ...
 
 
 class BranchSteps:
@@ -153,47 +156,63 @@ class PrefixKVCache:
     """The keys and values of a forward's prefix tokens (the tokens before the target: text and reference images,
     whose keys and values are the same at every step), per CFG branch and block, for one edit. The step that finds
     its branch empty computes every token and stores each block's prefix keys and values (`filling`); later steps
-    compute the target's tokens only and attend over the stored prefix. What each forward computed is counted for
-    the run's telemetry."""
+    compute the target's tokens only and attend over the stored prefix. The caller tells it when each forward
+    begins (`begin` gives the forward its `PrefixStep`) and when it is done, with the tokens it computed (the run's
+    telemetry).
 
-    def __init__(self):
+    Where the entries live: in `kept`, {(branch, shape, dtype): {block: (keys, values)}}, written in place. A forward
+    replayed from a CUDA graph reads and writes them at the addresses it was captured with, so the graphs' owner
+    keeps them from edit to edit (ForwardGraphs.kept): the filling forward's graph writes the tensors the cached
+    forwards' graphs read. Without graphs the cache keeps its own."""
+
+    def __init__(self, kept: dict | None = None):
         self._branches = BranchSteps()
-        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._kept = {} if kept is None else kept
         self._filled: set[int] = set()
         self.tokens_computed: list[int] = []   # tokens each forward computed, in order
 
-    def begin(self, step: int) -> None:
-        self._branches.begin(step)
-
-    @property
-    def branch(self) -> int:
-        return self._branches.branch
-
-    @property
-    def filling(self) -> bool:
-        """Whether this forward computes every token and stores the prefix (its branch has none yet)."""
-        return self.branch not in self._filled
+    def begin(self, step: int) -> PrefixStep:
+        """A forward at denoising step `step` starts (the same step again: the step's next CFG branch): its part of
+        the cache."""
+        branch = self._branches.begin(step)
+        return PrefixStep(self._kept, branch, branch not in self._filled)
 
     def shape_key(self, step: int) -> str:
         """What the cache adds to the shapes of the forward at `step`, before it begins (a compiled DiT runs one
         graph for each)."""
         return "from the prefix cache" if self._branches.next(step) in self._filled else "filling the prefix cache"
 
-    def store(self, block: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Block `block`'s prefix keys and values, [batch, prefix tokens, heads, head_dim] (kept as copies of their
-        own: a view would keep the whole forward's tensors alive)."""
-        self._entries[(self.branch, block)] = (keys.clone(), values.clone())
-
-    def stored(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._entries[(self.branch, block)]
-
     def done(self, tokens: int) -> None:
         """The forward ends, having computed `tokens` tokens; a filling forward fills its branch."""
-        self._filled.add(self.branch)
+        self._filled.add(self._branches.branch)
         self.tokens_computed.append(tokens)
 
     def summary(self) -> dict:
         return {"branches": len(self._filled), "tokens_computed": list(self.tokens_computed)}
+
+
+@dataclass(frozen=True)
+class PrefixStep:
+    """One forward's part of a prefix cache: its CFG branch, and whether it fills the branch's entries or reads
+    them. A value, not a view of the cache's state: a forward replayed from a CUDA graph does what it did at capture,
+    and the value (branch, filling) names its graph."""
+    kept: dict = field(compare=False, repr=False)
+    branch: int
+    filling: bool
+
+    def store(self, block: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Block `block`'s prefix keys and values, [batch, prefix tokens, heads, head_dim], copied into the kept
+        tensors of their shape (tensors of their own: a view would keep the whole forward's tensors alive)."""
+        blocks = self.kept.setdefault((self.branch, tuple(keys.shape), keys.dtype), {})
+        if block not in blocks:
+            blocks[block] = (torch.empty(keys.shape, dtype=keys.dtype, device=keys.device),
+                             torch.empty(values.shape, dtype=values.dtype, device=values.device))
+        for kept, new in zip(blocks[block], (keys, values)):
+            kept.copy_(new)
+
+    def stored(self, block: int, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block `block`'s prefix keys and values of this branch, stored at `shape` and `dtype`."""
+        return self.kept[(self.branch, tuple(shape), dtype)][block]
 
 
 # ---- attention ----
@@ -212,6 +231,10 @@ class Segments:
     @property
     def prefix_end(self) -> int:
         return self.spans[-1][1] if self.spans else 0
+
+
+# a CUDA-graphed forward takes its mask as an input (its tensors copied in, its spans part of the graph's signature)
+pytree.register_dataclass(Segments)
 
 
 def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bshd", mask=None,

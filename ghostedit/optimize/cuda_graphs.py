@@ -84,6 +84,10 @@ class ShapeGraphs:
         self._capture_at_first_call = capture_at_first_call
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._warmed: OrderedDict[tuple, list] = OrderedDict()   # a warmed signature's inputs, until captured
+        # tensors the functions keep from one call to the next at fixed addresses, by signature (Qwen-Image-2.1's
+        # prefix cache: its filling forward writes them, its cached forwards read them); they live as long as the
+        # graphs that read them
+        self.kept: dict = {}
         self._owner: tuple | None = None
         self._pool = None
         self._recorder = None
@@ -92,10 +96,13 @@ class ShapeGraphs:
     @contextlib.contextmanager
     def running(self, owner: tuple, recorder):
         """One run: `owner` says what the graphs are valid for (a DiT's: `owner` below); graphs captured for another
-        owner are dropped."""
-        if self._owner is None or self._owner[0] != owner[0] or self._owner[1] is not owner[1]:
+        owner are dropped, and so are all graphs once the kept tensors have more signatures than graphs are held
+        (a graph may read any of them: none is dropped alone)."""
+        if self._owner is None or self._owner[0] != owner[0] or self._owner[1] is not owner[1] or \
+                len(self.kept) > self._limit:
             self._graphs.clear()
             self._warmed.clear()
+            self.kept.clear()
             self._pool = None
             self._owner = owner
         self._recorder = recorder

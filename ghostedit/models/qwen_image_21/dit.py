@@ -16,22 +16,27 @@ Where the run's choices attach, the forward calls the seams (models/seams.py; th
   (torchao's FP8) replaces the weights in place and the forward does not change;
 - block loop: `QwenImage21DiT.run_blocks` runs `blocks` in order, each an `nn.Module` of its own (regional compile
   compiles each; the cache-filling step and the cached steps are one graph each);
-- prefix KV cache: `options.prefix_cache` (one per run: its CFG branches by step index), filled by the first step
-  of a branch and read by the others.
+- prefix KV cache: `options.prefix_cache` (one per run: its CFG branches by step index), begun at each step by
+  `step_forward`, which hands the forward its `PrefixStep`: filled by the first step of a branch, read by the others;
+- CUDA graphs: `step_forward` (what the pipeline calls at each step) replays the whole forward from
+  `options.graphs`, one graph per input signature, CFG branch and cache state (the cache's tensors are kept at
+  fixed addresses from edit to edit: the filling forward's graph writes the tensors the cached forwards' read).
 The sequence's structure (`Layout`: positions, segments, rotary factors) is the same at every step of a CFG branch:
 the pipeline makes it once (`layout`) and hands it to each forward.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from diffsynth.core.attention import attention_forward
 from torch import nn
 
-from ..seams import FLEX, DitOptions, Segments, attention, flex_block_mask, joinable_parts
+from ..seams import FLEX, DitOptions, PrefixStep, Segments, attention, flex_block_mask, joinable_parts
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
 
@@ -52,6 +57,16 @@ class Layout:
     @property
     def target_length(self) -> int:
         return self.length - self.prefix_length
+
+    def without_block_mask(self) -> Layout:
+        """The layout for a forward from the prefix cache, which attends by no block structure: without flex's
+        BlockMask (a new object every edit, so a graph's signature would change with each edit)."""
+        return dataclasses.replace(self, segments=dataclasses.replace(self.segments, block_mask=None))
+
+
+# a CUDA-graphed forward takes its layout as an input: its tensors copied in before each replay, its numbers part of
+# the graph's signature
+pytree.register_dataclass(Layout)
 
 
 def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], prompt_mask: torch.Tensor | None,
@@ -193,9 +208,11 @@ class TimestepEmbedding(nn.Module):
         self.linear_2 = nn.Linear(dim, dim, bias=False)
 
     def forward(self, timestep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        # made here in float32: a buffer would be cast with the model
-        frequencies = torch.exp(-math.log(10000) * torch.arange(self.half, dtype=torch.float32) / self.half)
-        angles = (1000.0 * timestep.float())[:, None] * frequencies[None].to(timestep.device)
+        # made here in float32 (a buffer would be cast with the model), on the device (as diffusers makes them; a
+        # copy from host memory would make the CPU wait, and a CUDA graph capture refuses it)
+        frequencies = torch.exp(-math.log(10000) * torch.arange(self.half, dtype=torch.float32,
+                                                                device=timestep.device) / self.half)
+        angles = (1000.0 * timestep.float())[:, None] * frequencies[None]
         embedding = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1).to(dtype)
         return self.linear_2(F.silu(self.linear_1(embedding)))
 
@@ -336,13 +353,12 @@ class QwenImage21DiT(nn.Module):
         return joinable_parts(self, self.fused_projections)
 
     def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor, layout_: Layout,
-                options: DitOptions = DitOptions()) -> torch.Tensor:
+                options: DitOptions = DitOptions(), prefix: PrefixStep | None = None) -> torch.Tensor:
         """The target's prediction [B, T, C] from `latents` [B, N, C] (the references' tokens, then the target's),
         the text encoder's `prompt_embeds` [B, S, E] and `timestep` [B] in [0, 1], over this CFG branch's
-        `layout_`. With `options.prefix_cache` (begun at this step by the caller), the first step of the branch
-        fills it and the others compute the target's tokens alone."""
-        cache = options.prefix_cache
-        from_cache = cache is not None and not cache.filling
+        `layout_`. `prefix`: this forward's part of the prefix cache (step_forward begins it), which it fills
+        (every token computed) or reads (the target's tokens alone)."""
+        from_cache = prefix is not None and not prefix.filling
         temb = self.time_text_embed.timestep_embedder(
             torch.cat([timestep, timestep.new_zeros(1)]).to(latents.dtype), latents.dtype)  # t, and 0 for the prefix
         modulation = self.modulation(temb)                     # [B + 1, 4 dim]
@@ -361,21 +377,46 @@ class QwenImage21DiT(nn.Module):
             rotary = layout_.rotary
             rows = torch.cat([prefix_row.expand(-1, layout_.prefix_length, -1),
                               target_rows.expand(-1, layout_.target_length, -1)], dim=1)
-        hidden = self.run_blocks(hidden, rows, rotary, layout_, options, from_cache)
-        if cache is not None:
-            cache.done(hidden.shape[1])
+        hidden = self.run_blocks(hidden, rows, rotary, layout_, options, prefix)
         target = hidden[:, -layout_.target_length:]
         target = F.layer_norm(target, target.shape[-1:], eps=self.norm_out.eps) * (1 + final_scale)
         return self.proj_out(target)
 
     def run_blocks(self, hidden, modulation, rotary, layout_: Layout, options: DitOptions,
-                   from_cache: bool) -> torch.Tensor:
+                   prefix: PrefixStep | None) -> torch.Tensor:
         """The block loop: each block reads its cached prefix, or hands this step's to the cache."""
-        cache = options.prefix_cache
+        from_cache = prefix is not None and not prefix.filling
+        prefix_shape = (hidden.shape[0], layout_.prefix_length, self.heads, self.head_dim)
         for index, block in enumerate(self.blocks):
-            prefix = cache.stored(index) if from_cache else None
-            hidden, kept = block(hidden, modulation, rotary, layout_, prefix, cache is not None and not from_cache,
+            cached = prefix.stored(index, prefix_shape, hidden.dtype) if from_cache else None
+            hidden, kept = block(hidden, modulation, rotary, layout_, cached, prefix is not None and not from_cache,
                                  options)
             if kept is not None:
-                cache.store(index, *kept)
+                prefix.store(index, *kept)
         return hidden
+
+
+# ---- one denoising step ----
+
+def step_forward(dit: QwenImage21DiT, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor,
+                 layout_: Layout, step: int, options: DitOptions = DitOptions()) -> tuple[torch.Tensor, int]:
+    """The forward at denoising step `step` as the pipeline calls it (QwenImage21DiT.forward's arguments): the
+    prefix cache told the step before it and the tokens computed after it, outside the forward (a forward replayed
+    from a CUDA graph runs none of its Python), and the forward replayed from CUDA graphs where the run's options
+    hold them. Returns the prediction and the tokens the forward computed."""
+    cache = options.prefix_cache
+    prefix = None if cache is None else cache.begin(step)
+    from_cache = prefix is not None and not prefix.filling
+    tokens = layout_.target_length if from_cache else layout_.length
+    inputs = {"latents": latents, "prompt_embeds": prompt_embeds, "timestep": timestep,
+              "layout_": layout_.without_block_mask() if from_cache else layout_}
+    if options.graphs is None:
+        prediction = dit(**inputs, options=options, prefix=prefix)
+    else:
+        # a graph per CFG branch and cache state (a filling forward writes its branch's kept tensors, a cached one
+        # reads them) and per sequence split (a split forward runs other kernels on the same inputs)
+        prediction = options.graphs.run(lambda held: dit(**held, options=options, prefix=prefix), inputs,
+                                        name=(options.sequence_split, prefix))
+    if cache is not None:
+        cache.done(tokens)
+    return prediction, tokens

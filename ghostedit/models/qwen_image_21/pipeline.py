@@ -12,7 +12,8 @@ final norm), the noise (the same draw), the size check. GhostEdit's own where Di
   template, and Turbo's sigmas as given) (Schedule);
 - the 8-bit output is rounded, not truncated, and keeps its alpha channel (ExactPipeline21.vae_output_to_image);
 - the prefix cache is GhostEdit's own (models/seams.py's PrefixKVCache, one per call, its CFG branches told apart by
-  step), on unless the call says off; the run's DiT options (`dit_options`) travel with the pipeline's inputs.
+  step; its tensors kept with the run's CUDA graphs where it has them), on unless the call says off; the run's DiT
+  options (`dit_options`) travel with the pipeline's inputs.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from PIL import Image
 
 from ..exact import ReferenceSchedule, condition_images, to_tensor
 from ..family import Family
-from .dit import layout
+from .dit import layout, step_forward
 from ..seams import DitOptions, PrefixKVCache
 
 # diffusers' FlowMatchEulerDiscreteScheduler defaults, for keys a scheduler config leaves out
@@ -58,7 +59,8 @@ class PrefixCacheUnit(QwenImage21Unit_KVCacheInitializer):
     def process(self, pipe, inputs_shared, inputs_posi, inputs_nega):
         options = inputs_shared["options"]
         if inputs_shared["use_kv_cache"]:
-            inputs_shared["options"] = options.replace(prefix_cache=PrefixKVCache())
+            kept = None if options.graphs is None else options.graphs.kept
+            inputs_shared["options"] = options.replace(prefix_cache=PrefixKVCache(kept))
         latents = inputs_shared["latents"]
         img_shapes = [*[(1, edit.shape[2], edit.shape[3]) for edit in inputs_shared.get("edit_latents") or []],
                       (1, latents.shape[2], latents.shape[3])]
@@ -74,17 +76,14 @@ class PrefixCacheUnit(QwenImage21Unit_KVCacheInitializer):
 def model_fn(dit, latents, timestep, prompt_embeds, dit_layout, edit_latents=None, options=DitOptions(),
              progress_id=0, count_tokens=None, **kwargs):
     """One DiT forward as diffusers' pipeline makes it: the references' latent tokens before the target's, t / 1000
-    in the latents' dtype, the prefix cache told which step this is. `count_tokens`: called with the number of
-    tokens this forward computed (the target's alone from the cache)."""
+    in the latents' dtype, at step `progress_id` (dit.py's step_forward: the prefix cache, CUDA graphs).
+    `count_tokens`: called with the number of tokens this forward computed (the target's alone from the cache)."""
     height, width = latents.shape[2], latents.shape[3]
-    cache = options.prefix_cache
-    if cache is not None:
-        cache.begin(progress_id)
-    from_cache = cache is not None and not cache.filling
     tokens = torch.cat([*[patchify(edit) for edit in edit_latents or []], patchify(latents)], dim=1)
-    prediction = dit(tokens, prompt_embeds, timestep.to(latents.dtype) / 1000, dit_layout, options)
+    prediction, computed = step_forward(dit, tokens, prompt_embeds, timestep.to(latents.dtype) / 1000, dit_layout,
+                                        progress_id, options)
     if count_tokens is not None:
-        count_tokens(dit_layout.target_length if from_cache else dit_layout.length)
+        count_tokens(computed)
     return unpatchify(prediction, height, width)
 
 

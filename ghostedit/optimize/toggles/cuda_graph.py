@@ -1,5 +1,6 @@
 """Flag `cuda-graph` (lossless): the DiT's whole forward captured as a CUDA graph per shape and replayed
-(ghostedit/optimize/cuda_graphs.py; the forward runs from the graphs the run's options hold). It changes only how a
+(ghostedit/optimize/cuda_graphs.py; the forward runs from the graphs the run's options hold: the Edit DiT's
+`model_fn`, Qwen-Image-2.1's `step_forward`, a graph per prefix-cache state there). It changes only how a
 run goes: the graphs belong to the prepared DiT and are kept from run to run; what they did goes into the run's
 words. Where the forward cannot be captured (the step cache on, weights streamed from host memory, a gloo process
 group) the run says so in its words and notes and runs it from Python."""
@@ -39,5 +40,5 @@ register(Toggle(
          "kernels back to back, without waiting for Python to launch each one (memory for one forward's activations "
          "stays held between forwards)",
     choices=(Choice(OFF, "off"), Choice(ON, "on")),
-    changes=RUN, order=97, run_context=_graphed, availability=_availability,
+    changes=RUN, order=97, run_context=_graphed, availability=_availability, families={},
 ))
