@@ -11,6 +11,7 @@ from ghostedit import OptimizationConfig
 from ghostedit.bench.dit import relative_error
 from ghostedit.engine.prepare import clone_sharing_weights
 from ghostedit.kernels import attention as backends, fp8_attention
+from ghostedit.models import rotary
 from ghostedit.models.qwen_image import dit as qwen_image
 from ghostedit.models.seams import DitOptions
 
@@ -136,8 +137,8 @@ def test_the_joint_layout_computes_the_released_layouts_attention_and_its_bounds
         rows[..., 0] = 1e4
         angles = torch.rand(64, joint.head_dim // 2, generator=generator) * 2 * math.pi
         for norm in (joint.norm_q, joint.norm_added_q):
-            cos_sin = qwen_image._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
-            rotated = qwen_image._rotary(norm(rows), cos_sin)
+            cos_sin = rotary.cos_sin(torch.polar(torch.ones_like(angles), angles))
+            rotated = rotary.real_rotation(norm(rows), cos_sin)
             assert rotated.abs().max() <= bounds["q"]
         assert rotated.abs().max() > 0.5 * bounds["q"]  # and the bound is not loose
 

@@ -69,7 +69,7 @@ KERNEL_CHECK = """
 import torch
 from diffsynth.models.general_modules import RMSNorm
 from ghostedit.kernels import fp8_attention, qk_norm_rope as fp8_qk
-from ghostedit.models.qwen_image import dit as qwen_image
+from ghostedit.models import rotary
 generator = torch.Generator().manual_seed(0)
 batch, heads, dim = 2, 3, 128
 streams = []
@@ -81,7 +81,7 @@ for seq in (5, 9):  # text, then image: tokens that fill no whole tile of the ke
     for norm in norms:
         norm.weight.data = (1 + 0.3 * torch.randn(dim, generator=generator)).to(torch.bfloat16)
     angles = torch.randn(seq, dim // 2, generator=generator)
-    cos, sin = qwen_image._as_cos_sin(torch.polar(torch.ones_like(angles), angles))
+    cos, sin = rotary.cos_sin(torch.polar(torch.ones_like(angles), angles))
     streams.append({"q": q, "k": k, "norms": norms, "cos": cos, "sin": sin})
 scales = [fp8_attention.fp8_scale(torch.stack([s["norms"][i].weight.float().abs().amax() for s in streams]).amax()
                                   * dim ** 0.5) for i in (0, 1)]

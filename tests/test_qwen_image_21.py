@@ -67,8 +67,7 @@ def test_turbo_runs_its_fixed_sigmas_and_refuses_other_step_counts():
 
 
 @pytest.mark.parametrize("setting, choice, words", [
-    ("rewrites", "joint-layout", "single-stream"),
-    ("rewrites", "real-rope", "written for the Qwen-Image-Edit DiT"),
+    ("rewrites", "carried-residual", "written for the Qwen-Image-Edit DiT"),
     ("step-cache", "fbcache-0.05", "written for the Qwen-Image-Edit DiT"),
     ("scheduler", "lightning", "Lightning schedule"),
     ("text-encoder", "compiled", "Qwen3-VL"),
@@ -156,16 +155,54 @@ def test_the_dit_matches_diffusers_with_and_without_the_prefix_cache(transformer
     assert our_cache.summary() == {"branches": 1, "tokens_computed": [58, 24, 24]}
 
 
+@pytest.mark.parametrize("rewrite", ["real_rope", "fused_qkv"])
+def test_a_rewrite_computes_the_released_forward_bit_for_bit_with_and_without_the_prefix_cache(transformers,
+                                                                                               rewrite):
+    """real_rope (the rotary factors as real cos and sin) and fused_qkv (q, k and v from one joined projection),
+    on three steps of a layout with two references: the prefix cache filled and read, float32."""
+    import copy
+
+    from ghostedit.models.qwen_image_21.dit import layout, step_forward
+    from ghostedit.models.seams import DitOptions, PrefixKVCache
+    from ghostedit.optimize import rewrites
+
+    _, ours = transformers
+    rewritten = copy.deepcopy(ours)
+    if rewrite == "fused_qkv":
+        assert rewrites.fuse_qkv(rewritten) == len(ours.blocks)
+        assert not hasattr(rewritten.blocks[0].attn, "to_q")
+    generator = torch.Generator().manual_seed(1)
+    slots = torch.zeros(1, 16, dtype=torch.bool)
+    slots[0, 5:7] = slots[0, 10:14] = True
+    image_mask = torch.cat([slots, torch.ones(1, 6, dtype=torch.bool)], 1)
+    shapes = [(1, 2, 4), (1, 4, 4), (1, 4, 6)]
+    prompt, latents = torch.randn(1, 16, 64, generator=generator), torch.randn(1, 48, 64, generator=generator)
+    stock, options = DitOptions(), DitOptions(**{rewrite: True})
+    layouts = [layout(image_mask, shapes, None, ours.rope, "cpu", each) for each in (stock, options)]
+    caches = [PrefixKVCache(), PrefixKVCache()]
+    with torch.no_grad():
+        for step, t in enumerate((0.9, 0.5, 0.2)):
+            expected, _ = step_forward(ours, latents, prompt, torch.tensor([t]), layouts[0], step,
+                                       stock.replace(prefix_cache=caches[0]))
+            output, _ = step_forward(rewritten, latents, prompt, torch.tensor([t]), layouts[1], step,
+                                     options.replace(prefix_cache=caches[1]))
+            assert torch.equal(output, expected), step
+            assert torch.equal(rewritten(latents, prompt, torch.tensor([t]), layouts[1], options),
+                               ours(latents, prompt, torch.tensor([t]), layouts[0], stock))
+            latents = torch.cat([latents[:, :24], torch.randn(1, 24, 64, generator=generator)], 1)
+
+
 def test_every_toggle_says_whether_it_applies_to_2_1():
     """Each toggle applies to 2.1's DiT or gives a reason; the ones that apply: attention (SDPA's kernels, flex),
     compile (and its Inductor options), FP8 (torchao), memory placement, the schedule, the prefix cache, CUDA
-    graphs."""
+    graphs, the lossless rewrites real-rope and fused-qkv (with joint-layout, which names 2.1's only layout)."""
     from ghostedit.models.family import QWEN_IMAGE_21_DIT
     from ghostedit.optimize import registry
 
     applying = {toggle.name for toggle in registry.toggles() if QWEN_IMAGE_21_DIT not in toggle.families}
     assert applying == {"attention", "compile", "inductor-cdt", "inductor-multi-kernel", "inductor-persistent-rows",
-                        "fp8", "memory", "scheduler", "prefix-cache", "cuda-graph"}
+                        "fp8", "memory", "scheduler", "prefix-cache", "cuda-graph", "real-rope", "fused-qkv",
+                        "joint-layout"}
     for toggle in registry.toggles():
         reason = toggle.families.get(QWEN_IMAGE_21_DIT)
         assert reason is None or len(reason) > 40, f"{toggle.name}: a reason a person can read"
@@ -274,3 +311,18 @@ def test_a_compiled_edit_counts_the_compile_of_both_graphs_as_warm_up(engine):
     first = engine.run(request, OptimizationConfig(compile="regional"))
     assert first.telemetry.warm_up_steps == [0, 1] and first.telemetry.dit_tokens[1] < first.telemetry.dit_tokens[0]
     assert engine.run(request, OptimizationConfig(compile="regional")).telemetry.warm_up_steps == []
+
+
+def test_a_fused_lora_is_written_into_fused_qkv_s_joined_rows(engine, tmp_path):
+    """fused-qkv joins to_q, to_k and to_v; a LoRA published on the three lands in the joined rows: the image of the
+    LoRA without the rewrite, every key applied."""
+    from ghostedit.config import LoraChoice
+
+    lora = LoraChoice.from_file(_lora_file(tmp_path, "diffusers"), 1.0, "fused")
+    request = EditRequest(images=[], prompt="a cat", steps=2, cfg_scale=1.0, width=64, height=64)
+    plain = engine.run(request, OptimizationConfig(loras=[lora]))
+    fused = engine.run(request, OptimizationConfig(rewrites=("fused-qkv",), loras=[lora]))
+    (applied,) = fused.telemetry.loras
+    assert applied["keys_not_applied"] == 0, applied
+    difference = np.abs(np.asarray(fused.image, dtype=np.int16) - np.asarray(plain.image, dtype=np.int16))
+    assert difference.max() <= 1, difference.max()

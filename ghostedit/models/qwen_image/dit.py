@@ -34,6 +34,7 @@ from ...kernels import fp8_attention
 from ...kernels.gelu_quant import gelu_rowwise_fp8
 from ...kernels.qk_norm_rope import qk_norm_rope_fp8
 from .. import seams
+from ..rotary import cos_sin, real_rotation
 from ..seams import DitOptions
 
 LATENT_CHANNELS = 16
@@ -121,7 +122,7 @@ class QwenImageDiT(torch.nn.Module):
         text = self.txt_in(self.txt_norm(prompt_emb)).detach()
         image_freqs, text_freqs = self.pos_embed(img_shapes, txt_seq_lens, device=latents.device)
         if options.real_rope:
-            image_freqs, text_freqs = _as_cos_sin(image_freqs), _as_cos_sin(text_freqs)
+            image_freqs, text_freqs = cos_sin(image_freqs), cos_sin(text_freqs)
 
         split = options.sequence_split
         if split is not None:   # this rank's image tokens, with their rotary table and modulation index
@@ -349,7 +350,7 @@ class JointAttention(torch.nn.Module):
         FlashAttention-3's real bf16). Under a sequence split the kernel runs on this rank's tokens and the FP8
         bytes go to the other ranks; v is cast at the whole sequence's scale: the one-process values."""
         (txt_q, txt_k, txt_v), (img_q, img_k, img_v) = text_qkv, image_qkv
-        (image_cos, image_sin), (text_cos, text_sin) = (f if isinstance(f, tuple) else _as_cos_sin(f) for f in freqs)
+        (image_cos, image_sin), (text_cos, text_sin) = (f if isinstance(f, tuple) else cos_sin(f) for f in freqs)
         q8, k8 = qk_norm_rope_fp8([txt_q, img_q], [txt_k, img_k], [self.norm_added_q.weight, self.norm_q.weight],
                                   [self.norm_added_k.weight, self.norm_k.weight], [text_cos, image_cos],
                                   [text_sin, image_sin], self.q_scale, self.k_scale, self.norm_q.eps)
@@ -427,28 +428,8 @@ def _out_projection(linear: torch.nn.Module, output: torch.Tensor, descale: torc
 def _rotate(x: torch.Tensor, freqs) -> torch.Tensor:
     """The rotary embedding: DiffSynth's complex rotation, or real_rope's (cos, sin) pair."""
     if isinstance(freqs, tuple):
-        return _rotary(x, freqs)
+        return real_rotation(x, freqs)
     return apply_rotary_emb_qwen(x, freqs)
-
-
-def _rotary(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """DiffSynth's rotation of each pair (x[2i], x[2i+1]) as a complex number, computed from real tensors:
-    x * cos + (x with each pair swapped) * sin, with cos and sin repeated over each pair and sin negated on its
-    first element (see _as_cos_sin): each element is the sum of the same two products as the complex product's.
-    Written without splitting the pairs apart and stacking them again, compiled code reads each input element
-    once per use, unmasked."""
-    cos, sin = freqs
-    pairs_swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return (x.float() * cos + pairs_swapped.float() * sin).to(x.dtype)
-
-
-def _as_cos_sin(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Complex frequencies [..., head_dim / 2] as the real (cos, sin) that _rotary takes, each [..., head_dim]."""
-    cos = freqs.real.float().repeat_interleave(2, dim=-1)
-    sin = torch.stack((-freqs.imag.float(), freqs.imag.float()), dim=-1).flatten(-2)
-    # tensors of their own, not views: compiled blocks guard on a view's base, so the blocks would run from Python
-    # and a CUDA graph's copies of their inputs would otherwise each compile code of their own
-    return cos.clone(), sin.clone()
 
 
 def _per_head(freqs):

@@ -23,6 +23,13 @@ Where the run's choices attach, the forward calls the seams (models/seams.py; th
   fixed addresses from edit to edit: the filling forward's graph writes the tensors the cached forwards' read).
 The sequence's structure (`Layout`: positions, segments, rotary factors) is the same at every step of a CFG branch:
 the pipeline makes it once (`layout`) and hands it to each forward.
+
+The fast paths, each a named branch on an option of the run's DitOptions, computing what the released model does:
+real_rope   the rotary factors as real (cos, sin) instead of complex numbers, which Inductor cannot fuse
+            (models/rotary.py; bit-equal in float32)
+fused_qkv   one projection for q, k and v (`to_qkv`, the weights joined at preparation: `Attention.fuse_qkv`)
+q, k and v always stay in the projections' [batch, seq, heads, head_dim] layout here (the Edit DiT's joint_layout:
+one stream, nothing to join).
 """
 from __future__ import annotations
 
@@ -36,9 +43,13 @@ import torch.utils._pytree as pytree
 from diffsynth.core.attention import attention_forward
 from torch import nn
 
-from ..seams import FLEX, DitOptions, PrefixStep, Segments, attention, flex_block_mask, joinable_parts
+from ..rotary import cos_sin, real_rotation
+from ..seams import FLEX, DitOptions, PrefixStep, Segments, attention, flex_block_mask, fused_linear, joinable_parts
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
+# fused_qkv's projection, with the released projections it joins in the order of its output rows
+FUSED_PROJECTIONS = {"to_qkv": ("to_q", "to_k", "to_v")}
+Rotary = torch.Tensor | tuple[torch.Tensor, torch.Tensor]   # [L, D / 2] complex factors, or real_rope's (cos, sin)
 
 
 # ---- the sequence's structure ----
@@ -52,7 +63,12 @@ class Layout:
     vl_text_positions: torch.Tensor    # [L - N] where those are in the text encoder's sequence
     prefix_length: int                 # text and reference tokens: everything before the target
     segments: Segments                 # the block-causal mask
-    rotary: torch.Tensor               # [L, head_dim / 2] complex rotary factors
+    rotary: Rotary                     # the rotary factors of every token
+
+    def rotary_from(self, start: int) -> Rotary:
+        """The rotary factors of the tokens from `start` on."""
+        return tuple(part[start:] for part in self.rotary) if isinstance(self.rotary, tuple) else \
+            self.rotary[start:]
 
     @property
     def target_length(self) -> int:
@@ -95,8 +111,9 @@ def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], pro
     if options.attention == FLEX:
         segments = Segments(segments.spans, key_valid,
                             flex_block_mask(segments, length, image_mask.shape[0], device))
+    rotary = rope(img_shapes, is_image, device)
     return Layout(length, image_positions.to(device), text_positions.to(device), vl_text_positions.to(device),
-                  prefix_length, segments, rope(img_shapes, is_image, device))
+                  prefix_length, segments, cos_sin(rotary) if options.real_rope else rotary)
 
 
 def _spans(image_ids: list[int]) -> tuple[tuple[int, int, bool], ...]:
@@ -153,8 +170,11 @@ def _frequencies(index: torch.Tensor, dim: int, theta: int) -> torch.Tensor:
     return torch.polar(torch.ones_like(angles), angles)
 
 
-def apply_rotary(x: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
-    """x [B, S, H, D] rotated by rotary [S, D / 2] (complex), computed in float32."""
+def apply_rotary(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """x [B, S, H, D] rotated by rotary: [S, D / 2] complex factors, or real_rope's (cos, sin), each [S, D];
+    computed in float32."""
+    if isinstance(rotary, tuple):
+        return real_rotation(x, tuple(part.unsqueeze(1) for part in rotary))
     rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)) * rotary.unsqueeze(1)
     return torch.view_as_real(rotated).flatten(3).type_as(x)
 
@@ -249,8 +269,9 @@ class Attention(nn.Module):
                 options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
         """`prefix`: the cached prefix's (keys, values), the queries being the target's alone; `keep_prefix`: return
         this step's prefix keys and values for the cache."""
-        query, key, value = (projection(x).unflatten(-1, (-1, self.head_dim))
-                             for projection in (self.to_q, self.to_k, self.to_v))
+        projected = self.to_qkv(x).chunk(3, dim=-1) if options.fused_qkv else \
+            (self.to_q(x), self.to_k(x), self.to_v(x))
+        query, key, value = (part.unflatten(-1, (-1, self.head_dim)) for part in projected)
         query = apply_rotary(self.norm_q(query).to(value.dtype), rotary)
         key = apply_rotary(self.norm_k(key).to(value.dtype), rotary)
         kept = (key[:, :layout_.prefix_length], value[:, :layout_.prefix_length]) if keep_prefix else None
@@ -261,6 +282,14 @@ class Attention(nn.Module):
             mask = None if valid is None else valid[:, None, None, :]
         out = attention([(query, key, value)], options, mask=mask, prefix=prefix, diffsynth=diffsynth_attention)
         return self.to_out[0](out.type_as(query)), kept
+
+    def fuse_qkv(self) -> None:
+        """One projection for q, k and v (fused_qkv): the weights joined in the order of the output rows. On plain
+        linear layers, before quantization (fused LoRAs are written into the joined rows later)."""
+        for fused, parts in FUSED_PROJECTIONS.items():
+            setattr(self, fused, fused_linear([getattr(self, part) for part in parts]))
+            for part in parts:
+                delattr(self, part)
 
 
 class FeedForward(nn.Module):
@@ -313,9 +342,8 @@ class QwenImage21DiT(nn.Module):
     # cached steps are one graph each (torch's automatic dynamic shapes make the second one over any length), and
     # the blocks share them; no token dimension needs marking
     one_graph_per_step_kind = True
-    # projections joined into one (models/seams.py): none, its q, k and v stay the released layers (fused-qkv is the
-    # Edit DiT's); fused LoRAs and the pinned base read this
-    fused_projections: dict[str, tuple[str, ...]] = {}
+    # projections joined into one by fused_qkv (models/seams.py); fused LoRAs and the pinned base read this
+    fused_projections = FUSED_PROJECTIONS
 
     def __init__(self, patch_size: int = 1, in_channels: int = 64, out_channels: int | None = 64,
                  num_layers: int = 32, attention_head_dim: int = 128, num_attention_heads: int = 32,
@@ -349,8 +377,12 @@ class QwenImage21DiT(nn.Module):
         return self.transformer_blocks
 
     def joinable_parts(self) -> list[list[torch.Tensor]]:
-        """The weight groups a fused projection would join (seams.joinable_parts): none."""
+        """The weight groups fused_qkv joins (seams.joinable_parts)."""
         return joinable_parts(self, self.fused_projections)
+
+    def attention_layers(self) -> list[Attention]:
+        """What the rewrites' preparation steps work on (optimize/rewrites.py)."""
+        return [block.attn for block in self.transformer_blocks]
 
     def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor, layout_: Layout,
                 options: DitOptions = DitOptions(), prefix: PrefixStep | None = None) -> torch.Tensor:
@@ -367,7 +399,7 @@ class QwenImage21DiT(nn.Module):
 
         if from_cache:  # the target's tokens alone (a tensor of their own, as every block gets); the prefix is cached
             hidden = self.img_in(latents[:, -layout_.target_length:])
-            rotary = layout_.rotary[layout_.prefix_length:]
+            rotary = layout_.rotary_from(layout_.prefix_length)
             rows = target_rows
         else:
             image_tokens = self.img_in(latents)

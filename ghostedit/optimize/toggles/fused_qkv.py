@@ -1,6 +1,6 @@
 """Flag `fused-qkv` (lossless rewrite): one projection for q, k and v per stream (a 3x wider GEMM; one activation
-quantization instead of three under FP8), through the joint layout (the forward's `fused_qkv` path; preparing joins
-the weights: optimize/rewrites.py)."""
+quantization instead of three under FP8), through the joint layout (the forward's `fused_qkv` path in each DiT
+family's file; preparing joins the weights: optimize/rewrites.py)."""
 from .. import rewrites
 from ..registry import OFF, ON, Choice, PrepareContext, Toggle, register
 
@@ -17,5 +17,5 @@ register(Toggle(
     help="three projections become one wider one",
     choices=(Choice(OFF, "off"), Choice(ON, "on", implies=(("joint-layout", ON),),
                                          needs_fused_loras="runtime LoRA layers sit on the separate q/k/v projections")),
-    order=25, prepare=_prepare, option="fused_qkv",
+    order=25, prepare=_prepare, option="fused_qkv", families={},
 ))

@@ -1,9 +1,9 @@
 """Flag `joint-layout` (lossless rewrite): each block's joint attention joins text and image q, k and v in the
 projections' layout (the forward's `joint_layout` path, models/qwen_image/dit.py). The FP8 attentions and the fused
 q/k/v projections run through it: with an FP8 attention, preparing works out the FP8 scales of q and k from their
-bounds."""
+bounds. Qwen-Image-2.1's single-stream DiT always keeps q, k and v in that layout (one stream, nothing to join):
+there the flag names what its forward does anyway, so that fused-qkv, which implies it, runs there too."""
 from ...kernels.attention import FP8_BACKENDS
-from ...models.family import QWEN_IMAGE_21_DIT
 from .. import rewrites
 from ..registry import OFF, ON, Choice, PrepareContext, Toggle, register
 
@@ -20,6 +20,5 @@ register(Toggle(
     name="joint-layout", label="joint attention without transposing copies", group="rewrites",
     help="q, k and v stay in the projections' [batch, seq, heads, dim] layout",
     choices=(Choice(OFF, "off"), Choice(ON, "on")), order=20, prepare=_prepare, option="joint_layout",
-    families={QWEN_IMAGE_21_DIT: "Qwen-Image-2.1's DiT is single-stream: its q, k and v already stay in the "
-                                 "projections' layout, with no text and image streams to join"},
+    families={},
 ))
