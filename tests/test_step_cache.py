@@ -196,3 +196,76 @@ def test_ranks_of_cfg_parallel_and_ulysses_serve_the_same_steps_as_one_process(t
         assert json.loads((tmp_path / f"{run}.txt").read_text()) == steps
         image = np.load(tmp_path / f"{run}.npy")
         assert np.abs(image - np.asarray(single.image, dtype=np.int16)).max() <= 1
+
+
+# ---- Qwen-Image-2.1: the target's tokens watched, with and without the prefix cache ----
+
+def _request_21(house, **changes):
+    return EditRequest(images=[house], prompt="make it night", width=64, height=64, steps=STEPS, cfg_scale=4.0,
+                       negative_prompt="day", **changes)
+
+
+@pytest.fixture(scope="module")
+def engine_21():
+    from ghostedit.engine import Engine
+    return Engine("tiny-2.1", device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize("prefix_cache", ["on", "off"])
+def test_on_2_1_threshold_zero_gives_the_full_result_and_a_threshold_skips_per_cfg_branch(engine_21, house,
+                                                                                          prefix_cache):
+    """Threshold 0: stock's image bit for bit, every block counted. A threshold: each CFG branch's steps after
+    its first served (with the prefix cache, its filling step is its first: every block stores its prefix), the
+    image lossy but near, and the prefix cache still computes the target's tokens alone."""
+    full = engine_21.run(_request_21(house), OptimizationConfig(**{"prefix-cache": prefix_cache}))
+    checked = engine_21.run(_request_21(house), OptimizationConfig(**{"prefix-cache": prefix_cache,
+                                                                       "step-cache": "fbcache-0"}))
+    assert checked.image.tobytes() == full.image.tobytes()
+    blocks = len(engine_21.load().dit.blocks)
+    found = checked.telemetry.step_cache
+    assert found["forwards_computed"] == 2 * STEPS and found["blocks_run"] == 2 * STEPS * blocks
+    engine_21.step_cache_threshold = SKIP_ALL_BUT_FIRST
+    try:
+        cached = engine_21.run(_request_21(house), OptimizationConfig(**{"prefix-cache": prefix_cache,
+                                                                          "step-cache": "fbcache-0.2"}))
+    finally:
+        engine_21.step_cache_threshold = None
+    found = cached.telemetry.step_cache
+    later_steps = list(range(1, STEPS))
+    assert found["cached_steps"] == {"positive": later_steps, "negative": later_steps}
+    assert found["blocks_run"] == 2 * blocks + 2 * (STEPS - 1)
+    assert cached.telemetry.dit_tokens == full.telemetry.dit_tokens
+    difference = abs(torch.tensor(bytearray(cached.image.tobytes()), dtype=torch.float) -
+                     torch.tensor(bytearray(full.image.tobytes()), dtype=torch.float))
+    assert 0 < difference.mean() < 20, difference.mean()
+
+
+def test_on_2_1_a_served_step_is_the_first_block_plus_the_cached_change_of_the_target():
+    """Identical inputs at two steps, each CFG branch its own: the second forward is served after the first block
+    and equals the full forward up to rounding, from the prefix cache (its change measured at the filling step,
+    over every token, on the target's) and without."""
+    from ghostedit.models.qwen_image_21 import tiny
+    from ghostedit.models.qwen_image_21.dit import QwenImage21DiT, layout, step_forward
+    from ghostedit.models.seams import PrefixKVCache
+
+    torch.manual_seed(0)
+    dit = QwenImage21DiT(**tiny.TRANSFORMER).eval()
+    slots = torch.zeros(1, 12, dtype=torch.bool)
+    slots[0, 5:9] = True
+    layout_ = layout(torch.cat([slots, torch.ones(1, 4, dtype=torch.bool)], 1), [(1, 4, 4), (1, 4, 4)], None,
+                     dit.rope, "cpu")
+    latents = torch.randn(1, 32, 64)
+    prompts = {"positive": torch.randn(1, 12, 64), "negative": torch.randn(1, 12, 64)}
+    with torch.no_grad():
+        full = {name: dit(latents, prompt, torch.tensor([0.5]), layout_) for name, prompt in prompts.items()}
+        for prefix_cache in (PrefixKVCache(), None):
+            cache = FirstBlockCache(threshold=0.01)
+            options = DitOptions(step_cache=cache, prefix_cache=prefix_cache)
+            for step in range(2):
+                served = {name: step_forward(dit, latents, prompt, torch.tensor([0.5]), layout_, step, options)[0]
+                          for name, prompt in prompts.items()}
+            assert cache.summary()["cached_steps"] == {"positive": [1], "negative": [1]}
+            assert cache.summary()["blocks_run"] == 2 * len(dit.blocks) + 2
+            for name in full:
+                torch.testing.assert_close(served[name], full[name], rtol=0, atol=1e-5)
+    assert not torch.allclose(full["positive"], full["negative"], atol=1e-3)

@@ -277,8 +277,9 @@ def test_a_2_1_dit_choice_prepares_runs_and_leaves_the_base_weights(engine_21, n
     first, second = result.telemetry.dit_tokens
     assert (second == first) == (config.value("prefix-cache") == registry.OFF), (first, second)
     difference = abs(_pixels(result.image) - stock)
-    if config.lossy:
-        assert 0 < difference.mean() <= LOSSY_LEVELS, difference.mean()
+    if config.lossy:  # a step cache on random weights serves no step (tests/test_step_cache.py raises its threshold)
+        served_nothing = (result.telemetry.step_cache or {}).get("forwards_cached") == 0
+        assert (0 < difference.mean() or served_nothing) and difference.mean() <= LOSSY_LEVELS, difference.mean()
     elif any(setting in OTHER_KERNELS for setting in settings_for(name, value)):
         assert difference.max() <= OTHER_KERNELS_LEVELS, difference.max()
     else:  # the prefix cache off: the same attention over the same keys, in float32

@@ -15,7 +15,9 @@ Where the run's choices attach, the forward calls the seams (models/seams.py; th
 - linear: every projection is an `nn.Linear` attribute of its module (`to_q`, `img_mlp.proj`, ...), so a quantizer
   (torchao's FP8) replaces the weights in place and the forward does not change;
 - block loop: `QwenImage21DiT.run_blocks` runs `blocks` in order, each an `nn.Module` of its own (regional compile
-  compiles each; the cache-filling step and the cached steps are one graph each);
+  compiles each; the cache-filling step and the cached steps are one graph each), behind `options.step_cache`
+  where a step cache runs: it watches the target's tokens alone (the only ones a cached step computes, so a
+  filling step and a cached one compare alike), and a step it serves ends the loop after the first block;
 - prefix KV cache: `options.prefix_cache` (one per run: its CFG branches by step index), begun at each step by
   `step_forward`, which hands the forward its `PrefixStep`: filled by the first step of a branch, read by the others;
 - CUDA graphs: `step_forward` (what the pipeline calls at each step) replays the whole forward from
@@ -416,15 +418,25 @@ class QwenImage21DiT(nn.Module):
 
     def run_blocks(self, hidden, modulation, rotary, layout_: Layout, options: DitOptions,
                    prefix: PrefixStep | None) -> torch.Tensor:
-        """The block loop: each block reads its cached prefix, or hands this step's to the cache."""
+        """The block loop: each block reads its cached prefix, or hands this step's to the cache. Behind the step
+        cache the loop may end after the first block with the target's tokens alone (the cache adds the other
+        blocks' change to them; a filling step, a branch's first, is never served, so every block stores its
+        prefix)."""
         from_cache = prefix is not None and not prefix.filling
         prefix_shape = (hidden.shape[0], layout_.prefix_length, self.heads, self.head_dim)
+        step_cache, target = options.step_cache, -layout_.target_length
         for index, block in enumerate(self.blocks):
             cached = prefix.stored(index, prefix_shape, hidden.dtype) if from_cache else None
+            before = hidden
             hidden, kept = block(hidden, modulation, rotary, layout_, cached, prefix is not None and not from_cache,
                                  options)
             if kept is not None:
                 prefix.store(index, *kept)
+            if step_cache is not None:
+                served, stop = step_cache.after_block(index, before[:, target:], hidden[:, target:],
+                                                      index == len(self.blocks) - 1)
+                if stop:
+                    return served
         return hidden
 
 
@@ -435,7 +447,9 @@ def step_forward(dit: QwenImage21DiT, latents: torch.Tensor, prompt_embeds: torc
     """The forward at denoising step `step` as the pipeline calls it (QwenImage21DiT.forward's arguments): the
     prefix cache told the step before it and the tokens computed after it, outside the forward (a forward replayed
     from a CUDA graph runs none of its Python), and the forward replayed from CUDA graphs where the run's options
-    hold them. Returns the prediction and the tokens the forward computed."""
+    hold them; the step cache told the step too. Returns the prediction and the tokens the forward computed."""
+    if options.step_cache is not None:
+        options.step_cache.begin(step)
     cache = options.prefix_cache
     prefix = None if cache is None else cache.begin(step)
     from_cache = prefix is not None and not prefix.filling

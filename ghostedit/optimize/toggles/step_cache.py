@@ -1,5 +1,6 @@
 """Toggle `step-cache`: a lossy step cache around the DiT's block loop, First-Block Cache at a choice of thresholds
-(implemented in ghostedit/optimize/step_cache.py; the forward's block loop consults the one the run's options hold).
+(implemented in ghostedit/optimize/step_cache.py; the forward's block loop consults the one the run's options hold:
+the Edit DiT's image stream, Qwen-Image-2.1's target tokens, which its prefix cache's steps all compute).
 It changes only how a run goes: the prepared (compiled, FP8) DiT is the same with it on or off, and every edit
 starts with an empty cache. What it skipped goes into the run's telemetry (`step_cache`), its words and a note that
 says how little random weights tell about its quality. The bench on random weights raises the threshold
@@ -55,5 +56,5 @@ register(Toggle(
                help="the cache's bookkeeping without a skipped step: the output equals a run without it"),
         *(_choice(value) for value in THRESHOLDS),
     ),
-    changes=RUN, order=96, run_context=_cached, tag=lambda value: value,
+    changes=RUN, order=96, run_context=_cached, tag=lambda value: value, families={},
 ))
