@@ -167,6 +167,7 @@ def cmd_bench(args) -> int:
     cap_gpu_memory(args.gpu_memory, device)
     engine = Engine(source, device=device, dtype=args.dtype,
                     dit_only=args.level == "dit")
+    timeline.mark("engine made (DiffSynth imported)")
     configs = [configurations(run) for run in runs]
     for config in [config for run_configs in configs for config in run_configs]:
         try:  # refuse up front, with the reason, rather than after an hour of benchmarking

@@ -152,6 +152,7 @@ def serve(args: argparse.Namespace) -> None:
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
                 prevent_thread_lock=True, mcp_server=args.mcp,
                 app_kwargs={"routes": images_api(demo, args.api_key)}, **launch_options())
+    # launch() returns after Gradio's own calls to the page (startup-events, url_ok): it answers a little before
     timeline.mark("launch" + (" (and the share link)" if args.share else ""))
     timeline.page_up()
     print(f"GhostEdit is serving on {demo.local_url}" + (f" and {demo.share_url}" if demo.share_url else
