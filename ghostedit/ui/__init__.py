@@ -65,11 +65,11 @@ def serve_in_background(demo) -> None:
     """What the page did not wait for, once it answers: the start-up warm-up, and the imports edits need
     (DiffSynth; what the first events import) in a thread of their own, each timed in the start's timeline."""
     demo.ghostedit_startup.start()
-    threading.Thread(target=_imports_after_launch, args=(demo.ghostedit_timeline,), name="ghostedit-imports",
+    threading.Thread(target=imports_after_launch, args=(demo.ghostedit_timeline,), name="ghostedit-imports",
                      daemon=True).start()
 
 
-def _imports_after_launch(timeline) -> None:
+def imports_after_launch(timeline) -> None:
     """DiffSynth, which loading and running import (a run that asks first waits for it, as for the warm-up); then
     what the first events would import, before a page or a client asks: Gradio settles matplotlib's backend around
     the first event it serves (gradio.utils.MatplotlibBackendMananger: matplotlib and pyplot imported, most of a
