@@ -26,6 +26,7 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
     from .space import prepare_space, zero_gpu
 
     timeline = timeline or StartTimeline()
+    timeline.mark("import ghostedit's page (layout, handlers)")
     devices = worker_devices(device or default_device(), workers)
     engine = (WorkerPool(model, devices, dtype=dtype) if len(devices) > 1
               else Engine(model, device=device, dtype=dtype, import_now=False))

@@ -126,7 +126,7 @@ def serve(args: argparse.Namespace) -> None:
     timeline.mark("import ghostedit's engine (not DiffSynth)")
     from . import create_app, launch_options, serve_in_background
     from .openai_api import routes as images_api
-    timeline.mark("import ghostedit's page")
+    timeline.mark("import ghostedit's API routes")
 
     source, device = model_and_device(args)
     try:

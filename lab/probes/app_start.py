@@ -40,7 +40,7 @@ def main() -> None:
     timeline.mark("import ghostedit's engine (not DiffSynth)")
     from ghostedit.ui import create_app, imports_after_launch, launch_options
     from ghostedit.ui.openai_api import routes
-    timeline.mark("import ghostedit's page")
+    timeline.mark("import ghostedit's API routes")
     warm_up = configurations(args.warm_up)
     demo = create_app(args.model, "/tmp/app-start-loras", device=args.device, warm_up=warm_up, timeline=timeline)
     demo.launch(quiet=True, prevent_thread_lock=True, app_kwargs={"routes": routes(demo, None)}, **launch_options())
