@@ -146,6 +146,27 @@ def test_start_up_words_while_warming_and_after_a_failure():
     assert "could not warm up **best**" in startup_words(failed, {}) and "out of memory" in startup_words(failed, {})
 
 
+def test_the_page_is_served_before_diffsynth_is_imported_and_its_start_is_timed(fresh_app):
+    """The page is built without DiffSynth (which only loading and runs need: seconds, Dynamo and Inductor with it),
+    imported after the launch in the background; the app's start is a timeline whose steps add up to the time its
+    page took to answer, printed in its log and returned by /startup."""
+    built = subprocess.run([sys.executable, "-c", "import sys; from ghostedit.ui import create_app; "
+                            "create_app('tiny', sys.argv[1], device='cpu', warm_up=[]); "
+                            "print(sorted(name for name in ('diffsynth', 'ghostedit.engine.runner', "
+                            "'ghostedit.models.loading', 'torch._dynamo') if name in sys.modules))", "loras"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0 and built.stdout.strip().splitlines()[-1] == "[]", built.stdout + built.stderr
+    start = wait_for_startup(quick_client(fresh_app))["page_start"]
+    steps = [step["step"] for step in start["steps"]]
+    assert steps[0] == "python, app.py or the command line" and steps[-1] == "launch", steps
+    assert sum(step["s"] for step in start["steps"]) == pytest.approx(start["page_up_s"], abs=0.01)
+    assert start["page_up_s"] <= fresh_app.startup_wall_s + 1  # launch() returns a little after the page answers
+    assert [step["step"] for step in start["after"]][0].startswith("import DiffSynth")
+    assert start["bytecode"]["modules"] > 1000 and 0 <= start["bytecode"]["compiled"] <= start["bytecode"]["modules"]
+    assert re.search(r"page start: the page answered [0-9.]+ s after the process started \(python, app.py",
+                     fresh_app.log.read_text())
+
+
 def test_the_app_refuses_a_warm_up_it_cannot_run():
     for warm_up, reason in (("fp8=nonsense", "FP8 must be one of"), ("fp8=torchao", "needs a CUDA GPU")):
         done = subprocess.run([sys.executable, "app.py", "--model", "tiny", "--warm-up", warm_up], cwd=REPO,
