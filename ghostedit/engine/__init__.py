@@ -40,7 +40,7 @@ def import_run_code() -> None:
     """Imports what loading and running need beyond the engine itself: DiffSynth's pipelines and loader, seconds
     (DiffSynth's attention module calls torch.compile at its import: Dynamo and Inductor load). An Engine does it when
     made, so that no run's stages count it; the app makes its engine with import_now=False, serves its page, and
-    calls this after (ui/serve.py)."""
+    calls this after (ui/__init__.py, serve_in_background)."""
     # here, not at the top of this file: the app's page is built and served without them
     from ..models import loading  # noqa: F401
     from . import runner  # noqa: F401
