@@ -1,8 +1,8 @@
 """The measured-figure blocks of README.md, docs/benchmarks.md and lab/LOG.md, generated from the committed bench
 results (docs/benchmarks/<part>/results.json and the experiments' results under lab/results/), each with its device,
 torch, date and command; and the figures the app reads at run time (ghostedit/data/figures.json). `python -m lab.docs`
-rewrites the blocks and the package data after a bench run; tests/test_figures.py fails when a block or the package
-data differs from what the results say or when a figure appears outside a block."""
+rewrites the blocks and the package data after a bench run; tests/unit/bench/test_figures.py fails when a block or the
+package data differs from what the results say or when a figure appears outside a block."""
 from __future__ import annotations
 
 import bisect
