@@ -23,6 +23,10 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from ..engine.runner import dit_run
+from ..models.family import SYNTHETIC_21_TURBO, TINY_21_TURBO
+from ..telemetry import RunRecorder
+
 STOCK = "DiffSynth (stock)"
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "examples"
 REFERENCES = ("house.png", "portrait.png", "mountains.png", "house.png")
@@ -75,10 +79,6 @@ def stock_pipeline(base):
 def run_bench(engine, configs, case_names: list[str], seed: int, on_row, side: int | None = None) -> dict:
     """Every case on stock and on each configuration; rows in that order, each compared with stock's. `side`:
     every case at this side instead of its own (a rehearsal on a CPU)."""
-    from ..engine.runner import dit_run
-    from ..models.family import SYNTHETIC_21_TURBO, TINY_21_TURBO
-    from ..telemetry import RunRecorder
-
     base = engine.load(configs[0])
     stock = stock_pipeline(base) if engine.placement(configs[0]).base_on_gpu else None
     stock_tokens = _stock_tokens(stock) if stock is not None else []
