@@ -13,6 +13,9 @@ import torch.multiprocessing
 from PIL import Image
 
 from conftest import ASSETS
+from ghostedit import EditRequest, OptimizationConfig
+from ghostedit.engine import Engine
+from ghostedit.parallel import mesh as meshes, ulysses
 from test_parallel import _free_port
 
 REFERENCES = ("house.png", "mountains.png", "portrait.png")
@@ -21,8 +24,7 @@ FOUR_RANK_CASES = [(references, cache, 4.0) for references in (1, 3) for cache i
 TARGET_TOKENS = 24   # 96 x 64 pixels: 6 x 4 latent tokens, 12 on each of two ranks
 
 
-def _request(references: int, cfg: float):
-    from ghostedit import EditRequest
+def _request(references: int, cfg: float) -> EditRequest:
     images = [Image.open(ASSETS / name).convert("RGB") for name in REFERENCES[:references]]
     return EditRequest(images=images, prompt="a ghost in the window", negative_prompt="blurry, daylight", width=96,
                        height=64, steps=3, cfg_scale=cfg, seed=5)
@@ -41,9 +43,6 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, modes: tuple[st
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
-    from ghostedit import OptimizationConfig
-    from ghostedit.engine import Engine
-    from ghostedit.parallel import mesh as meshes, ulysses
     results = {}
     seen = []  # the shards of every stream each split attention gathered
     attention = ulysses.Ulysses.attention
