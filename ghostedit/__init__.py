@@ -1,6 +1,7 @@
 """GhostEdit: instruction-based image editing with Qwen-Image-Edit on DiffSynth, with every speed toggle measured.
 
-The package's layers, bottom to top; a module imports only from its own layer and those below (tests/test_layers.py):
+The package's layers, bottom to top; a module imports only from its own layer and those below
+(tests/unit/project/test_layers.py):
 base        errors, paths, device, tensors, pinned, images, masks, pillow_resize, metrics, telemetry, quiet, downloads,
             lora_files, lora_formats
 kernels     compute that knows no model: attention backends, FP8 attention, GhostEdit's Triton kernels

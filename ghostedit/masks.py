@@ -2,7 +2,7 @@
 latents' grid as diffusers' QwenImageEditInpaintPipeline (0.42.1) brings them, with its VaeImageProcessor's
 functions (crop region, resize-and-fill, binarizing, the overlay that pastes the input back), and the step a
 strength starts at (its get_timesteps: first_step), written here because diffusers belongs in the tests, which hold
-each of these against it (tests/test_masks.py).
+each of these against it (tests/unit/base/test_masks.py).
 
 Reading a mask: a file with transparent pixels follows OpenAI's images API (the transparent pixels are the ones to
 change: white where alpha is 0, grey in between); any other is read by its luminance, white = change. A mask keeps

@@ -1,5 +1,5 @@
 """Pillow's LANCZOS resize of an 8-bit RGB image, computed on the device with Pillow's own integer arithmetic, so
-that the result equals `image.resize(size, Image.LANCZOS)` bit for bit (tests/test_pillow_resize.py).
+that the result equals `image.resize(size, Image.LANCZOS)` bit for bit (tests/unit/base/test_pillow_resize.py).
 
 The reference (diffusers' VaeImageProcessor) resizes each input image with Pillow on the CPU, where an upscale to
 the VAE's 1024x1024 takes tens of milliseconds while the GPU waits for the VAE's input. Pillow resamples in two

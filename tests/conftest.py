@@ -15,22 +15,19 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "assets" / "examples"
 ARTIFACTS = REPO / "test-artifacts"
-# Each test's tier by its file (the markers of pytest.ini); every test under tests/gpu/ is `gpu`
-TIERS = {"browser": ("test_app_browser.py",),
-         "server": ("test_app_api.py", "test_hardening_server.py", "test_mcp.py", "test_space.py", "test_workers.py",
-                    "test_compiled_package.py", "test_wheel.py", "test_openai_api.py", "test_app_qwen_image_21.py",
-                    "test_mask_app.py", "test_latency.py")}
+# The tiers are folders (the markers of pytest.ini mark three of them): unit/<part of the package>/ (no server, no
+# browser), engine/ (whole edits and the reference against diffusers), server/ (the real app or another server over
+# HTTP), browser/ (chromium against the real app), gpu/ (the GPU machine's)
+MARKED_TIERS = ("server", "browser", "gpu")
 BROWSER_FIXTURES = {"browser", "page"}  # a browser test in a server file (its tier is both)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.path.parent.name == "gpu":
-            item.add_marker(pytest.mark.gpu)
-        for tier, files in TIERS.items():
-            if item.path.name in files:
-                item.add_marker(getattr(pytest.mark, tier))
+        tier = item.path.relative_to(Path(__file__).parent).parts[0]
+        if tier in MARKED_TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
         if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
 

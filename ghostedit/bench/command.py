@@ -159,8 +159,9 @@ def cmd_bench(args) -> int:
     if args.level == "latency":  # the engine runs in the app's process, not in this one
         return _latency(args, timeline)
     from ..device import UnavailableOptionError
-    from ..engine import Engine
+    from ..engine import Engine, import_run_code
 
+    import_run_code()  # DiffSynth: the engine's import, as this timeline names it (the app imports it later)
     timeline.mark("engine imported")
     runs = runs_of(args)
     source, device = model_and_device(args)

@@ -2,18 +2,25 @@
 same as `python app.py`) in a process of its own, calls its public `/edit` through gradio_client as an API client
 does, and reports for every call the client's wall time beside the engine's `telemetry.total_s`, and where the
 difference went: the app's handler outside the engine (the run JSON's `serving`: waiting for the engine, encoding
-the views), and outside the handler (Gradio before the handler and after its answer, the transport and the client
-library: gradio_client 2.7 sets up TLS for each of its HTTP requests, nine per /edit, even to an http:// app).
-Gradio's own record of each request (its profiling traces) adds the queue wait and what each streamed update costs
-it; those updates go out while the engine works. The engine's stages are checked against its total (`unnamed_s`:
-what no stage names).
+the views), and outside the handler, in parts: the client's upload of the input and its downloads of the outputs
+(timed in gradio_client's own steps), Gradio's queue wait, its preprocessing, its postprocessing of the last update
+(after the handler; from Gradio's own record of each request, its profiling traces, which also give what each
+streamed update costs it while the engine works), and the rest (the transport and the client library). gradio_client
+2.7 sets up TLS for each of its HTTP requests (nine per /edit, each file download one), even to an http:// app: the
+first configuration's warm calls are made again by a second client with ssl_verify=False, labelled so, beside the
+default client's (the headline: what a gradio_client script waits). The engine's stages are checked against its
+total (`unnamed_s`: what no stage names).
+
+The app's own start is in results.json too: its timeline before the page answered, step by step (`page_start`,
+from /startup: ui/serve.py), beside the page's answer as this process saw it (`page_up_s`), and the start-up
+warm-up's stages (`startup`).
 
 Rows, for each configuration of each run (--configs at the run's steps, CFG and size):
 - "first edit after start" (the first run's first configuration): submitted the moment the page answers, while
   the app's start-up warms --warm-up (by default that configuration): the page's start, the client's wait, and
   the time from the app's launch to the picture;
 - "first call": a configuration's first edit in this app (it prepares it, unless start-up did);
-- "warm": --repeats more calls;
+- "warm": --repeats more calls; for the first configuration also "warm, client with ssl_verify=False" (as many);
 - "LoRA switch" (--lora-switch N): N calls on the first configuration switching between two fused LoRAs, random
   and shaped like real ones (every linear of every block at --lora-rank);
 - "browser" (--browser-calls N): edits through the page in Debian's chromium (playwright), from the click on Run
@@ -40,10 +47,17 @@ APP_START_TIMEOUT_S = 600   # the full-size model's imports on a loaded machine;
 CALL_TIMEOUT_S = 900        # a cold first call compiles
 CHROMIUM = os.environ.get("GHOSTEDIT_CHROMIUM", "/usr/bin/chromium")
 EDIT_IMAGE = Path(__file__).resolve().parents[2] / "assets" / "examples" / "house.png"
+NO_TLS = "warm, client with ssl_verify=False"
 COLUMNS = {"case": "case", "calls": "calls", "client_s": "client waits s", "engine_s": "engine total s",
            "gap_s": "difference s", "handler_outside_engine_s": "handler outside the engine s",
            "outside_handler_s": "outside the handler s", "postprocess_per_update_ms": "Gradio ms per update",
            "unnamed_s": "engine time no stage names s"}
+# the parts of "outside the handler s"
+OUTSIDE_COLUMNS = {"case": "case", "outside_handler_s": "outside the handler s",
+                   "client_upload_s": "client's upload s", "gradio_queue_wait_s": "Gradio queue s",
+                   "gradio_preprocess_s": "Gradio before the handler s",
+                   "gradio_after_handler_s": "Gradio after the handler s",
+                   "client_download_s": "client's downloads s", "outside_rest_s": "transport and client, the rest s"}
 
 
 @dataclass
@@ -110,31 +124,58 @@ def edit_parameters(config: OptimizationConfig, lora: str | None = None) -> dict
 
 
 class Caller:
-    """One client session of the app, calling /edit with one request's values."""
+    """One client session of the app, calling /edit with one request's values. `ssl_verify`: gradio_client's own
+    option (the default, True, sets up TLS for every HTTP request, even to http://)."""
 
-    def __init__(self, app: App, args):
+    def __init__(self, app: App, args, ssl_verify: bool = True):
         from gradio_client import Client
         self.app = app
-        self.client = Client(app.url, verbose=False)
+        self.client = Client(app.url, verbose=False, ssl_verify=ssl_verify)
         given = {"prompt": args.prompt, "negative_prompt": args.negative_prompt, "seed": args.seed,
                  "steps": args.steps, "cfg_scale": args.cfg, "width": args.width, "height": args.height}
         self.request = {name: value for name, value in given.items() if value is not None}  # else the app's default
         self.image = (args.image or [str(EDIT_IMAGE)])[0]
+        self.client_steps = timed_client_steps(self.client)
 
     def edit(self, kind: str, config: OptimizationConfig, parameters: dict) -> dict:
         from gradio_client import handle_file
+        self.client_steps.clear()
         start = time.perf_counter()
         outputs = self.client.submit(image=handle_file(self.image), **self.request, **parameters,
                                      api_name="/edit").result(timeout=CALL_TIMEOUT_S)
         client_s = time.perf_counter() - start
         self.app.edits += 1
-        return {**call_row(kind, config.label, client_s, outputs[3]), "text": config.text}
+        return {**call_row(kind, config.label, client_s, outputs[3]), "text": config.text,
+                "client_upload_s": self.client_steps.get("upload", 0.0),
+                "client_download_s": self.client_steps.get("download", 0.0)}
 
     def comparison_s(self) -> float:
         """The follow-up that computes the image metrics and the PNG (off every edit's way)."""
         start = time.perf_counter()
         self.client.predict(api_name="/comparison")
         return time.perf_counter() - start
+
+
+def timed_client_steps(client) -> dict:
+    """The seconds this client's endpoints spend in their own steps of a call, by name, summed since the dict was
+    last cleared: "upload" (gradio_client's process_input_files: the input files sent to the app, one request each)
+    and "download" (process_predictions: the output files fetched, one request each), each timed around the
+    client's own method of that endpoint object."""
+    seconds: dict[str, float] = {}
+
+    def timed(step: str, method):
+        def call(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - began
+        return call
+
+    for endpoint in client.endpoints.values():
+        endpoint.process_input_files = timed("upload", endpoint.process_input_files)
+        endpoint.process_predictions = timed("download", endpoint.process_predictions)
+    return seconds
 
 
 def call_row(kind: str, case: str, client_s: float, run: dict) -> dict:
@@ -168,9 +209,15 @@ def with_gradio(rows: list[dict], traces: list[dict]) -> None:
     queue, and what Gradio's post-processing of each streamed update (made while the engine works, the last one
     after it) cost."""
     for row, trace in zip(rows, traces):
+        per_update = trace["postprocess_ms"] / max(1, trace["n_iterations"]) / 1000
         row.update(gradio_queue_wait_s=trace["queue_wait_ms"] / 1000, updates=trace["n_iterations"],
-                   gradio_postprocess_s=trace["postprocess_ms"] / 1000,
-                   postprocess_per_update_ms=trace["postprocess_ms"] / max(1, trace["n_iterations"]))
+                   gradio_postprocess_s=trace["postprocess_ms"] / 1000, postprocess_per_update_ms=per_update * 1000,
+                   gradio_preprocess_s=trace["preprocess_ms"] / 1000,
+                   # the last update's postprocessing comes after the handler; Gradio records their sum only
+                   gradio_after_handler_s=per_update)
+        named = ("client_upload_s", "gradio_queue_wait_s", "gradio_preprocess_s", "gradio_after_handler_s",
+                 "client_download_s")
+        row["outside_rest_s"] = row["outside_handler_s"] - sum(row[key] for key in named)
 
 
 def random_loras(source: str, rank: int, folder: Path) -> list[str]:
@@ -256,8 +303,9 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (case, kind), members in groups.items():
         line = {"case": f"{case}: {kind}", "kind": kind, "config": case, "text": members[0].get("text"),
                 "calls": len(members)}
-        for key in ("client_s", "engine_s", "gap_s", "handler_outside_engine_s", "outside_handler_s",
-                    "postprocess_per_update_ms", "unnamed_s"):
+        for key in dict.fromkeys([*COLUMNS, *OUTSIDE_COLUMNS]):
+            if key in ("case", "calls"):
+                continue
             values = [row[key] for row in members if row.get(key) is not None]
             line[key] = statistics.median(values) if values else None
         summary.append(line)
@@ -288,13 +336,16 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
                 row.update(page_up_s=app.page_up_s, launch_to_picture_s=time.perf_counter() - app.launched)
                 rows.append(row)
                 timeline.mark("first edit after start")
-            for config in run_configs:
+            for number, config in enumerate(run_configs):
                 caller = Caller(app, run)
                 parameters = edit_parameters(config)
                 kinds = ["first call"] if not rows or rows[-1]["case"] != config.label else []
                 for kind in kinds + ["warm"] * run.repeats:
                     rows.append(caller.edit(kind, config, parameters))
                 rows[-1]["comparison_s"] = caller.comparison_s()
+                if number == 0 and run.repeats:  # the same calls without gradio_client's TLS set-up per request
+                    unverified = Caller(app, run, ssl_verify=False)
+                    rows += [unverified.edit(NO_TLS, config, parameters) for _ in range(run.repeats)]
                 timeline.mark(config.label)
             if run.lora_switch:
                 caller = Caller(app, run)
@@ -311,6 +362,8 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
                     break
                 rows.append(browser_edit(app, caller.image, run.prompt))
             startup = Caller(app, run).client.predict(api_name="/startup")
+            if index == 0:  # the app's own start, step by step, beside the page's answer as seen from here
+                rows[0]["page_start"] = startup["page_start"]
             write_run(out_dir, run, {**context, "startup": startup, "notes": notes,
                                      "warm_up": warm_up if index == 0 else None}, rows)
             timeline.mark(f"results of {out_dir.name}")
@@ -318,17 +371,39 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
         stop_app(app)
 
 
+def start_words(page_start: dict, startup: dict) -> str:
+    """The app's start in words: each step before the page answered, what ran after, the bytecode Python compiled,
+    and the start-up warm-up's stages."""
+    steps = ", ".join(f"{step['step']} {step['s']:.2f}" for step in page_start["steps"])
+    details = [f"{item['step']} {item['s']:.2f}" for step in page_start["steps"] for item in step.get("detail", [])]
+    after = ", ".join(f"{step['step']} {step['s']:.2f}" for step in page_start["after"])
+    bytecode = page_start["bytecode"]
+    warmed = "; ".join(f"{item['configuration']} in {item['seconds']:.1f} s ("
+                       + ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in item["stages_s"].items()) + ")"
+                       for item in startup["warmed"])
+    return (f"The app's start (its own clock, from its process's creation): the page answered after "
+            f"{page_start['page_up_s']:.1f} s: {steps}"
+            + (f" (of which the slowest availability checks: {', '.join(details)})" if details else "")
+            + (f". After the launch, in the background: {after}" if after else "")
+            + f". Python compiled {bytecode['compiled']} of the {bytecode['modules']} modules imported by then from "
+              f"source{' (and keeps no bytecode: PYTHONDONTWRITEBYTECODE)' if bytecode['not_written'] else ''}."
+            + (f" Start-up warmed {warmed}." if warmed else ""))
+
+
 def write_run(out_dir: Path, run, context: dict, rows: list[dict]) -> None:
     summary = summarize(rows)
     write_results(out_dir, {**context, "environment": environment(), "steps": run.steps, "cfg_scale": run.cfg,
                             "size": [run.width, run.height], "repeats": run.repeats, "summary": summary,
                             "rows": rows})
-    table = markdown_table(summary, COLUMNS)
+    table = (markdown_table(summary, COLUMNS) + "\n\nOutside the handler, in parts (medians; Gradio after the handler: "
+             "its postprocessing per update):\n\n"
+             + markdown_table([line for line in summary if line["kind"] != "browser"], OUTSIDE_COLUMNS))
     first = next((row for row in rows if row["kind"] == "first edit after start"), None)
     if first is not None:
         table += (f"\n\nFirst edit after start: the page answered {first['page_up_s']:.1f} s after the launch, the "
                   f"picture came {first['launch_to_picture_s']:.1f} s after it; the edit waited {first['client_s']:.2f} s"
                   f" for an engine total of {first['engine_s']:.2f} s (stages: "
-                  + ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in first["stages_s"].items()) + ").")
+                  + ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in first["stages_s"].items()) + ").\n\n"
+                  + start_words(first["page_start"], context["startup"]))
     (out_dir / "table.md").write_text(table + "\n")
     print(table, flush=True)

@@ -31,19 +31,39 @@ from .cache import PreparedCache
 from .loras import LoraFiles, switch_fused_loras
 from .prepare import PreparedPipeline, prepare_dit
 from .recovery import OUT_OF_MEMORY_RETRY_NOTE, recovering_memory
-from .runner import EditResult, run_edit
 from .store import ModelStore
 
-__all__ = ["Engine", "EditResult", "PreparedPipeline"]
+__all__ = ["Engine", "EditResult", "PreparedPipeline", "import_run_code"]
+
+
+def import_run_code() -> None:
+    """Imports what loading and running need beyond the engine itself: DiffSynth's pipelines and loader, seconds
+    (DiffSynth's attention module calls torch.compile at its import: Dynamo and Inductor load). An Engine does it when
+    made, so that no run's stages count it; the app makes its engine with import_now=False, serves its page, and
+    calls this after (ui/__init__.py, serve_in_background)."""
+    # here, not at the top of this file: the app's page is built and served without them
+    from ..models import loading  # noqa: F401
+    from . import runner  # noqa: F401
+
+
+def __getattr__(name: str):
+    """EditResult, from runner.py (DiffSynth), on first use."""
+    if name == "EditResult":
+        from .runner import EditResult
+        return EditResult
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Engine:
     def __init__(self, source: str = "tiny", device: str | None = None, cache_budget_gib: float | None = None,
-                 dtype: str | None = None, dit_only: bool = False, mesh=None):
+                 dtype: str | None = None, dit_only: bool = False, mesh=None, import_now: bool = True):
         """`dtype`: "bfloat16" or "float32" for every component; None: what is fast on the device (models/dtypes.py).
         Where the weights live follows each configuration's `memory` setting (placement.py). `dit_only`: load the
         DiT alone (the DiT-level bench). `mesh`: this process's share of a parallel edit (parallel.setup), None in
-        one process."""
+        one process. `import_now`: import DiffSynth now (import_run_code); False: at the first load, or when the
+        caller calls import_run_code (the app, after its page serves)."""
+        if import_now:
+            import_run_code()
         check_version()  # at start: GhostEdit's changes inside DiffSynth hold for one version
         self.spec: ModelSpec = resolve(source)
         self.device = device or default_device()
@@ -205,6 +225,7 @@ class Engine:
         telemetry.cache_hit = hit
         telemetry.dtypes = {name: dtype_name(dtype) for name, dtype in self.dtypes.items()}
         telemetry.placement = {name: where["where"] for name, where in self.store.placement.describe().items()}
+        from .runner import run_edit  # imported by import_run_code (not at the top: the app's page needs it not)
         result = run_edit(prepared, request, config, recorder, self.spec, self.device, self.mesh,
                           self.step_cache_threshold)
         if not hit:

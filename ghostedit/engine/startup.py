@@ -63,6 +63,7 @@ class StartUp:
     error: str = ""
     warmed: list[Warmed] = field(default_factory=list)
     events: dict = field(default_factory=dict)   # the latest progress event, per worker ("" without a pool)
+    page_start: dict = field(default_factory=dict)  # the app's start before its page answered (ui/serve.py)
 
     def check(self) -> "StartUp":
         """Refuses at once (UnavailableOptionError) a configuration that cannot run here."""
@@ -119,7 +120,8 @@ class StartUp:
 
     def status(self) -> dict:
         """What start-up is doing or did, JSON-ready: state, the configuration being warmed, seconds so far, each
-        worker's latest stage (with its download progress), the configurations warmed and their stages."""
+        worker's latest stage (with its download progress), the configurations warmed and their stages; and the
+        app's own start before its page answered, step by step (`page_start`: ui/serve.py's StartTimeline)."""
         end = self.finished if self.finished is not None else time.perf_counter()
         return {"state": self.state, "configuration": self.current or (self.configs[0].label if self.configs else ""),
                 "elapsed_s": end - self.started if self.started else 0.0,
@@ -127,7 +129,8 @@ class StartUp:
                 "now": {worker: {"stage": event.stage, "message": event.message, "download": event.download}
                         for worker, event in dict(self.events).items()} if self.busy else {},
                 "warmed": [{"configuration": warmed.config, "seconds": warmed.seconds, "stages_s": warmed.stages}
-                           for warmed in self.warmed]}
+                           for warmed in self.warmed],
+                "page_start": self.page_start}
 
 
 def _warm(engine, request: EditRequest, config: OptimizationConfig, on_progress) -> list:

@@ -10,7 +10,6 @@ import torch
 
 from ..device import empty_cache
 from ..models import ModelSpec
-from ..models.loading import load_base_pipeline
 from ..pinned import PinnedArena, pin_module
 from ..tensors import storage_bytes, storage_pointers
 from . import placement as placements
@@ -49,9 +48,11 @@ class ModelStore:
     def load(self, mode: str, recorder) -> object:
         """The base pipeline, loaded on first use straight into its placement."""
         if self.pipe is None:
+            # imported by Engine (import_run_code), not at the top: the app's page is served without DiffSynth
+            from ..models import loading
             wanted = self.plan(mode)
             with recorder.stage("load", f"loading {self.spec.description}"):
-                self.pipe = load_base_pipeline(
+                self.pipe = loading.load_base_pipeline(
                     self.spec, self.device, self.dtypes, base_dit_on_gpu=wanted.base_on_gpu, dit_only=self.dit_only,
                     text_encoder_on_gpu=wanted.where["text_encoder"] in (placements.GPU, placements.CPU),
                     on_download=recorder.download_progress)

@@ -91,7 +91,7 @@ class WorkerPool:
     """Engines in worker processes behind the Engine's interface (see the module docstring)."""
 
     def __init__(self, source: str, devices: list[str], dtype: str | None = None):
-        self.front = Engine(source, device=devices[0], dtype=dtype)
+        self.front = Engine(source, device=devices[0], dtype=dtype, import_now=False)  # it checks; workers run
         self.spec, self.device, self.dtypes = self.front.spec, devices[0], self.front.dtypes
         self._source, self._dtype = source, dtype
         self._context = mp.get_context("spawn")

@@ -1,7 +1,8 @@
 """DiffSynth's Qwen-Image pipeline made to compute an edit exactly as the model's reference (diffusers'
 QwenImageEditPipeline / QwenImageEditPlusPipeline, the text encoder as released on transformers 4.x) computes it.
 
-Where DiffSynth 2.1.12 differs, and where each is fixed (tests/test_reference.py holds every stage against diffusers):
+Where DiffSynth 2.1.12 differs, and where each is fixed (tests/engine/test_reference.py holds every stage against
+diffusers):
 - the text encoder's image tokens need `mm_token_type_ids` for their 3-D rotary positions on transformers 5
   (PromptEmbedder, below);
 - each input image is resized once from the original for each encoder, by the family's rule (EditImageEmbedder);

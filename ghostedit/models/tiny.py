@@ -55,7 +55,7 @@ TINY_MAX_PIXELS = 112 * 112
 FILES = {"dit": "dit.safetensors", "text_encoder": "text_encoder.safetensors", "vae": "vae.safetensors"}
 PROCESSOR_DIR = "processor"
 
-# What the generated files hold (checked by tests/test_tiny_model.py).
+# What the generated files hold (checked by tests/unit/models/test_tiny_model.py).
 TINY_PARAM_COUNTS = {"dit": 340_480, "text_encoder": 226_272, "vae": 668_043}
 TINY_FILE_BYTES = {"dit": 688_864, "text_encoder": 458_744, "vae": 1_351_638, "processor": 12_137}
 

@@ -14,10 +14,10 @@ runs through Engine.run on the engine or worker pool whose prepared pipelines th
 were worse: calling the engine from the route would run beside the queue (two edits at once on one GPU, queue
 positions that ignore API calls); Gradio's client over loopback HTTP would upload the images a second time and
 parse an event stream for nothing. `Queue.push`, `pending_messages_per_session` and the message classes are Gradio
-6.31's internals (requirements.txt pins it; tests/test_openai_api.py drives them through a real server). Every API
-event belongs to one queue session of this process, named by a random token (no browser can read its messages, and
-Gradio keeps one session state for all of them); one task hands each completion to the call that waits for it. A
-call whose client disconnects is taken out of the queue, or cancelled at its next step if it runs.
+6.31's internals (requirements.txt pins it; tests/server/test_openai_api.py drives them through a real server). Every
+API event belongs to one queue session of this process, named by a random token (no browser can read its messages, and
+Gradio keeps one session state for all of them); one task hands each completion to the call that waits for it. A call
+whose client disconnects is taken out of the queue, or cancelled at its next step if it runs.
 
 Errors come in OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a request GhostEdit refuses
 (with the engine's reason), 401 for a missing or wrong key where --api-key (or GHOSTEDIT_API_KEY) is set, 404 for a

@@ -1,12 +1,28 @@
-"""Serving the app: the command-line options of `python app.py` and `ghostedit serve`, and the launch."""
+"""Serving the app: the command-line options of `python app.py` and `ghostedit serve`, the launch, and the start's
+timeline (every second from the process's start to the page answering, step by step, printed and kept for /startup).
+
+The page is served before what only edits need: DiffSynth (imported after the launch, in the background, while the
+start-up warm-up begins) and matplotlib and the metrics' packages (ui/__init__.py)."""
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
+
+import psutil
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    # the start's timeline begins here, where both launchers (app.py, the CLI) begin with serving: the options' own
+    # imports (torch, the model arguments) are its first steps
+    timeline = StartTimeline()
+    timeline.mark("python, app.py or the command line")
+    import torch  # noqa: F401 - here rather than by the next line's imports, to be timed on its own
+    timeline.mark("import torch")
     from ..arguments import add_model_arguments
+    timeline.mark("import ghostedit's arguments")
+    parser.set_defaults(start_timeline=timeline)
     add_model_arguments(parser)
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to listen on (0.0.0.0 to serve your network)")
@@ -40,17 +56,77 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "visible GPU), on the CPU N CPU workers (default 1)")
 
 
+class StartTimeline:
+    """Where the app's start goes: wall seconds from the process's creation (the interpreter, app.py or the CLI) to
+    the page answering, one entry per step, each from the end of the one before (so that they add up to the whole);
+    a step may list its parts (`detail`: every choice's availability check). Then what runs after the launch, in
+    the background (`after`), and how much of the imported Python this process compiled from source (with no
+    bytecode cached, every start pays that again). `record` is JSON-ready: the app's /startup returns it."""
+
+    def __init__(self):
+        self.started = psutil.Process().create_time()
+        self.record = {"steps": [], "page_up_s": None, "after": [], "bytecode": None}
+        self._last = self.started
+
+    def mark(self, step: str, detail: list[dict] | None = None) -> None:
+        now = time.time()
+        self.record["steps"].append({"step": step, "s": round(now - self._last, 3),
+                                     **({"detail": detail} if detail else {})})
+        self._last = now
+
+    def page_up(self) -> None:
+        """The page answers: the whole before it, and what Python compiled on the way."""
+        self.record["page_up_s"] = round(self._last - self.started, 3)
+        self.record["bytecode"] = compiled_from_source(self.started)
+
+    def after(self, step: str, seconds: float) -> None:
+        self.record["after"].append({"step": step, "s": round(seconds, 3)})
+
+    def line(self) -> str:
+        steps = ", ".join(f"{step['step']} {step['s']:.2f}" for step in self.record["steps"])
+        bytecode = self.record["bytecode"]
+        return (f"page start: the page answered {self.record['page_up_s']:.1f} s after the process started ({steps})"
+                + (f"; Python compiled {bytecode['compiled']} of {bytecode['modules']} imported modules from source"
+                   + (" (PYTHONDONTWRITEBYTECODE: none kept for the next start)" if bytecode["not_written"] else "")
+                   if bytecode else ""))
+
+
+def compiled_from_source(since: float) -> dict:
+    """How many of the modules imported from .py files had no bytecode cached before this process (compiled from
+    source here: their .pyc is missing or newer than `since`, the process's start). On a machine whose packages
+    were installed without bytecode (pip --no-compile) and that writes none (PYTHONDONTWRITEBYTECODE), every start
+    compiles them all again."""
+    compiled = modules = 0
+    for module in list(sys.modules.values()):
+        spec = getattr(module, "__spec__", None)
+        if spec is None or not spec.cached or not str(spec.origin or "").endswith(".py"):
+            continue
+        modules += 1
+        try:
+            compiled += os.stat(spec.cached).st_mtime >= since
+        except OSError:
+            compiled += 1
+    return {"compiled": compiled, "modules": modules, "not_written": sys.dont_write_bytecode}
+
+
 def serve(args: argparse.Namespace) -> None:
+    timeline = args.start_timeline
+    timeline.mark("the command line read")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home; the app works offline
     os.environ.setdefault("MPLBACKEND", "agg")  # a server draws no windows: Gradio's first event need not probe
+    # the imports one by one, here rather than at the top (`--help` stays quick), each timed for the timeline
+    import gradio  # noqa: F401
+    timeline.mark("import gradio")
     from ..arguments import model_and_device
     from ..device import UnavailableOptionError
     from ..engine.startup import configurations
     from ..engine.workers import worker_devices
     from ..errors import GhostEditError
     from ..loras import default_folder
-    from . import create_app, launch_options
+    timeline.mark("import ghostedit's engine (not DiffSynth)")
+    from . import create_app, launch_options, serve_in_background
     from .openai_api import routes as images_api
+    timeline.mark("import ghostedit's API routes")
 
     source, device = model_and_device(args)
     try:
@@ -63,20 +139,26 @@ def serve(args: argparse.Namespace) -> None:
         warm_up = configurations(args.warm_up)
     except GhostEditError as error:
         raise SystemExit(f"error: --warm-up: {error}") from None
+    timeline.mark("arguments checked")
     if args.compiled_from:
         install_compiled(args.compiled_from, device)
+        timeline.mark("compiled packages installed")
     try:
         demo = create_app(source, args.lora_dir or default_folder(), device=device, dtype=args.dtype,
-                          workers=args.workers, warm_up=warm_up)
+                          workers=args.workers, warm_up=warm_up, timeline=timeline)
     except UnavailableOptionError as error:
         raise SystemExit(f"error: --warm-up: {error}") from None
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
                 prevent_thread_lock=True, mcp_server=args.mcp,
                 app_kwargs={"routes": images_api(demo, args.api_key)}, **launch_options())
+    # launch() returns after Gradio's own calls to the page (startup-events, url_ok): it answers a little before
+    timeline.mark("launch" + (" (and the share link)" if args.share else ""))
+    timeline.page_up()
     print(f"GhostEdit is serving on {demo.local_url}" + (f" and {demo.share_url}" if demo.share_url else
           " (add --share for a public gradio.live link)"), flush=True)
-    demo.ghostedit_startup.start()  # now, not before: the warm-up's work would slow the page's own start
+    print(timeline.line(), flush=True)
+    serve_in_background(demo)  # now, not before: this work would slow the page's own start
     if args.mcp:
         from .tools import keep_agent_tools
         print(f"MCP tools {', '.join(keep_agent_tools(demo))} at (Streamable HTTP) "

@@ -1,8 +1,8 @@
 """The measured-figure blocks of README.md, docs/benchmarks.md and lab/LOG.md, generated from the committed bench
 results (docs/benchmarks/<part>/results.json and the experiments' results under lab/results/), each with its device,
 torch, date and command; and the figures the app reads at run time (ghostedit/data/figures.json). `python -m lab.docs`
-rewrites the blocks and the package data after a bench run; tests/test_figures.py fails when a block or the package
-data differs from what the results say or when a figure appears outside a block."""
+rewrites the blocks and the package data after a bench run; tests/unit/bench/test_figures.py fails when a block or the
+package data differs from what the results say or when a figure appears outside a block."""
 from __future__ import annotations
 
 import bisect
@@ -606,28 +606,64 @@ LATENCY_PARTS = ("latency-4", "latency-40", "latency-restart")
 
 def latency() -> str:
     """Issue 44: what a person waits for through the app (bench/latency.py): each case's client wait beside the
-    engine's total and where the difference goes, and the first edit after start, on a machine that never compiled
-    its configuration and on the next start given the compiled packages the first kept."""
+    engine's total and where the difference goes (outside the handler in parts, where the run recorded them), and
+    the first edit after start, on a machine that never compiled its configuration and on the next start given the
+    compiled packages the first kept: the app's start step by step (where the run recorded it) and the start-up
+    warm-up's stages."""
+    summaries = [(part, line) for part in LATENCY_PARTS for line in results(part)["summary"]]
     rows = [{"run": part, "case": f"{name(line) if line['text'] is not None else line['config']}: {line['kind']}",
-             **{key: line[key] for key in ("calls", "client_s", "engine_s", "gap_s", "handler_outside_engine_s",
-                                           "outside_handler_s")}}
-            for part in LATENCY_PARTS for line in results(part)["summary"]]
+             **{key: line.get(key) for key in ("calls", "client_s", "engine_s", "gap_s", "handler_outside_engine_s",
+                                                "outside_handler_s", *LATENCY_OUTSIDE)}}
+            for part, line in summaries]
     table = markdown_table(rows, {"run": "run", "case": "case", "calls": "calls", "client_s": "client waits s",
                                   "engine_s": "engine total s", "gap_s": "difference s",
                                   "handler_outside_engine_s": "app's handler outside the engine s",
                                   "outside_handler_s": "Gradio, transport and client s"})
+    parts = [row for row in rows if row["client_download_s"] is not None]
+    if parts:  # the runs that split it
+        table += ("\n\nOutside the handler, in parts (Gradio after the handler: its postprocessing per update; "
+                  "\"client with ssl_verify=False\": gradio_client without its TLS set-up per request):\n\n"
+                  + markdown_table(parts, {"run": "run", "case": "case", "outside_handler_s": "outside the handler s",
+                                           **LATENCY_OUTSIDE}))
     first = []
     for part, words in (("latency-4", "on a machine that never compiled it"),
                         ("latency-restart", "on the next start, given the compiled packages the first kept")):
-        row = next(row for row in results(part)["rows"] if row["kind"] == "first edit after start")
+        found = results(part)
+        row = next(row for row in found["rows"] if row["kind"] == "first edit after start")
         first.append(f"- {words}: the page answered {row['page_up_s']:.1f} s after `ghostedit serve` started, the "
                      f"picture came {row['launch_to_picture_s']:.1f} s after the start; the client waited "
-                     f"{row['client_s']:.2f} s for it (engine {row['engine_s']:.2f} s);")
+                     f"{row['client_s']:.2f} s for it (engine {row['engine_s']:.2f} s);"
+                     + "".join(f" start-up warmed it in {warmed['seconds']:.1f} s ("
+                               + ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in warmed["stages_s"].items())
+                               + ");" for warmed in found["startup"]["warmed"])
+                     + (f" the page's start in the app's own clock: {_page_start(row['page_start'])}"
+                        if "page_start" in row else ""))
     size = results("latency-4")["size"]
     return (f"The full-size synthetic model at {size[0]}x{size[1]}, through the real app and gradio_client (medians "
             f"over the calls; browser edits where chromium was there). Measured on {source('latency-4')}.\n\n"
             f"{table}\n\nThe first {name(results('latency-4')['summary'][0])} edit after start:\n"
             + "\n".join(first) + "\n")
+
+
+LATENCY_OUTSIDE = {"client_upload_s": "client's upload s", "gradio_queue_wait_s": "Gradio queue s",
+                   "gradio_preprocess_s": "Gradio before the handler s",
+                   "gradio_after_handler_s": "Gradio after the handler s",
+                   "client_download_s": "client's downloads s", "outside_rest_s": "transport and client, the rest s"}
+
+
+def _page_start(page_start: dict) -> str:
+    """An app's start before its page answered (ui/serve.py's timeline), in words: each step, the slowest
+    availability checks, what ran after the launch, and the bytecode Python compiled."""
+    steps = ", ".join(f"{step['step']} {step['s']:.2f} s" for step in page_start["steps"])
+    checks = ", ".join(f"{item['step']} {item['s']:.2f} s" for step in page_start["steps"]
+                       for item in step.get("detail", [])[:5])
+    after = ", ".join(f"{step['step']} {step['s']:.2f} s" for step in page_start["after"])
+    bytecode = page_start["bytecode"]
+    return (f"{steps} (up in {page_start['page_up_s']:.1f} s)" + (f"; slowest availability checks: {checks}"
+                                                                 if checks else "")
+            + (f"; after the launch: {after}" if after else "")
+            + f"; Python compiled {bytecode['compiled']} of {bytecode['modules']} modules from source"
+            + (" (PYTHONDONTWRITEBYTECODE set)" if bytecode["not_written"] else "") + ".")
 
 
 def masked() -> str:

@@ -1,8 +1,10 @@
-"""Where the app's start goes before its page answers (issue 44: 27-34 s on the H100 machine, 9 s on a 2-core CPU):
-the wall time of each step `ghostedit serve` takes (imports, the engine, the warm-up's check, the page's build, the
-launch), and a cProfile of the whole, its top functions by cumulative time.
+"""Where the app's start goes before its page answers (issue 44): the steps `ghostedit serve` takes, in its own
+timeline (ui/serve.py's StartTimeline: the imports, the engine, each choice's availability check, the warm-up's
+check, the page's build, the launch; what runs after the launch; the bytecode Python compiled), and a cProfile of
+the whole, its top functions by cumulative time. `ghostedit serve` prints the same timeline ("page start: ...") and
+the latency bench keeps it in results.json (page_start); this probe adds the profile.
 
-    python lab/probes/app_start.py --model synthetic --warm-up best [--top 45]
+    python lab/probes/app_start.py --model synthetic --warm-up best [--top 45] [--no-profile]
 """
 from __future__ import annotations
 
@@ -10,43 +12,51 @@ import argparse
 import cProfile
 import pstats
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-START = time.perf_counter()
-
-
-def mark(what: str) -> None:
-    print(f"{time.perf_counter() - START:7.2f} s  {what}", flush=True)
 
 
 def main() -> None:
+    from ghostedit.ui.serve import StartTimeline  # light: psutil; the timeline starts with the process anyway
+
+    timeline = StartTimeline()
+    timeline.mark("python and the probe's arguments")
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default=None)
     parser.add_argument("--warm-up", nargs="*", default=["best"])
     parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--no-profile", action="store_true", help="the timeline alone, without cProfile's cost")
     args = parser.parse_args()
     profile = cProfile.Profile()
-    profile.enable()
+    if not args.no_profile:
+        profile.enable()
     import torch  # noqa: F401
-    mark("torch imported")
+    timeline.mark("import torch")
     import gradio  # noqa: F401
-    mark("gradio imported")
+    timeline.mark("import gradio")
     from ghostedit.engine.startup import configurations
-    from ghostedit.ui import create_app, launch_options
+    timeline.mark("import ghostedit's engine (not DiffSynth)")
+    from ghostedit.ui import create_app, imports_after_launch, launch_options
     from ghostedit.ui.openai_api import routes
-    mark("ghostedit.ui imported")
+    timeline.mark("import ghostedit's API routes")
     warm_up = configurations(args.warm_up)
-    mark("warm-up configurations read")
-    demo = create_app(args.model, "/tmp/app-start-loras", device=args.device, warm_up=warm_up)
-    mark("create_app")
+    demo = create_app(args.model, "/tmp/app-start-loras", device=args.device, warm_up=warm_up, timeline=timeline)
     demo.launch(quiet=True, prevent_thread_lock=True, app_kwargs={"routes": routes(demo, None)}, **launch_options())
-    mark(f"launched: {demo.local_url}")
+    timeline.mark("launch")
+    timeline.page_up()
     profile.disable()
+    print(timeline.line(), flush=True)
+    for step in timeline.record["steps"]:
+        for item in step.get("detail", []):
+            print(f"  {step['step']}: {item['step']} {item['s']:.3f} s")
+    imports_after_launch(timeline)  # what serve_in_background imports, without the warm-up beside it
+    print("after the launch: " + ", ".join(f"{step['step']} {step['s']:.2f}" for step in timeline.record["after"]),
+          flush=True)
     demo.close()
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
+    if not args.no_profile:
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -179,8 +179,15 @@ qwen21() {
 }
 
 ui_wheels() {  # gradio for the app and gradio_client: setup.sh installs .whl-ui's wheels with the engine's
+  # The app's start as on a machine that pip installed (which compiles every package's bytecode): setup.sh installs
+  # with --no-compile, and every process here compiled what it imported from source again (each app.log shows the
+  # compiler's same SyntaxWarnings; this workplace sets PYTHONDONTWRITEBYTECODE; the app's start timeline counts
+  # them: page_start.bytecode). Bytecode is written from here on, and this import writes what the app imports
+  # before its page answers, so that its first start finds it
+  unset PYTHONDONTWRITEBYTECODE
   "$PYTHON" -c "import gradio, gradio_client" 2>/dev/null ||
     { echo "latency: gradio is missing: copy .whl-ui/*.whl into /tmp/wheels in a call before this one" >&2; exit 2; }
+  "$PYTHON" -c "import ghostedit.ui.layout, ghostedit.engine.runner"
 }
 
 latency() {

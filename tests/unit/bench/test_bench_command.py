@@ -119,14 +119,14 @@ def measured_peak(device):
 
 
 def test_runs_chained_with_then_share_one_process_and_its_weights(tmp_path, monkeypatch):
-    from ghostedit.engine import store
+    from ghostedit.models import loading
     builds = []
-    build = store.load_base_pipeline
+    build = loading.load_base_pipeline
 
     def counted_build(*args, **kwargs):
         builds.append(args[0].source)
         return build(*args, **kwargs)
-    monkeypatch.setattr(store, "load_base_pipeline", counted_build)
+    monkeypatch.setattr(loading, "load_base_pipeline", counted_build)
     monkeypatch.setattr(command, "peak_memory", measured_peak)  # a CPU measures no peak: one stands in
     runs = counted_runs(monkeypatch)
     first = bench(tmp_path / "four", "--level", "pipeline", "--steps", "3", "--width", "64", "--height", "64",

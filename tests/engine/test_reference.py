@@ -8,7 +8,7 @@ An edit that starts from its image (a mask, a strength) is held the same way aga
 QwenImageEditInpaintPipeline on the Qwen-Image-Edit checkpoint (its only model), strength alone as that pipeline
 with an all-white mask (the same computation: its blend then keeps nothing); each stage also compares the latents
 the denoising starts from. For 2509/2511 with several images diffusers has no pipeline with a mask:
-tests/test_masks.py holds that rule's pieces against the inpaint pipeline's own functions.
+tests/unit/base/test_masks.py holds that rule's pieces against the inpaint pipeline's own functions.
 
 The reference is the model as released, on transformers 4.x: there the prompt's image tokens get 3-D rotary
 positions, which transformers 5 gives only when `mm_token_type_ids` is passed, so the reference's text encoder call

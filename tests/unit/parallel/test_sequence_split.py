@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing
 
-from test_parallel import _free_port, _request
+from gloo_runs import free_port, parallel_request
 
 # every configuration of toggles that changes the DiT's forward and runs on a CPU (and each alone)
 CPU_CONFIGS = ["baseline", "rewrites=real-rope", "rewrites=joint-layout", "rewrites=fused-qkv",
@@ -65,7 +65,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
             images = []
             for mesh in (None, ulysses, cfg):
                 engine.mesh = mesh
-                images.append(engine.run(_request(), OptimizationConfig.parse(text)).image.tobytes())
+                images.append(engine.run(parallel_request(), OptimizationConfig.parse(text)).image.tobytes())
             results[f"edit {text}, Ulysses"] = images[1] == images[0]
             results[f"edit {text}, CFG parallel"] = images[2] == images[0]
     finally:
@@ -79,7 +79,7 @@ def split_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("split")
     os.environ["TRITON_INTERPRET"] = "1"  # the spawned ranks run GhostEdit's Triton kernels in the interpreter
     try:
-        torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2)
+        torch.multiprocessing.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2)
     finally:
         del os.environ["TRITON_INTERPRET"]
     return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]

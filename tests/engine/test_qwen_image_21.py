@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from qwen21_loras import LORA_TARGETS, qwen21_lora_file
 from ghostedit.config import EditRequest, OptimizationConfig
 from ghostedit.device import UnavailableOptionError
 from ghostedit.errors import InvalidRequestError
@@ -214,46 +215,13 @@ def test_every_toggle_says_whether_it_applies_to_2_1():
 
 # ---- LoRAs in the key formats published for 2.1 ----
 
-LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "img_mlp.proj", "img_mlp.gate_layer",
-                "img_mlp.out")
-
-
-def _lora_file(folder, style: str):
-    """A rank-4 LoRA on every block's attention and feed-forward of the tiny 2.1, keyed as `style` publishes it:
-    diffusers/PEFT (`transformer.` prefix), DiffSynth (no prefix) or ComfyUI (`diffusion_model.` with
-    lora_down/lora_up and alpha)."""
-    from safetensors.torch import save_file
-
-    from ghostedit.models.qwen_image_21 import tiny
-    from ghostedit.models.qwen_image_21.dit import QwenImage21DiT
-
-    modules = dict(QwenImage21DiT(**tiny.TRANSFORMER).named_modules())
-    generator = torch.Generator().manual_seed(11)
-    tensors = {}
-    for block in range(tiny.TRANSFORMER["num_layers"]):
-        for target in LORA_TARGETS:
-            name = f"transformer_blocks.{block}.{target}"
-            out_features, in_features = modules[name].weight.shape
-            down = torch.randn(4, in_features, generator=generator) * 0.3
-            up = torch.randn(out_features, 4, generator=generator) * 0.3
-            if style == "comfyui":
-                tensors[f"diffusion_model.{name}.lora_down.weight"] = down
-                tensors[f"diffusion_model.{name}.lora_up.weight"] = up
-                tensors[f"diffusion_model.{name}.alpha"] = torch.tensor(4.0)
-            else:
-                prefix = "transformer." if style == "diffusers" else ""
-                tensors[f"{prefix}{name}.lora_A.weight"] = down
-                tensors[f"{prefix}{name}.lora_B.weight"] = up
-    path = folder / f"lora-2.1-{style}.safetensors"
-    save_file({key: value.to(torch.bfloat16) for key, value in tensors.items()}, str(path))
-    return path
 
 
 @pytest.mark.parametrize("style", ["diffusers", "diffsynth", "comfyui"])
 def test_a_2_1_lora_applies_fused_and_at_runtime_in_each_published_format(engine, tmp_path, style):
     from ghostedit.config import LoraChoice
 
-    path = _lora_file(tmp_path, style)
+    path = qwen21_lora_file(tmp_path, style)
     request = EditRequest(images=[], prompt="a cat", steps=2, cfg_scale=1.0, width=64, height=64)
     plain = np.asarray(engine.run(request).image, dtype=np.int16)
     images = {}
@@ -318,7 +286,7 @@ def test_a_fused_lora_is_written_into_fused_qkv_s_joined_rows(engine, tmp_path):
     LoRA without the rewrite, every key applied."""
     from ghostedit.config import LoraChoice
 
-    lora = LoraChoice.from_file(_lora_file(tmp_path, "diffusers"), 1.0, "fused")
+    lora = LoraChoice.from_file(qwen21_lora_file(tmp_path, "diffusers"), 1.0, "fused")
     request = EditRequest(images=[], prompt="a cat", steps=2, cfg_scale=1.0, width=64, height=64)
     plain = engine.run(request, OptimizationConfig(loras=[lora]))
     fused = engine.run(request, OptimizationConfig(rewrites=("fused-qkv",), loras=[lora]))

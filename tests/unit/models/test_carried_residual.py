@@ -15,7 +15,7 @@ from ghostedit.models.seams import DitOptions
 from ghostedit.optimize import cuda_graphs, registry
 from ghostedit.optimize.toggles.carried_residual import why_not_carried
 from ghostedit.telemetry import RunRecorder
-from test_cuda_graphs import ReplayingCapture
+from stand_ins import ReplayingCapture
 
 CARRIED = OptimizationConfig(rewrites=("carried-residual",))
 

@@ -1,5 +1,5 @@
 """`text-encoder=graphed` without a GPU: each text-encoder layer routed through ShapeGraphs on the tiny model, with the
-stand-in capture of tests/test_cuda_graphs.py (a replay recomputes the layer from the tensors the graph holds, so a
+stand-in capture of tests/unit/optimize/test_cuda_graphs.py (a replay recomputes the layer from the tensors the graph holds, so a
 replay that missed its new inputs would give stale ones). The kernels themselves are the GPU's."""
 import pytest
 import torch
@@ -12,7 +12,7 @@ from ghostedit.models import exact
 from ghostedit.optimize import registry, text_encoder_graphs, vision_windows
 from ghostedit.optimize.cuda_graphs import ShapeGraphs
 from ghostedit.telemetry import RunRecorder
-from test_cuda_graphs import ReplayingCapture
+from stand_ins import ReplayingCapture
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dit_helpers import dit_engine, inputs_for
+from gloo_runs import SIZE, free_port, parallel_request
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.bench import pipeline as bench_pipeline
 from ghostedit.models.seams import DitOptions
@@ -159,7 +160,6 @@ def test_the_registry_declares_it_once_lossy_run_time_and_in_the_cli_and_api(eng
 def _parallel_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import os
     import numpy as np
-    from test_parallel import _request
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
@@ -170,7 +170,7 @@ def _parallel_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
     try:
         for mode in ("ulysses", "cfg"):
             engine.mesh = meshes.setup(mode, True, "cpu")
-            result = engine.run(_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
+            result = engine.run(parallel_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
             np.save(f"{out_dir}/{mode}-{rank}.npy", np.asarray(result.image, dtype=np.int16))
             with open(f"{out_dir}/{mode}-{rank}.txt", "w") as steps:
                 json.dump(result.telemetry.step_cache["cached_steps"], steps)
@@ -183,12 +183,11 @@ def test_ranks_of_cfg_parallel_and_ulysses_serve_the_same_steps_as_one_process(t
     skipped; a CFG-parallel rank caches its own pass. Within 1 level of 255 of one process, as test_parallel.py."""
     import numpy as np
     import torch.multiprocessing
-    from test_parallel import SIZE, _free_port, _request
     from ghostedit.engine import Engine
     single_engine = Engine("tiny", device="cpu", dtype="float32")
     single_engine.step_cache_threshold = SKIP_ALL_BUT_FIRST
-    single = single_engine.run(_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
-    torch.multiprocessing.spawn(_parallel_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    single = single_engine.run(parallel_request(), OptimizationConfig(**{"step-cache": "fbcache-0.08"}))
+    torch.multiprocessing.spawn(_parallel_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     later = list(range(1, SIZE["steps"]))
     expected = {"ulysses-0": {"positive": later, "negative": later}, "ulysses-1": {"positive": later, "negative": later},
                 "cfg-0": {"positive": later}, "cfg-1": {"negative": later}}

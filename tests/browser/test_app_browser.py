@@ -22,7 +22,7 @@ RUN_TIMEOUT_MS = 300_000  # a run that compiles the tiny DiT on a loaded two-cor
 VIEWPORTS = {"phone": {"width": 390, "height": 844}, "desktop": {"width": 1440, "height": 900}}
 # the committed screenshots (docs/screenshots) are renewed with GHOSTEDIT_SCREENSHOTS=docs/screenshots; a plain
 # test run leaves its own in test-artifacts/, so that it changes nothing in git
-SCREENSHOTS = Path(__file__).resolve().parent.parent / os.environ.get("GHOSTEDIT_SCREENSHOTS",
+SCREENSHOTS = Path(__file__).resolve().parents[2] / os.environ.get("GHOSTEDIT_SCREENSHOTS",
                                                                       "test-artifacts/screenshots")
 SMALL = (("steps", 2), ("width", 128), ("height", 128))
 

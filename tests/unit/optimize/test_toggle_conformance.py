@@ -14,8 +14,8 @@ Choices of the text encoder and the VAE are held to the same on whole edits. Eac
 that does not apply to a family (the registry's `families`) is refused on its model with that reason, and the
 choices that apply to Qwen-Image-2.1's DiT are held to the same on whole edits of the tiny 2.1 (its prefix cache
 filled at the first step and read at the second), and under Ulysses give the one-process edit image for image. The
-GPU-only choices' paths run on the CPU with their kernels emulated in tests/test_sequence_split.py, and on the GPU in
-scripts/gpu/."""
+GPU-only choices' paths run on the CPU with their kernels emulated in tests/unit/parallel/test_sequence_split.py, and
+on the GPU in scripts/gpu/."""
 import os
 
 import pytest
@@ -24,6 +24,8 @@ import torch.multiprocessing
 
 from conftest import ASSETS
 from dit_helpers import dit_engine, inputs_for
+from gloo_runs import free_port
+from qwen21_loras import qwen21_lora_file
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.bench.dit import running
 from ghostedit.config import LoraChoice
@@ -278,7 +280,7 @@ def test_a_2_1_dit_choice_prepares_runs_and_leaves_the_base_weights(engine_21, n
     first, second = result.telemetry.dit_tokens
     assert (second == first) == (config.value("prefix-cache") == registry.OFF), (first, second)
     difference = abs(_pixels(result.image) - stock)
-    if config.lossy:  # a step cache on random weights serves no step (tests/test_step_cache.py raises its threshold)
+    if config.lossy:  # a step cache on random weights serves no step (tests/unit/optimize/test_step_cache.py raises its threshold)
         served_nothing = (result.telemetry.step_cache or {}).get("forwards_cached") == 0
         assert (0 < difference.mean() or served_nothing) and difference.mean() <= LOSSY_LEVELS, difference.mean()
     elif any(setting in OTHER_KERNELS for setting in settings_for(name, value)):
@@ -290,8 +292,7 @@ def test_a_2_1_dit_choice_prepares_runs_and_leaves_the_base_weights(engine_21, n
 @pytest.fixture(scope="module")
 def lora_21(tmp_path_factory):
     """A LoRA of the tiny 2.1 in diffusers' published keys, as runtime and as fused."""
-    from test_qwen_image_21 import _lora_file
-    path = _lora_file(tmp_path_factory.mktemp("lora-21"), "diffusers")
+    path = qwen21_lora_file(tmp_path_factory.mktemp("lora-21"), "diffusers")
     return tuple(LoraChoice.from_file(path, LORA_SCALE, mode) for mode in ("runtime", "fused"))
 
 
@@ -364,9 +365,8 @@ def _ulysses_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
 
 @pytest.fixture(scope="module")
 def ulysses_results(tmp_path_factory):
-    from test_parallel import _free_port
     out = tmp_path_factory.mktemp("conformance-ulysses")
-    torch.multiprocessing.spawn(_ulysses_worker, args=(2, _free_port(), str(out)), nprocs=2)
+    torch.multiprocessing.spawn(_ulysses_worker, args=(2, free_port(), str(out)), nprocs=2)
     return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
 
 

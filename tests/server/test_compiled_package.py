@@ -15,7 +15,7 @@ from app_server import running_app
 from fake_hub import Repo, hub_serving
 from ghostedit.optimize import packages
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EDIT = """
 import json, sys
 from torch._dynamo.utils import counters

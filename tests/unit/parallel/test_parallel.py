@@ -2,7 +2,6 @@
 Ulysses and both give the single-process image (at most 1 level of 255 apart: the processes run one thread each,
 which may round a few sums differently), and Ulysses' all-to-all gives plain attention on uneven shards."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,28 +11,16 @@ import torch
 import torch.multiprocessing
 
 from conftest import ASSETS, REPO
-from ghostedit import EditRequest, OptimizationConfig
+from gloo_runs import PROMPT, SIZE, free_port, parallel_request
+from ghostedit import OptimizationConfig
 from ghostedit.errors import InvalidRequestError
 from ghostedit.parallel import mesh as meshes
 
 # 35 output + 256 condition image tokens (the tiny model encodes its input at 256x256, as the real ones at 1024x1024):
 # uneven shards
-SIZE = dict(width=112, height=80, steps=3, cfg_scale=4.0, seed=3)
-PROMPT = "make it a haunted house"
 # FP8 weights, and the joint-layout path into the attention with (cos, sin) frequencies and fused projections
 REWRITES = "fp8=storage,rewrites=real-rope+joint-layout+fused-qkv"
 RUNS = [("cfg", "baseline"), ("ulysses", "baseline"), ("ulysses", REWRITES)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _request():
-    from PIL import Image
-    return EditRequest(images=[Image.open(ASSETS / "house.png").convert("RGB")], prompt=PROMPT, **SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +28,7 @@ def single():
     """The single-process images, float32."""
     from ghostedit.engine import Engine
     engine = Engine("tiny", device="cpu", dtype="float32")
-    return {config: np.asarray(engine.run(_request(), OptimizationConfig.parse(config)).image, dtype=np.int16)
+    return {config: np.asarray(engine.run(parallel_request(), OptimizationConfig.parse(config)).image, dtype=np.int16)
             for config in ("baseline", REWRITES)}
 
 
@@ -86,7 +73,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         for mode, config in RUNS:
             mesh = engine.mesh = meshes.setup(mode, True, "cpu")
             shards_seen.clear()
-            result = engine.run(_request(), OptimizationConfig.parse(config))
+            result = engine.run(parallel_request(), OptimizationConfig.parse(config))
             if mode == "ulysses":
                 assert set(shards_seen) == {(146, 145)}  # 291 image tokens: output 7 x 5, input 16 x 16
             else:
@@ -103,7 +90,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_cfg_parallel_and_ulysses_on_two_processes_equal_one(single, tmp_path):
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    torch.multiprocessing.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     for mode, config in RUNS:
         image, other_rank = (np.load(tmp_path / f"{mode}-{config}-rank{rank}.npy") for rank in (0, 1))
         assert np.array_equal(image, other_rank), (mode, config)  # every rank ends with the same latent
@@ -118,7 +105,7 @@ def test_cfg_times_ulysses_on_four_processes_with_torchrun(single, tmp_path):
     """The command as a person runs it: torchrun, four gloo processes on a 2 x 2 mesh; rank 0 writes the image."""
     out = tmp_path / "both.png"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
-               str(_free_port()), "-m", "ghostedit", "edit", "--model", "tiny", "--device", "cpu", "--dtype",
+               str(free_port()), "-m", "ghostedit", "edit", "--model", "tiny", "--device", "cpu", "--dtype",
                "float32", "--image", str(ASSETS / "house.png"), "--prompt", PROMPT, "--width", str(SIZE["width"]),
                "--height", str(SIZE["height"]), "--steps", str(SIZE["steps"]), "--cfg", str(SIZE["cfg_scale"]),
                "--seed", str(SIZE["seed"]), "--parallel", "cfg+ulysses", "--out", str(out)]

@@ -12,12 +12,12 @@ import contextlib
 
 import pytest
 import torch
-from torch.utils import _pytree as pytree
 
 from PIL import Image, ImageOps
 
 from conftest import ASSETS
 from dit_helpers import dit_engine, inputs_for
+from stand_ins import ReplayingCapture
 from ghostedit.bench.dit import dit_inputs
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit import tensors
@@ -29,22 +29,6 @@ from ghostedit.optimize import cuda_graphs, registry
 from ghostedit.telemetry import RunRecorder
 
 GRAPHED = OptimizationConfig(rewrites=("cuda-graph",))
-
-
-class ReplayingCapture:
-    """A CPU stand-in for CudaCapture: the outputs live in fixed tensors, and a replay recomputes them from the
-    held inputs the function closes over (a wrapper that forgot to copy new inputs in would replay stale ones)."""
-
-    warming = contextlib.nullcontext
-    device_type = "cpu"
-
-    def capture(self, function, pool):
-        outputs = function()
-
-        def replay():
-            for held, new in zip(pytree.tree_leaves(outputs), pytree.tree_leaves(function())):
-                held.copy_(new)
-        return replay, outputs, pool
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import torch.multiprocessing
 from PIL import Image
 
 from conftest import ASSETS
+from gloo_runs import free_port
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.parallel import mesh as meshes, ulysses
-from test_parallel import _free_port
 
 REFERENCES = ("house.png", "mountains.png", "portrait.png")
 CASES = [(references, cache, cfg) for references in (0, 1, 3) for cache in ("on", "off") for cfg in (1.0, 4.0)]
@@ -77,7 +77,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, modes: tuple[st
 
 def _spawned(tmp_path_factory, world_size: int, modes: tuple[str, ...], cases: list) -> list[dict]:
     out = tmp_path_factory.mktemp(f"q21-parallel-{world_size}")
-    torch.multiprocessing.spawn(_worker, args=(world_size, _free_port(), str(out), modes, cases), nprocs=world_size)
+    torch.multiprocessing.spawn(_worker, args=(world_size, free_port(), str(out), modes, cases), nprocs=world_size)
     return [torch.load(out / f"rank{rank}.pt") for rank in range(world_size)]
 
 

@@ -1,6 +1,6 @@
 """Hardening through the real server (issue #5): hostile images and parameters, unsafe or unfit LoRA files, running
 out of GPU memory, a failing torch.compile, eight clients at once and cancelling, all sent with gradio_client to the
-app on 127.0.0.1 (tiny model, 128 px, 2 steps). tests/test_hardening_engine.py covers the same at engine level.
+app on 127.0.0.1 (tiny model, 128 px, 2 steps). tests/engine/test_hardening_engine.py covers the same at engine level.
 
 Faults are injected in the server process by tests/app_with_faults.py, never by hooks in the product code."""
 import base64
@@ -345,7 +345,7 @@ def app_with_one_malloc_arena(tmp_path_factory):
     """glibc gives threads their own malloc arenas and keeps what is freed in them; each edit runs on a thread of
     its own, so with the default arenas the resident size moves from one run to the next, without any leak, by more
     than the test's bound. With one arena it does not creep after two runs, though it still moves a little, up or
-    down, beside other tests; a leak of a few MiB a run shows over six runs. tests/test_hardening_engine.py checks
+    down, beside other tests; a leak of a few MiB a run shows over six runs. tests/engine/test_hardening_engine.py checks
     each tensor of a cancelled run."""
     with running_app(tmp_path_factory.mktemp("one-arena-app"), env={"MALLOC_ARENA_MAX": "1"}) as running:
         yield running

@@ -158,7 +158,7 @@ def test_cli_download_killed_midway_keeps_finished_files_for_the_next_run(hub, t
     """`ghostedit download` with the real environment variables (HF_ENDPOINT pointed at the fake), killed midway:
     the next run announces the size, fetches only the files the first one did not finish, and shows progress."""
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "cli-cache"),
-           "PYTHONPATH": str(Path(__file__).parents[1])}
+           "PYTHONPATH": str(Path(__file__).parents[3])}
     command = [sys.executable, "-m", "ghostedit", "download", REPO]
     hub.bytes_per_second = 200_000  # per file: the VAE is done after 1.5 s, the big shard after 7.5 s
     first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lora_reference as ref
+from stand_ins import PlainMemory
 from ghostedit import EditRequest, LoraChoice, OptimizationConfig
 from ghostedit.arguments import add_toggle_arguments, loras_from_args
 from ghostedit.bench import dit as bench_dit
@@ -261,7 +262,6 @@ def test_a_dit_with_fused_qkv_holds_the_reference_weights_in_its_joined_projecti
     without a copy, and a LoRA written into the joined projection leaves the base as it was."""
     from ghostedit.models.qwen_image.dit import FUSED_PROJECTIONS
     from ghostedit.pinned import PinnedArena, pin_module
-    from test_pinned import PlainMemory
     if base_memory == "parts end to end":
         engine = Engine("tiny", device="cpu", dtype="float32")
         pin_module(engine.load().dit, PinnedArena(PlainMemory()), engine.load().dit.joinable_parts())

@@ -182,7 +182,7 @@ def test_edit_request_reads_zero_size_as_automatic(house):
 def test_outside_a_space_gpu_entry_points_are_unchanged():
     def edit(steps):
         return steps
-    assert gpu.on_gpu(edit, None) is edit  # `spaces` is not installed here (tests/test_space.py brings a stand-in)
+    assert gpu.on_gpu(edit, None) is edit  # `spaces` is not installed here (tests/server/test_space.py brings a stand-in)
 
 
 # ---- issue 15: what a newcomer found wrong or missing ----

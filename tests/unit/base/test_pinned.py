@@ -5,24 +5,10 @@ import pytest
 import torch
 
 from dit_helpers import dit_engine, inputs_for
+from stand_ins import PlainMemory
 from ghostedit.engine.runner import forward
 from ghostedit.pinned import (ALIGNMENT, HOST_REGISTER, PinnedArena, host_register_settings, moved_in_turn,
                               pin_module, power_of_two_at_least)
-
-
-class PlainMemory:
-    """Stands in for pinned memory, keeping each chunk it gave."""
-
-    def __init__(self):
-        self.chunks = []
-
-    def __call__(self, nbytes: int) -> torch.Tensor:
-        self.chunks.append(torch.zeros(nbytes, dtype=torch.uint8))
-        return self.chunks[-1]
-
-    @property
-    def requests(self) -> list[int]:
-        return [chunk.numel() for chunk in self.chunks]
 
 
 def test_tensors_of_every_kind_keep_their_values_in_power_of_two_chunks():

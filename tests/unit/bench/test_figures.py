@@ -11,7 +11,7 @@ from ghostedit import figures
 from ghostedit.optimize import registry
 from lab.docs import render as docs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 # A number with the unit of a measurement: milliseconds, seconds (per step), GiB, TFLOP/s, or a speedup
 FIGURE = re.compile(r"\b\d+(\.\d+)?\s?(ms|s/step|s per step|GiB|TFLOP/s)\b|\b\d+\.\d+x\b|\b\d+(\.\d+)? s\b")
 

@@ -14,6 +14,7 @@ from gradio_client import Client, handle_file
 from app_client import RUN_JSON, TABLE, rows
 from conftest import ASSETS, REPO
 from ghostedit import EditRequest, LoraChoice, OptimizationConfig
+from ghostedit.bench.latency import NO_TLS
 from ghostedit.device import UnavailableOptionError
 from ghostedit.engine import Engine
 from ghostedit.engine.startup import StartUp, configurations, warm_up_request
@@ -145,6 +146,27 @@ def test_start_up_words_while_warming_and_after_a_failure():
     assert "could not warm up **best**" in startup_words(failed, {}) and "out of memory" in startup_words(failed, {})
 
 
+def test_the_page_is_served_before_diffsynth_is_imported_and_its_start_is_timed(fresh_app):
+    """The page is built without DiffSynth (which only loading and runs need: seconds, Dynamo and Inductor with it),
+    imported after the launch in the background; the app's start is a timeline whose steps add up to the time its
+    page took to answer, printed in its log and returned by /startup."""
+    built = subprocess.run([sys.executable, "-c", "import sys; from ghostedit.ui import create_app; "
+                            "create_app('tiny', sys.argv[1], device='cpu', warm_up=[]); "
+                            "print(sorted(name for name in ('diffsynth', 'ghostedit.engine.runner', "
+                            "'ghostedit.models.loading', 'torch._dynamo') if name in sys.modules))", "loras"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0 and built.stdout.strip().splitlines()[-1] == "[]", built.stdout + built.stderr
+    start = wait_for_startup(quick_client(fresh_app))["page_start"]
+    steps = [step["step"] for step in start["steps"]]
+    assert steps[0] == "python, app.py or the command line" and steps[-1] == "launch", steps
+    assert sum(step["s"] for step in start["steps"]) == pytest.approx(start["page_up_s"], abs=0.01)
+    assert start["page_up_s"] <= fresh_app.startup_wall_s + 1  # launch() returns a little after the page answers
+    assert [step["step"] for step in start["after"]][0].startswith("import DiffSynth")
+    assert start["bytecode"]["modules"] > 1000 and 0 <= start["bytecode"]["compiled"] <= start["bytecode"]["modules"]
+    assert re.search(r"page start: the page answered [0-9.]+ s after the process started \(python, app.py",
+                     fresh_app.log.read_text())
+
+
 def test_the_app_refuses_a_warm_up_it_cannot_run():
     for warm_up, reason in (("fp8=nonsense", "FP8 must be one of"), ("fp8=torchao", "needs a CUDA GPU")):
         done = subprocess.run([sys.executable, "app.py", "--model", "tiny", "--warm-up", warm_up], cwd=REPO,
@@ -154,8 +176,9 @@ def test_the_app_refuses_a_warm_up_it_cannot_run():
 
 def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
     """`ghostedit bench --level latency`: the app started in a process of its own, the first edit after start, warm
-    calls and fused LoRA switches through gradio_client, each with its wait and the engine's total; the docs block
-    reads the results."""
+    calls (again from a client without TLS set-up) and fused LoRA switches through gradio_client, each with its wait,
+    the engine's total and what outside the handler went where; the app's start step by step; the docs block reads
+    the results."""
     out = tmp_path / "latency-4"
     done = subprocess.run([sys.executable, "-m", "ghostedit", "bench", "--level", "latency", "--model", "tiny",
                            "--device", "cpu", "--width", "128", "--height", "128", "--steps", "2", "--cfg", "1",
@@ -163,14 +186,30 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = json.loads((out / "results.json").read_text())
-    assert [row["kind"] for row in found["rows"]] == ["first edit after start", "warm", "LoRA switch", "LoRA switch"]
+    assert [row["kind"] for row in found["rows"]] == ["first edit after start", "warm", NO_TLS, "LoRA switch",
+                                                      "LoRA switch"]
+    parts = ("client_upload_s", "gradio_queue_wait_s", "gradio_preprocess_s", "gradio_after_handler_s",
+             "client_download_s", "outside_rest_s")
     for row in found["rows"]:
         assert row["client_s"] >= row["engine_s"] > 0 and row["gap_s"] == pytest.approx(row["client_s"] - row["engine_s"])
         assert row["updates"] >= 3 and row["postprocess_per_update_ms"] > 0  # Gradio's own record of the call
-    first, switches = found["rows"][0], found["rows"][2:]
+        # the parts of "outside the handler" add up to it; the client's own steps took time (one file up, two down)
+        assert sum(row[key] for key in parts) == pytest.approx(row["outside_handler_s"])
+        assert row["client_upload_s"] > 0 and row["client_download_s"] > 0 and row["gradio_after_handler_s"] > 0
+    first, switches = found["rows"][0], found["rows"][3:]
     assert first["page_up_s"] < first["launch_to_picture_s"] and first["cache_hit"] is True
     assert "LoRA read" in switches[0]["stages_s"] and all(row["switch_s"] > 0 for row in switches)
     assert found["startup"]["state"] == "ready" and "client waits s" in (out / "table.md").read_text()
+    # the app's start, in its own clock: steps that add up to its page's answer, seen from here a little later
+    start = first["page_start"]
+    names = [step["step"] for step in start["steps"]]
+    assert names[:3] == ["python, app.py or the command line", "import torch", "import ghostedit's arguments"]
+    assert {"import gradio", "engine made", "every choice's availability checked", "page built", "launch"} <= set(names)
+    assert sum(step["s"] for step in start["steps"]) == pytest.approx(start["page_up_s"], abs=0.01)
+    # launch() returns after Gradio's own requests to the page (startup-events, url_ok): a little after it answers
+    assert 0 < start["page_up_s"] < first["page_up_s"] + 1.5
+    assert start["after"][0]["step"].startswith("import DiffSynth") and start["bytecode"]["modules"] > 1000
+    assert "The app's start" in (out / "table.md").read_text()
 
     from lab.docs import render as docs
     parts = {"latency-4": found, "latency-40": found, "latency-restart": found}
@@ -179,6 +218,8 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
     block = docs.latency()
     assert re.search(r"\| latency-4 +\| stock: first edit after start +\| +1 \|", block), block
     assert f"{first['client_s']:.2f} s" in block and "never compiled it" in block
+    assert re.search(r"\| latency-4 +\| stock: warm, client with ssl_verify=False +\| +[0-9.]+ \|", block), block
+    assert "start-up warmed it in" in block and "import gradio" in block
 
 
 @pytest.mark.browser  # its own chromium, started inside
