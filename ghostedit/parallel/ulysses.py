@@ -10,7 +10,9 @@ over every token), the text keeps its heads/N heads, and after attention the ima
 all-to-all while the text's heads are all-gathered, so the text stream stays identical on every rank. FP8 tensors
 travel as their bytes (half a bf16 tensor's), and a per-tensor FP8 scale is computed over the whole sequence
 (`all_max` of each rank's largest value): every value is cast as one process casts it. Shards may differ by one
-token: the all-to-alls take uneven splits.
+token: the all-to-alls take uneven splits. Qwen-Image-2.1's single stream has no whole part: its prefix (text and
+references) and its target are split over the ranks each on its own, streams that `attention` gathers apart, each by
+the split bound to its own tokens (models/qwen_image_21/dit.py, Shards).
 
 The collectives are torch.distributed's functional collectives, which torch.compile traces inside compiled blocks
 (the split's plain values are guarded constants there); each is waited for where its result is first used.
