@@ -100,7 +100,7 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
     recorder.telemetry.parallel = parallel.describe(mesh)
     start = exact.Start.of(request, (width, height))  # None: a plain edit
     if family.dit == QWEN_IMAGE_21_DIT:
-        refuse_for_2_1(family, mesh, start)
+        refuse_for_2_1(family, start)
     with dit_run(prepared, config, device, sequence_length + TEXT_TOKENS_ESTIMATE, recorder, mesh,
                  step_cache_threshold) as (options, ran), \
             _Instrumented(prepared, recorder, options), parallel.edit_context(prepared.pipe, mesh, request.cfg_scale):
@@ -113,11 +113,8 @@ def run_edit(prepared: PreparedPipeline, request: EditRequest, config, recorder:
                       {**prepared.report, **ran.get("words", {})}, recorder.finish())
 
 
-def refuse_for_2_1(family, mesh, start) -> None:
+def refuse_for_2_1(family, start) -> None:
     """What Qwen-Image-2.1's pipeline does not run, refused with the reason before anything starts."""
-    if mesh is not None:
-        raise UnavailableOptionError(f"{family.name} runs in one process: CFG parallel and Ulysses are written for "
-                                     "the Edit DiT's pipeline and forward (start it without torchrun)")
     if start is not None:
         raise UnavailableOptionError(f"{family.name} takes no mask or strength: they follow diffusers' "
                                      "QwenImageEditInpaintPipeline, written for the Edit models")

@@ -38,7 +38,7 @@ from .. import masks, pillow_resize
 from ..errors import InvalidRequestError
 from ..images import fit
 from .family import EDIT_PLUS_TEMPLATE, Family, dimensions
-from .guidance import guided
+from .guidance import ReferenceGuidance
 from .qwen_image import dit
 
 SYSTEM = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
@@ -407,9 +407,9 @@ class ReferenceSchedule(FlowMatchScheduler):
 
 # ---- the pipeline ----
 
-class ExactPipeline(QwenImagePipeline):
-    """DiffSynth's QwenImagePipeline with the family's units, GhostEdit's DiT forward, the reference's true CFG and
-    its rounding."""
+class ExactPipeline(ReferenceGuidance, QwenImagePipeline):
+    """DiffSynth's QwenImagePipeline with the family's units, GhostEdit's DiT forward, the reference's true CFG
+    (ReferenceGuidance: rescaled, `guided`) and its rounding."""
 
     family: Family | None = None
 
@@ -425,13 +425,6 @@ class ExactPipeline(QwenImagePipeline):
     def use_schedule(self, config: dict) -> None:
         """The sampling schedule of a scheduler config, computed as diffusers computes it (ReferenceSchedule)."""
         self.scheduler = ReferenceSchedule(config)
-
-    def cfg_guided_model_fn(self, model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
-        positive = model_fn(**inputs_posi, **inputs_shared, **inputs_others)
-        if cfg_scale == 1.0:
-            return positive
-        negative = model_fn(**inputs_nega, **inputs_shared, **inputs_others)
-        return guided(positive, negative, cfg_scale)
 
     def step(self, scheduler, latents, progress_id, noise_pred, inpainting=None, noise=None, **inputs):
         """DiffSynth's Euler step; with a mask, the latents outside it set back to the start's noised to the next

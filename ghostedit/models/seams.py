@@ -24,7 +24,10 @@ block loop       the family's loop over `blocks`: each block is a module of its 
                  whole forward replayed from CUDA graphs where `options.graphs` is set (`ForwardGraphs.run`).
 sequence split   `options.sequence_split` (Ulysses): `over(tokens)` binds it to a forward's sharded tokens, `shard`
                  and `gather` split and join them along a dimension, `attention` trades tokens for heads around the
-                 local attention, `all_max` and `all_sum` reduce over the ranks; None in one process.
+                 local attention (streams split apart each by a split bound to its own tokens), `all_max` and
+                 `all_sum` reduce over the ranks; None in one process. Each rank attends over every token with its
+                 share of the heads, so a mask shared by the heads and a prefix cache of the rank's heads apply as
+                 in one process.
 step cache       `options.step_cache`: decides after the first block whether the others run at this step
                  (`begin(step)` at each forward, `after_block(...)` after each block).
 prefix KV cache  `options.prefix_cache` (`PrefixKVCache`): the keys and values of the tokens before the target (text,
@@ -101,11 +104,13 @@ class SequenceSplit(Protocol):
     def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """Every rank's tokens joined along `dim`, in order."""
 
-    def attention(self, streams: Sequence[QKV], sharded: Sequence[bool],
+    def attention(self, streams: Sequence[QKV], sharded: Sequence[bool | SequenceSplit],
                   attend: Callable[[Sequence[QKV]], torch.Tensor]) -> torch.Tensor:
-        """`attend` over every token with a share of the heads: each sharded stream's tokens gathered, each whole
-        stream's heads sliced; streams [batch, seq, heads, head_dim] (FP8 ones too), `attend`'s output [batch, all
-        tokens, heads / degree, head_dim]; returns [batch, this rank's tokens, heads, head_dim]."""
+        """`attend` over every token with a share of the heads: each sharded stream's tokens gathered (`sharded`:
+        True, split by this split's shards; a split of the same ranks bound to the stream's own tokens; False,
+        whole on every rank), each whole stream's heads sliced; streams [batch, seq, heads, head_dim] (FP8 ones
+        too), `attend`'s output [batch, all tokens, heads / degree, head_dim]; returns [batch, this rank's tokens,
+        heads, head_dim]."""
 
     def all_max(self, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -240,7 +245,8 @@ pytree.register_dataclass(Segments)
 def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bshd", mask=None,
               prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
               fp8_scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
-              sharded: Sequence[bool] | None = None,
+              sharded: Sequence[bool | SequenceSplit] | None = None,
+              keep: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
               diffsynth: Callable | None = None) -> torch.Tensor:
     """Attention over `streams` joined along the sequence in order, by the backend `options.attention` names.
 
@@ -253,25 +259,33 @@ def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bsh
                 prefix KV cache's), with no queries of their own
     fp8_scales  (q scale, k scale) for the FP8 backends: the FP8 scales of bounds on q and k (None: their largest
                 values)
-    sharded     which streams `options.sequence_split` splits over the ranks (the others are whole on each)
+    sharded     which streams `options.sequence_split` splits over the ranks (the others are whole on each), each
+                by the split's shards (True) or by the split bound to that stream's own tokens
+    keep        called with the streams' keys and values as they are attended, joined, [batch, keys, heads,
+                head_dim] (a cached prefix's left out; under a sequence split every token of this rank's heads):
+                what a prefix cache stores, and gives back as `prefix` in the same split
     diffsynth   DiffSynth's own attention for this family, (q, k, v, mask) in [batch, heads, seq, head_dim] ->
                 [batch, seq, heads * head_dim]: what the backend "diffsynth" runs (the family file hands it)
+
+    Under a sequence split each rank attends over every token with its share of the heads: the mask applies
+    unchanged where the heads share it, and `prefix` holds this rank's heads (what `keep` gave under the split).
 
     Returns [batch, queries, heads * head_dim], the streams' queries in order."""
     split = options.sequence_split
     if split is not None and sharded is not None and any(sharded):
-        if mask is not None or prefix is not None:
-            raise RuntimeError("sequence parallel does not take attention masks or a cached prefix here")
+        if isinstance(mask, torch.Tensor) and mask.dim() >= 3 and mask.shape[-3] != 1:
+            raise RuntimeError("sequence parallel takes a mask that every head shares: each rank attends with a "
+                               "share of the heads")
         if layout == "bhsd":
             streams = [tuple(t.transpose(1, 2) for t in stream) for stream in streams]
         scales = fp8_scales
         if options.attention in backends.FP8_BACKENDS:
             scales = (*fp8_scales, value_scale([stream[2] for stream in streams], split))
         heads = streams[0][0].shape[2] // split.degree
-        local = split.attention(streams, sharded, lambda parts: _local(parts, options, "bshd", None, None, scales,
-                                                                       diffsynth).unflatten(-1, (heads, -1)))
+        local = split.attention(streams, sharded, lambda parts: _local(parts, options, "bshd", mask, prefix, scales,
+                                                                       diffsynth, keep).unflatten(-1, (heads, -1)))
         return local.flatten(2)
-    return _local(streams, options, layout, mask, prefix, fp8_scales, diffsynth)
+    return _local(streams, options, layout, mask, prefix, fp8_scales, diffsynth, keep)
 
 
 def value_scale(values: Sequence[torch.Tensor], split: SequenceSplit) -> torch.Tensor:
@@ -281,8 +295,10 @@ def value_scale(values: Sequence[torch.Tensor], split: SequenceSplit) -> torch.T
     return fp8_attention.fp8_scale(split.all_max(local))
 
 
-def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, diffsynth) -> torch.Tensor:
+def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, diffsynth, keep) -> torch.Tensor:
     """Attention on this process's heads and tokens."""
+    if keep is not None:
+        keep(*_keys_and_values(streams, layout))
     backend = options.attention
     if backend in backends.FP8_BACKENDS:
         if mask is not None:
@@ -305,6 +321,14 @@ def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, 
     if isinstance(mask, Segments):
         return _segments(q, k, v, mask, backend, diffsynth)
     return attend_heads_first(q, k, v, backend, mask, diffsynth)
+
+
+def _keys_and_values(streams, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The streams' keys and values joined along the sequence, [batch, seq, heads, head_dim] (one stream's as they
+    are: no copy)."""
+    dim = 2 if layout == "bhsd" else 1
+    keys, values = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim) for parts in list(zip(*streams))[1:])
+    return (keys.transpose(1, 2), values.transpose(1, 2)) if layout == "bhsd" else (keys, values)
 
 
 def _with_prefix_keys(streams, prefix):

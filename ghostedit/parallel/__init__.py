@@ -3,8 +3,8 @@
 
 mesh.py     the torch.distributed process group and the ("cfg", "ulysses") device mesh, from the torchrun environment
 cfg.py      CFG parallel: the conditional and unconditional passes on two ranks, predictions exchanged
-ulysses.py  sequence parallel: the DiT forward's sequence split (its image tokens over ranks, all-to-all around the
-            joint attention), handed to the forward in the run's options
+ulysses.py  sequence parallel: the DiT forward's sequence split (its image tokens over ranks, or 2.1's prefix and
+            target tokens, all-to-all around the attention), handed to the forward in the run's options
 
 Every rank runs the whole pipeline (encoders, scheduler, VAE) and ends with the same latent; rank 0 writes the
 image. The process's mesh travels with its engine; in a single process there is none and nothing changes.

@@ -1,8 +1,8 @@
 """CFG parallel: the conditional and unconditional DiT passes of a true-CFG step on the two halves of the "cfg"
 mesh dimension at once. Each half runs its pass, the two predictions are exchanged with an all-gather, and every
-rank combines them as the model's reference does (models/exact.py: rescaled to the conditional prediction's norm),
-so the next latent is the same on every rank. Each half encodes only
-its own side's prompt."""
+rank combines them with the pipeline's own `guidance` (models/guidance.py: as the family's reference combines, the
+function one process runs), so the next latent is the same on every rank. Each half encodes only its own side's
+prompt."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,6 @@ import copy
 import torch
 from torch.distributed import _functional_collectives as collectives
 
-from ..models.guidance import guided
 from .mesh import ParallelMesh
 
 # DiffSynth inputs that swap LoRAs around one side's pass (not something GhostEdit sends)
@@ -25,8 +24,9 @@ def exchange(prediction: torch.Tensor, mesh: ParallelMesh) -> tuple[torch.Tensor
     return conditional, unconditional
 
 
-def split_guidance(mesh: ParallelMesh):
-    """A drop-in for DiffSynth's `cfg_guided_model_fn` that runs one side per CFG rank."""
+def split_guidance(mesh: ParallelMesh, guidance):
+    """A drop-in for DiffSynth's `cfg_guided_model_fn` that runs one side per CFG rank and combines the two
+    predictions with `guidance` (the pipeline's)."""
     def cfg_guided_model_fn(model_fn, cfg_scale, inputs_shared, inputs_posi, inputs_nega, **inputs_others):
         if cfg_scale == 1.0:
             raise RuntimeError("CFG parallel ran a step without true CFG (cfg 1): the mesh should have no CFG split")
@@ -35,7 +35,7 @@ def split_guidance(mesh: ParallelMesh):
         side = inputs_posi if mesh.cfg_rank == 0 else inputs_nega
         prediction = model_fn(**side, **inputs_shared, **inputs_others)
         conditional, unconditional = exchange(prediction, mesh)
-        return guided(conditional, unconditional, cfg_scale)  # the reference's combination, as on one GPU
+        return guidance(conditional, unconditional, cfg_scale)  # the reference's combination, as on one GPU
     return cfg_guided_model_fn
 
 
@@ -61,7 +61,7 @@ def guiding_in_parallel(pipe, mesh: ParallelMesh):
     """Inside this block each rank encodes its CFG side's prompt only and the pipeline's CFG steps run split over
     the CFG dimension."""
     unit_runner = pipe.unit_runner
-    pipe.cfg_guided_model_fn = split_guidance(mesh)
+    pipe.cfg_guided_model_fn = split_guidance(mesh, pipe.guidance)
     pipe.unit_runner = own_side_units(unit_runner, mesh)
     try:
         yield

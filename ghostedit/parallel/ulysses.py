@@ -10,7 +10,9 @@ over every token), the text keeps its heads/N heads, and after attention the ima
 all-to-all while the text's heads are all-gathered, so the text stream stays identical on every rank. FP8 tensors
 travel as their bytes (half a bf16 tensor's), and a per-tensor FP8 scale is computed over the whole sequence
 (`all_max` of each rank's largest value): every value is cast as one process casts it. Shards may differ by one
-token: the all-to-alls take uneven splits.
+token: the all-to-alls take uneven splits. Qwen-Image-2.1's single stream has no whole part: its prefix (text and
+references) and its target are split over the ranks each on its own, streams that `attention` gathers apart, each by
+the split bound to its own tokens (models/qwen_image_21/dit.py, Shards).
 
 The collectives are torch.distributed's functional collectives, which torch.compile traces inside compiled blocks
 (the split's plain values are guarded constants there); each is waited for where its result is first used.
@@ -93,22 +95,25 @@ class Ulysses:
 
     def attention(self, streams, sharded, attend) -> torch.Tensor:
         """`attend` over every token with heads/N heads: the sharded streams' q, k and v gathered along the sequence
-        by one all-to-all (started before the whole streams' heads are sliced), the whole streams' heads sliced;
-        `attend`'s output [batch, all tokens, heads / N, d] back to [batch, this rank's tokens, heads, d]."""
+        by one all-to-all each (started before the whole streams' heads are sliced), the whole streams' heads
+        sliced; `attend`'s output [batch, all tokens, heads / N, d] back to [batch, this rank's tokens, heads, d].
+        `sharded`, per stream: False (whole on every rank), True (split by this split's shards) or a split of the
+        same ranks bound to the stream's own tokens (streams split apart: Qwen-Image-2.1's prefix and target)."""
         heads = streams[0][0].shape[2]
         per_rank = heads // self.degree
         own_heads = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
-        sent = [self._sequence_to_heads(stream) for stream, split in zip(streams, sharded) if split]
+        splits = [self if split is True else split for split in sharded]
+        sent = [split._sequence_to_heads(stream) for stream, split in zip(streams, splits) if split]
         local, received = [], iter(sent)
-        for stream, split in zip(streams, sharded):
+        for stream, split in zip(streams, splits):
             local.append(next(received)() if split else tuple(t[:, :, own_heads] for t in stream))
         output = attend(local)
         parts, start = [], 0
-        for stream, split in zip(streams, sharded):
-            tokens = sum(self.shards) if split else stream[0].shape[1]
+        for stream, split in zip(streams, splits):
+            tokens = sum(split.shards) if split else stream[0].shape[1]
             part = output[:, start:start + tokens]
             start += tokens
-            parts.append(self._heads_to_sequence(part) if split else self._gather_heads(part))
+            parts.append(split._heads_to_sequence(part) if split else self._gather_heads(part))
         return torch.cat([part() for part in parts], dim=1)
 
     def _sequence_to_heads(self, qkv):

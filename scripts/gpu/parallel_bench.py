@@ -1,8 +1,9 @@
 """One edit on one GPU and on several (ghostedit/parallel), timed the same way; run by scripts/gpu/parallel_bench.sh.
 
   torchrun --standalone --nproc-per-node N scripts/gpu/parallel_bench.py run --label L --parallel MODE ...
-      every rank runs a short warm-up edit (load, prepare, compile at the edit's shape), then `--repeats` timed
-      edits; rank 0 writes L.json (the medians, from the engine's own telemetry) and L.png (the last image)
+      every rank runs `--warmup-edits` short warm-up edits (load, prepare, compile at the edit's shapes, capture
+      CUDA graphs), then `--repeats` timed edits; rank 0 writes L.json (the medians, from the engine's own telemetry)
+      and L.png (the last image)
   torchrun --standalone --nproc-per-node N scripts/gpu/parallel_bench.py link --out-dir DIR
       what Ulysses's all-to-alls cost on this machine's link at the edit's shape (link.json)
   python scripts/gpu/parallel_bench.py table --out-dir DIR
@@ -48,9 +49,11 @@ def run(args) -> None:
         image = Image.open(args.image).convert("RGB")
 
         def request(steps):
-            return EditRequest(images=[image], prompt=args.prompt, width=args.side, height=args.side, steps=steps,
-                               cfg_scale=args.cfg, seed=args.seed)
+            return EditRequest(images=[image], prompt=args.prompt, negative_prompt=args.negative_prompt,
+                               width=args.side, height=args.side, steps=steps, cfg_scale=args.cfg, seed=args.seed)
         cold = engine.run(request(args.warmup_steps), config)
+        for _ in range(args.warmup_edits - 1):  # a graphed 2.1 edit captures its cache-filling forward's graph here
+            engine.run(request(args.warmup_steps), config)
         frames = compiled_frames()
         timed = [engine.run(request(args.steps), config) for _ in range(args.repeats)]
         ranks = agreement(weights_fingerprint(engine.load(config)), timed[-1].image, mesh)
@@ -202,10 +205,14 @@ def main() -> None:
     timed.add_argument("--side", type=int, default=1024)
     timed.add_argument("--steps", type=int, default=40)
     timed.add_argument("--warmup-steps", type=int, default=2, help="the untimed first edit (compiles the shape)")
+    timed.add_argument("--warmup-edits", type=int, default=1,
+                       help="untimed edits before the timed ones (a graphed Qwen-Image-2.1 edit captures its "
+                            "cache-filling forward's graph in its second)")
     timed.add_argument("--repeats", type=int, default=1)
     timed.add_argument("--cfg", type=float, default=4.0)
     timed.add_argument("--seed", type=int, default=0)
     timed.add_argument("--prompt", default="turn the scene into a ghostly night")
+    timed.add_argument("--negative-prompt", default="", help="with --cfg above 1 (Qwen-Image-2.1 guides only with one)")
     timed.add_argument("--image", default=str(DEFAULT_IMAGE))
     timed.add_argument("--out-dir", required=True)
     timed.set_defaults(run=run)

@@ -24,17 +24,34 @@
 # folder) also packed as $OUT/parallel-<phase>.tar.gz: unpack them into one folder and run the table phase there
 # (RESULTS=that-folder DRY_RUN=1 scripts/gpu/parallel_bench.sh table works on any machine).
 # DRY_RUN=1 rehearses on a CPU: the tiny model, 128 px, 3 steps, float32, two gloo processes.
+# Qwen-Image-2.1 (MODEL=synthetic-2.1, or tiny-2.1 in a DRY_RUN): the same phases on a 2.1 edit with one reference,
+# CFG $CFG with the negative prompt $NEGATIVE (CFG parallel needs true CFG; 2.1 guides only with one), the fastest
+# lossless 2.1 configuration (bench.sh's QWEN21_FAST; a DRY_RUN: FP8 stored, no CUDA graph), two warm-up edits (a
+# graphed 2.1 edit captures its cache-filling forward's graph in the second), results in $RESULTS/parallel-2.1
+# ($OUT/parallel-2.1-<phase>.tar.gz). One device call on nvidia-h100-x2:
+#   mkdir -p /tmp/wheels && cp .whl/*.whl /tmp/wheels/ && OUT=$OUT MODEL=synthetic-2.1 scripts/gpu/parallel_bench.sh all
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -n "${DRY_RUN:-}" ] || QUIET_SETUP=1 source scripts/gpu/setup.sh
 RESULTS=${RESULTS:-bench-results}
 PYTHON=${PYTHON:-python3}
+NAME=parallel   # the results' folder (and the packed phase's name)
+WARMUP_EDITS=1
+case ${MODEL:-} in
+  *-2.1*)
+    NAME=parallel-2.1 WARMUP_EDITS=2 NEGATIVE=${NEGATIVE-blurry, low quality}
+    if [ -n "${DRY_RUN:-}" ]; then
+      CONFIG=${CONFIG:-fp8=storage,compile=regional,rewrites=real-rope+fused-qkv} SIDE=${SIDE:-64}
+    fi
+    CONFIG=${CONFIG:-fp8=torchao,compile=regional,rewrites=cuda-graph+real-rope+fused-qkv} ;;
+esac
 if [ -n "${DRY_RUN:-}" ]; then
   MODEL=${MODEL:-tiny} SIDE=${SIDE:-128} STEPS=${STEPS:-3} CONFIG=${CONFIG:-baseline} DEVICE=${DEVICE:-cpu}
   DTYPE=${DTYPE:-float32}
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 MODEL=${MODEL:-synthetic}
+NEGATIVE=${NEGATIVE:-}
 SIDE=${SIDE:-1024}
 STEPS=${STEPS:-40}
 CFG=${CFG:-4}
@@ -44,7 +61,7 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-}
 NPROC=${NPROC:-4}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-parallel-inductor-cache}
-DIR=$RESULTS/parallel
+DIR=$RESULTS/$NAME
 mkdir -p "$DIR"
 
 edit() {  # edit LABEL PROCESSES MODE: one timed configuration; its log kept beside its results
@@ -53,7 +70,7 @@ edit() {  # edit LABEL PROCESSES MODE: one timed configuration; its log kept bes
   "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$processes" \
     scripts/gpu/parallel_bench.py run --label "$label" --parallel "$mode" --model "$MODEL" --device "$DEVICE" \
     ${DTYPE:+--dtype "$DTYPE"} --config "$CONFIG" --side "$SIDE" --steps "$STEPS" --cfg "$CFG" \
-    --repeats "$REPEATS" --out-dir "$DIR" 2>&1 |
+    --repeats "$REPEATS" --warmup-edits "$WARMUP_EDITS" --negative-prompt "$NEGATIVE" --out-dir "$DIR" 2>&1 |
     { grep -v "^Loading\|^Loaded\|^Using\|^No \|register_constant\|Configuration class" || true; } |
     tee "$DIR/$label.log"
   echo "== $label: $processes process(es), wall $(( $(date +%s) - begin )) s" | tee -a "$DIR/$label.log"
@@ -109,5 +126,5 @@ case ${1:-} in
      exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/parallel-$1.tar.gz" -C "$RESULTS" parallel
+  tar czf "$OUT/$NAME-$1.tar.gz" -C "$RESULTS" "$NAME"
 fi

@@ -22,7 +22,12 @@ Where the run's choices attach, the forward calls the seams (models/seams.py; th
   `step_forward`, which hands the forward its `PrefixStep`: filled by the first step of a branch, read by the others;
 - CUDA graphs: `step_forward` (what the pipeline calls at each step) replays the whole forward from
   `options.graphs`, one graph per input signature, CFG branch and cache state (the cache's tensors are kept at
-  fixed addresses from edit to edit: the filling forward's graph writes the tensors the cached forwards' read).
+  fixed addresses from edit to edit: the filling forward's graph writes the tensors the cached forwards' read);
+- sequence split: `options.sequence_split` (Ulysses) splits the prefix's tokens and the target's over the ranks,
+  each on its own (`Shards`: a rank holds the same target tokens whether its step fills the prefix cache or reads
+  it), and trades tokens for heads around attention, where each rank attends over every token with its share of
+  the heads: the block-causal mask applies unchanged, and the prefix cache keeps the rank's heads of every prefix
+  token as attention received them (what a cached step's attention receives them with).
 The sequence's structure (`Layout`: positions, segments, rotary factors) is the same at every step of a CFG branch:
 the pipeline makes it once (`layout`) and hands it to each forward.
 
@@ -46,7 +51,8 @@ from diffsynth.core.attention import attention_forward
 from torch import nn
 
 from ..rotary import cos_sin, real_rotation
-from ..seams import FLEX, DitOptions, PrefixStep, Segments, attention, flex_block_mask, fused_linear, joinable_parts
+from ..seams import (FLEX, DitOptions, PrefixStep, Segments, SequenceSplit, attention, flex_block_mask, fused_linear,
+                     joinable_parts)
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
 # fused_qkv's projection, with the released projections it joins in the order of its output rows
@@ -85,6 +91,30 @@ class Layout:
 # a CUDA-graphed forward takes its layout as an input: its tensors copied in before each replay, its numbers part of
 # the graph's signature
 pytree.register_dataclass(Layout)
+
+
+@dataclass(frozen=True)
+class Shards:
+    """This rank's tokens under a sequence split: the prefix's (text and references) and the target's, each split
+    over the ranks on its own, so that a rank holds the same target tokens in a step that fills the prefix cache
+    and in one that reads it (the step cache compares them; the prediction is gathered from them)."""
+    prefix: SequenceSplit
+    target: SequenceSplit
+
+    @classmethod
+    def of(cls, split: SequenceSplit | None, layout_: Layout) -> Shards | None:
+        if split is None:
+            return None
+        return cls(split.over(layout_.prefix_length), split.over(layout_.target_length))
+
+    def own(self, x: torch.Tensor, dim: int, with_prefix: bool) -> torch.Tensor:
+        """This rank's tokens of `x` along `dim` (its last tokens the target's): its prefix shard (`with_prefix`),
+        then its target shard."""
+        target_length = sum(self.target.shards)
+        target = self.target.shard(x.narrow(dim, x.shape[dim] - target_length, target_length), dim)
+        if not with_prefix:
+            return target
+        return torch.cat([self.prefix.shard(x.narrow(dim, 0, x.shape[dim] - target_length), dim), target], dim=dim)
 
 
 def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], prompt_mask: torch.Tensor | None,
@@ -267,23 +297,34 @@ class Attention(nn.Module):
         self.norm_q = RMSNorm(head_dim, eps)
         self.norm_k = RMSNorm(head_dim, eps)
 
-    def forward(self, x, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool,
-                options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
+    def forward(self, x, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool, options: DitOptions,
+                shards: Shards | None) -> tuple[torch.Tensor, tuple | None]:
         """`prefix`: the cached prefix's (keys, values), the queries being the target's alone; `keep_prefix`: return
-        this step's prefix keys and values for the cache."""
+        this step's prefix keys and values for the cache (under a sequence split, this rank's heads of every prefix
+        token); `shards`: this rank's tokens under a sequence split (its prefix shard, then its target shard)."""
         projected = self.to_qkv(x).chunk(3, dim=-1) if options.fused_qkv else \
             (self.to_q(x), self.to_k(x), self.to_v(x))
         query, key, value = (part.unflatten(-1, (-1, self.head_dim)) for part in projected)
         query = apply_rotary(self.norm_q(query).to(value.dtype), rotary)
         key = apply_rotary(self.norm_k(key).to(value.dtype), rotary)
-        kept = (key[:, :layout_.prefix_length], value[:, :layout_.prefix_length]) if keep_prefix else None
+        kept = []
+        keep = (lambda keys, values: kept.append((keys[:, :layout_.prefix_length], values[:, :layout_.prefix_length]))
+                ) if keep_prefix else None
         if prefix is None:
             mask = layout_.segments
         else:  # the target sees every key: only padded prompt tokens are masked
             valid = layout_.segments.key_valid
             mask = None if valid is None else valid[:, None, None, :]
-        out = attention([(query, key, value)], options, mask=mask, prefix=prefix, diffsynth=diffsynth_attention)
-        return self.to_out[0](out.type_as(query)), kept
+        streams, sharded = [(query, key, value)], None
+        if shards is not None and prefix is not None:
+            sharded = [shards.target]
+        elif shards is not None:  # the prefix's shard and the target's, each gathered over the ranks on its own
+            own_prefix = shards.prefix.own_tokens
+            streams = [tuple(t[:, :own_prefix] for t in streams[0]), tuple(t[:, own_prefix:] for t in streams[0])]
+            sharded = [shards.prefix, shards.target]
+        out = attention(streams, options, mask=mask, prefix=prefix, sharded=sharded, keep=keep,
+                        diffsynth=diffsynth_attention)
+        return self.to_out[0](out.type_as(query)), (kept[0] if kept else None)
 
     def fuse_qkv(self) -> None:
         """One projection for q, k and v (fused_qkv): the weights joined in the order of the output rows. On plain
@@ -318,10 +359,10 @@ class Block(nn.Module):
         self.eps = eps
 
     def forward(self, x, modulation, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool,
-                options: DitOptions) -> tuple[torch.Tensor, tuple | None]:
+                options: DitOptions, shards: Shards | None) -> tuple[torch.Tensor, tuple | None]:
         scale1, gate1, scale2, gate2 = modulation.chunk(4, dim=-1)
         normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale1)
-        attended, kept = self.attn(normed, rotary, layout_, prefix, keep_prefix, options)
+        attended, kept = self.attn(normed, rotary, layout_, prefix, keep_prefix, options, shards)
         x = x + gate1.tanh() * attended
         normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale2)
         x = x + gate2.tanh() * self.img_mlp(normed)
@@ -391,8 +432,10 @@ class QwenImage21DiT(nn.Module):
         """The target's prediction [B, T, C] from `latents` [B, N, C] (the references' tokens, then the target's),
         the text encoder's `prompt_embeds` [B, S, E] and `timestep` [B] in [0, 1], over this CFG branch's
         `layout_`. `prefix`: this forward's part of the prefix cache (step_forward begins it), which it fills
-        (every token computed) or reads (the target's tokens alone)."""
+        (every token computed) or reads (the target's tokens alone). Under a sequence split each rank runs its
+        tokens (`Shards`) and the prediction is gathered from the ranks' target tokens."""
         from_cache = prefix is not None and not prefix.filling
+        shards = Shards.of(options.sequence_split, layout_)
         temb = self.time_text_embed.timestep_embedder(
             torch.cat([timestep, timestep.new_zeros(1)]).to(latents.dtype), latents.dtype)  # t, and 0 for the prefix
         modulation = self.modulation(temb)                     # [B + 1, 4 dim]
@@ -402,34 +445,43 @@ class QwenImage21DiT(nn.Module):
         if from_cache:  # the target's tokens alone (a tensor of their own, as every block gets); the prefix is cached
             hidden = self.img_in(latents[:, -layout_.target_length:])
             rotary = layout_.rotary_from(layout_.prefix_length)
-            rows = target_rows
         else:
             image_tokens = self.img_in(latents)
             hidden = image_tokens.new_empty(latents.shape[0], layout_.length, image_tokens.shape[-1])
             hidden[:, layout_.text_positions] = self.txt_in(prompt_embeds)[:, layout_.vl_text_positions]
             hidden[:, layout_.image_positions] = image_tokens
             rotary = layout_.rotary
-            rows = torch.cat([prefix_row.expand(-1, layout_.prefix_length, -1),
-                              target_rows.expand(-1, layout_.target_length, -1)], dim=1)
-        hidden = self.run_blocks(hidden, rows, rotary, layout_, options, prefix)
-        target = hidden[:, -layout_.target_length:]
+        prefix_tokens, target_tokens = (0 if from_cache else layout_.prefix_length), layout_.target_length
+        if shards is not None:  # this rank's tokens, with their rotary factors
+            hidden = shards.own(hidden, 1, not from_cache)
+            rotary = tuple(shards.own(part, 0, not from_cache) for part in rotary) if isinstance(rotary, tuple) \
+                else shards.own(rotary, 0, not from_cache)
+            prefix_tokens = 0 if from_cache else shards.prefix.own_tokens
+            target_tokens = shards.target.own_tokens
+        rows = target_rows if from_cache else torch.cat([prefix_row.expand(-1, prefix_tokens, -1),
+                                                         target_rows.expand(-1, target_tokens, -1)], dim=1)
+        hidden = self.run_blocks(hidden, rows, rotary, layout_, options, prefix, shards)
+        target = hidden[:, hidden.shape[1] - target_tokens:]
         target = F.layer_norm(target, target.shape[-1:], eps=self.norm_out.eps) * (1 + final_scale)
-        return self.proj_out(target)
+        prediction = self.proj_out(target)
+        return prediction if shards is None else shards.target.gather(prediction, 1)
 
     def run_blocks(self, hidden, modulation, rotary, layout_: Layout, options: DitOptions,
-                   prefix: PrefixStep | None) -> torch.Tensor:
+                   prefix: PrefixStep | None, shards: Shards | None) -> torch.Tensor:
         """The block loop: each block reads its cached prefix, or hands this step's to the cache. Behind the step
         cache the loop may end after the first block with the target's tokens alone (the cache adds the other
         blocks' change to them; a filling step, a branch's first, is never served, so every block stores its
-        prefix)."""
+        prefix). Under a sequence split, `hidden` is this rank's tokens (`shards`) and the cache holds its heads."""
         from_cache = prefix is not None and not prefix.filling
-        prefix_shape = (hidden.shape[0], layout_.prefix_length, self.heads, self.head_dim)
-        step_cache, target = options.step_cache, -layout_.target_length
+        heads = self.heads if shards is None else self.heads // shards.target.degree
+        prefix_shape = (hidden.shape[0], layout_.prefix_length, heads, self.head_dim)
+        target_tokens = layout_.target_length if shards is None else shards.target.own_tokens
+        step_cache, target = options.step_cache, hidden.shape[1] - target_tokens
         for index, block in enumerate(self.blocks):
             cached = prefix.stored(index, prefix_shape, hidden.dtype) if from_cache else None
             before = hidden
             hidden, kept = block(hidden, modulation, rotary, layout_, cached, prefix is not None and not from_cache,
-                                 options)
+                                 options, shards)
             if kept is not None:
                 prefix.store(index, *kept)
             if step_cache is not None:

@@ -11,6 +11,8 @@ final norm), the noise (the same draw), the size check. GhostEdit's own where Di
   computes it, Turbo's `sample_sigmas` shifted by it as diffusers shifts them (DiffSynth uses its "Qwen-Image"
   template, and Turbo's sigmas as given) (Schedule);
 - the 8-bit output is rounded, not truncated, and keeps its alpha channel (ExactPipeline21.vae_output_to_image);
+- true CFG combines as diffusers does, linearly (models/guidance.py's `linear_guided`, which CFG parallel's ranks
+  run too);
 - the prefix cache is GhostEdit's own (models/seams.py's PrefixKVCache, one per call, its CFG branches told apart by
   step; its tensors kept with the run's CUDA graphs where it has them), on unless the call says off; the run's DiT
   options (`dit_options`) travel with the pipeline's inputs.
@@ -25,6 +27,7 @@ from PIL import Image
 
 from ..exact import ReferenceSchedule, condition_images, to_tensor
 from ..family import Family
+from ..guidance import ReferenceGuidance, linear_guided
 from .dit import layout, step_forward
 from ..seams import DitOptions, PrefixKVCache
 
@@ -53,8 +56,9 @@ class EditImageEmbedder(QwenImage21Unit_EditImageEmbedder):
 
 
 class PrefixCacheUnit(QwenImage21Unit_KVCacheInitializer):
-    """The run's prefix KV cache (its CFG branches told apart by step), or none when `use_kv_cache` is off; and each
-    branch's Layout of the joint sequence, the same at every step."""
+    """The run's prefix KV cache (its CFG branches told apart by step), or none when `use_kv_cache` is off; and the
+    Layout of the joint sequence of each CFG branch whose prompt this process encoded (under CFG parallel, its
+    rank's branch alone), the same at every step."""
 
     def process(self, pipe, inputs_shared, inputs_posi, inputs_nega):
         options = inputs_shared["options"]
@@ -65,6 +69,8 @@ class PrefixCacheUnit(QwenImage21Unit_KVCacheInitializer):
         img_shapes = [*[(1, edit.shape[2], edit.shape[3]) for edit in inputs_shared.get("edit_latents") or []],
                       (1, latents.shape[2], latents.shape[3])]
         for inputs in (inputs_posi, inputs_nega) if inputs_shared["cfg_scale"] != 1 else (inputs_posi,):
+            if "edit_image_pad_mask" not in inputs:  # the branch another CFG-parallel rank encodes and runs
+                continue
             slots = inputs["edit_image_pad_mask"]
             image_mask = torch.cat([slots, slots.new_ones(slots.shape[0], img_shapes[-1][1] * img_shapes[-1][2] // 4)],
                                    dim=1)
@@ -87,11 +93,12 @@ def model_fn(dit, latents, timestep, prompt_embeds, dit_layout, edit_latents=Non
     return unpatchify(prediction, height, width)
 
 
-class ExactPipeline21(QwenImage21Pipeline):
+class ExactPipeline21(ReferenceGuidance, QwenImage21Pipeline):
     """DiffSynth's QwenImage21Pipeline with the family's units and schedule, GhostEdit's DiT and prefix cache, and
-    the reference's rounding."""
+    the reference's true CFG and rounding."""
 
     family: Family | None = None
+    guidance = staticmethod(linear_guided)
 
     def use_family(self, family: Family) -> None:
         self.family = family

@@ -13,8 +13,9 @@
 Choices of the text encoder and the VAE are held to the same on whole edits. Each DiT family is held apart: a choice
 that does not apply to a family (the registry's `families`) is refused on its model with that reason, and the
 choices that apply to Qwen-Image-2.1's DiT are held to the same on whole edits of the tiny 2.1 (its prefix cache
-filled at the first step and read at the second), which runs in one process only. The GPU-only choices' paths run on
-the CPU with their kernels emulated in tests/unit/parallel/test_sequence_split.py, and on the GPU in scripts/gpu/."""
+filled at the first step and read at the second), and under Ulysses give the one-process edit image for image. The
+GPU-only choices' paths run on the CPU with their kernels emulated in tests/unit/parallel/test_sequence_split.py, and
+on the GPU in scripts/gpu/."""
 import os
 
 import pytest
@@ -319,8 +320,15 @@ def test_a_2_1_dit_choice_with_a_runtime_lora_computes_the_fused_lora_or_says_wh
 
 # ---- under Ulysses: two gloo processes ----
 
-ULYSSES = [(name, value) for name, value in DIT if not registry.get(name).compile_options and name != "compile"] + \
-    [("compile", "regional")]
+def _under_ulysses(choices):
+    """The choices held under Ulysses: every one but compile's own and its Inductor options (compile regional
+    stands for them)."""
+    return [(name, value) for name, value in choices if not registry.get(name).compile_options and name != "compile"] \
+        + [("compile", "regional")]
+
+
+ULYSSES = _under_ulysses(DIT)
+ULYSSES_21 = _under_ulysses(DIT_21)
 
 
 def _ulysses_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -335,11 +343,13 @@ def _ulysses_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
     results = {}
     try:
         mesh = meshes.setup("ulysses", True, "cpu")
-        try:  # Qwen-Image-2.1 runs in one process: refused with the reason before anything is split
-            Engine("tiny-2.1", device="cpu", mesh=mesh).run(_request_21())
-            results["2.1 refused"] = "ran"
-        except UnavailableOptionError as refused:
-            results["2.1 refused"] = str(refused)
+        engine_21 = Engine("tiny-2.1", device="cpu", dtype="float32")
+        for name, value in ULYSSES_21:  # whole 2.1 edits: its prefix cache filled, then read
+            images = []
+            for each in (None, mesh):
+                engine_21.mesh = each
+                images.append(engine_21.run(_request_21(), config_for(name, value)).image.tobytes())
+            results[f"2.1 {name}={value}"] = images[0] == images[1]
         for name, value in ULYSSES:
             config = config_for(name, value)
             prepared, _ = engine.prepare(config)
@@ -366,6 +376,7 @@ def test_under_ulysses_a_dit_choice_gives_the_one_process_forward_bit_for_bit(ul
         assert results[f"{name}={value}"], rank
 
 
-def test_under_ulysses_a_2_1_edit_is_refused_with_its_reason(ulysses_results):
-    for results in ulysses_results:
-        assert "runs in one process" in results["2.1 refused"], results["2.1 refused"]
+@pytest.mark.parametrize("name, value", ULYSSES_21, ids=[f"{name}={value}" for name, value in ULYSSES_21])
+def test_under_ulysses_a_2_1_edit_with_a_dit_choice_is_the_one_process_edit_bit_for_bit(ulysses_results, name, value):
+    for rank, results in enumerate(ulysses_results):
+        assert results[f"2.1 {name}={value}"], rank
