@@ -15,6 +15,9 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError, expect
 from conftest import ASSETS
 from ghostedit.ui.history import CHART_STAGES
 
+# what the page shows after a change comes from the server: on a loaded two-core CI machine it can take longer than
+# playwright's 5 s default, which is no fault of the page
+expect.set_options(timeout=30_000)
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -161,9 +164,16 @@ def fill_edit(page, prompt="turn it into a haunted house at night", image=ASSETS
     page.locator("#prompt textarea").fill(prompt)
     if small:
         open_section(page, "generation_section")
-        for elem_id, value in SMALL:
-            set_number(page, elem_id, value)
-        expect(page.locator("#generation_section .label-wrap")).to_contain_text("2 steps")
+        summary = page.locator("#generation_section .label-wrap")
+        for attempt in range(3):  # a section's fields mount when it opens: a value typed at that moment can be lost
+            for elem_id, value in SMALL:
+                set_number(page, elem_id, value)
+            try:
+                expect(summary).to_contain_text("2 steps · CFG 4 · seed 0 · 128×128", timeout=5_000)
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
 
 
 def wait_status(page, words: str, timeout_ms: int = 60_000) -> str:
