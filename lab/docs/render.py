@@ -679,6 +679,19 @@ def masked() -> str:
             f"{source('e2e-4-plain')}.\n")
 
 
+def openai_latency() -> str:
+    """Issue 42: what the OpenAI-compatible endpoint adds over /edit on the GPU, from the medians
+    scripts/gpu/openai_latency.py printed (its per-call results.json did not come back from the device; the
+    environment is latency-4's, measured in the same device call on the same machine)."""
+    log = located("openai-latency/openai-latency.log").read_text()
+    table = "\n".join(line for line in log.splitlines() if line.startswith("|"))
+    said = next(line for line in log.splitlines() if line.startswith("the OpenAI endpoint adds"))
+    return (f"The full-size synthetic model, best, 1024x1024, 4 steps, CFG 1, six alternating calls per path after two "
+            f"untimed ones, measured on {_ran_on(results('latency-4')['environment'])} (the device call of "
+            f"`latency-4/`), `python3 scripts/gpu/openai_latency.py --model synthetic --config best --repeats 6` "
+            f"(`docs/benchmarks/openai-latency/`): {said.split(';')[0]}.\n\n{table}\n")
+
+
 QWEN21_PARTS = ("qwen21", "qwen21-2048")
 QWEN21_COLUMNS = {"end_to_end_s": "end to end s", "first_step_s": "first step s", "cached_step_s": "cached step s",
                   "tokens_first": "tokens, first step", "tokens_cached": "tokens, cached step",
@@ -1424,7 +1437,8 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "gpu-nee
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
             "attention-lengths": attention_lengths, "cudnn-version": cudnn_version, "fa3-fp8": fa3_fp8,
             "vae-norm": vae_norm,
-            "parallel": parallel, "latency": latency, "masked": masked, "qwen21": qwen21}
+            "parallel": parallel, "latency": latency, "masked": masked, "qwen21": qwen21,
+            "openai-latency": openai_latency}
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
