@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import OptimizationConfig
+from ..ui.start_timeline import page_start_words
 from .output import environment, markdown_table, write_results
 
 APP_START_TIMEOUT_S = 600   # the full-size model's imports on a loaded machine; start-up warms in the background
@@ -372,21 +373,11 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
 
 
 def start_words(page_start: dict, startup: dict) -> str:
-    """The app's start in words: each step before the page answered, what ran after, the bytecode Python compiled,
-    and the start-up warm-up's stages."""
-    steps = ", ".join(f"{step['step']} {step['s']:.2f}" for step in page_start["steps"])
-    details = [f"{item['step']} {item['s']:.2f}" for step in page_start["steps"] for item in step.get("detail", [])]
-    after = ", ".join(f"{step['step']} {step['s']:.2f}" for step in page_start["after"])
-    bytecode = page_start["bytecode"]
+    """The app's start in words (ui/start_timeline.py), and the start-up warm-up's stages."""
     warmed = "; ".join(f"{item['configuration']} in {item['seconds']:.1f} s ("
                        + ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in item["stages_s"].items()) + ")"
                        for item in startup["warmed"])
-    return (f"The app's start (its own clock, from its process's creation): the page answered after "
-            f"{page_start['page_up_s']:.1f} s: {steps}"
-            + (f" (of which the slowest availability checks: {', '.join(details)})" if details else "")
-            + (f". After the launch, in the background: {after}" if after else "")
-            + f". Python compiled {bytecode['compiled']} of the {bytecode['modules']} modules imported by then from "
-              f"source{' (and keeps no bytecode: PYTHONDONTWRITEBYTECODE)' if bytecode['not_written'] else ''}."
+    return (f"The app's start (its own clock): {page_start_words(page_start)}."
             + (f" Start-up warmed {warmed}." if warmed else ""))
 
 

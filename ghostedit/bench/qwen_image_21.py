@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from ..device import empty_cache
 from ..engine.runner import dit_run
 from ..models.family import SYNTHETIC_21_TURBO, TINY_21_TURBO
 from ..telemetry import RunRecorder
@@ -95,12 +96,14 @@ def run_bench(engine, configs, case_names: list[str], seed: int, on_row, side: i
             try:
                 stock_row = _timed(stock, case, {**call, "num_inference_steps": case.steps}, engine.device,
                                    stock_tokens)
-            except torch.OutOfMemoryError as error:  # DiffSynth's DiT at 2048 with 4 references on 80 GB: said, and
-                torch.cuda.empty_cache()             # GhostEdit's pipelines still run the case
-                rows.append(on_row({"case": name, "words": case.words, "config": STOCK,
-                                    "error": f"out of memory: {str(error).splitlines()[0]}"}))
-            else:
                 rows.append(on_row({"case": name, "words": case.words, "config": STOCK, **stock_row}))
+            except torch.OutOfMemoryError as error:  # DiffSynth's DiT at 2048 with 4 references on 80 GB: said, and
+                refused = f"out of memory: {str(error).splitlines()[0]}"  # GhostEdit's pipelines still run the case
+            else:
+                refused = None
+            if refused:  # freed here, once the error's traceback no longer holds the failed run's tensors
+                empty_cache(engine.device)
+                rows.append(on_row({"case": name, "words": case.words, "config": STOCK, "error": refused}))
         for config, ready in prepared:
             pipe = ready.pipe
             if case.turbo:  # the same DiT on Turbo's schedule (its sigmas as given)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import TYPE_CHECKING
 
 from ..config import EditRequest, OptimizationConfig
 from ..diffsynth_patches import check_version
@@ -33,7 +34,10 @@ from .prepare import PreparedPipeline, prepare_dit
 from .recovery import OUT_OF_MEMORY_RETRY_NOTE, recovering_memory
 from .store import ModelStore
 
-__all__ = ["Engine", "EditResult", "PreparedPipeline", "import_run_code"]
+if TYPE_CHECKING:  # runner.py imports DiffSynth: the annotations only name it
+    from .runner import EditResult
+
+__all__ = ["Engine", "PreparedPipeline", "import_run_code"]
 
 
 def import_run_code() -> None:
@@ -44,14 +48,6 @@ def import_run_code() -> None:
     # here, not at the top of this file: the app's page is built and served without them
     from ..models import loading  # noqa: F401
     from . import runner  # noqa: F401
-
-
-def __getattr__(name: str):
-    """EditResult, from runner.py (DiffSynth), on first use."""
-    if name == "EditResult":
-        from .runner import EditResult
-        return EditResult
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Engine:

@@ -121,7 +121,7 @@ class StartUp:
     def status(self) -> dict:
         """What start-up is doing or did, JSON-ready: state, the configuration being warmed, seconds so far, each
         worker's latest stage (with its download progress), the configurations warmed and their stages; and the
-        app's own start before its page answered, step by step (`page_start`: ui/serve.py's StartTimeline)."""
+        app's own start before its page answered, step by step (`page_start`: ui/start_timeline.py's StartTimeline)."""
         end = self.finished if self.finished is not None else time.perf_counter()
         return {"state": self.state, "configuration": self.current or (self.configs[0].label if self.configs else ""),
                 "elapsed_s": end - self.started if self.started else 0.0,

@@ -10,7 +10,7 @@ from einops import rearrange
 def guided(positive: torch.Tensor, negative: torch.Tensor, scale: float) -> torch.Tensor:
     """True CFG as the Edit models' reference (diffusers' QwenImageEditPlusPipeline) computes it: the combination
     rescaled, per DiT token (2x2 latent patch, all channels), to the norm of the conditional prediction."""
-    combined = negative + scale * (positive - negative)
+    combined = linear_guided(positive, negative, scale)
     tokens = "B C (H P) (W Q) -> B H W (C P Q)"
     positive_norm = rearrange(positive, tokens, P=2, Q=2).norm(dim=-1, keepdim=True)
     combined_tokens = rearrange(combined, tokens, P=2, Q=2)

@@ -13,7 +13,7 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
     its workers starting in the background. `warm_up`: the configurations (OptimizationConfig) made ready in the
     background (engine/startup.py; None: the page's default one; []: none) once serve_in_background(demo) is called
     (serve.py: when the server answers): the weights load and each is prepared and warmed while the page serves.
-    One that cannot run here is refused at once (UnavailableOptionError). `timeline`: serve.py's StartTimeline, given
+    One that cannot run here is refused at once (UnavailableOptionError). `timeline`: start_timeline.py's StartTimeline, given
     a step for each part of this (the engine, every choice's availability check, the warm-up's check, the page);
     /startup returns it. The engine's DiffSynth is imported by serve_in_background, not here."""
     from ..device import default_device
@@ -22,7 +22,7 @@ def create_app(model: str, lora_dir: str | Path, device: str | None = None, dtyp
     from ..engine.startup import StartUp
     from ..engine.workers import WorkerPool, worker_devices
     from .layout import build_app
-    from .serve import StartTimeline
+    from .start_timeline import StartTimeline
     from .space import prepare_space, zero_gpu
 
     timeline = timeline or StartTimeline()

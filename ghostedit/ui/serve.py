@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import time
 
-import psutil
+from .start_timeline import StartTimeline
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,59 +52,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="edits served at once, one engine per worker: on CUDA the first N GPUs (default: every "
                              "visible GPU), on the CPU N CPU workers (default 1)")
-
-
-class StartTimeline:
-    """Where the app's start goes: wall seconds from the process's creation (the interpreter, app.py or the CLI) to
-    the page answering, one entry per step, each from the end of the one before (so that they add up to the whole);
-    a step may list its parts (`detail`: every choice's availability check). Then what runs after the launch, in
-    the background (`after`), and how much of the imported Python this process compiled from source (with no
-    bytecode cached, every start pays that again). `record` is JSON-ready: the app's /startup returns it."""
-
-    def __init__(self):
-        self.started = psutil.Process().create_time()
-        self.record = {"steps": [], "page_up_s": None, "after": [], "bytecode": None}
-        self._last = self.started
-
-    def mark(self, step: str, detail: list[dict] | None = None) -> None:
-        now = time.time()
-        self.record["steps"].append({"step": step, "s": round(now - self._last, 3),
-                                     **({"detail": detail} if detail else {})})
-        self._last = now
-
-    def page_up(self) -> None:
-        """The page answers: the whole before it, and what Python compiled on the way."""
-        self.record["page_up_s"] = round(self._last - self.started, 3)
-        self.record["bytecode"] = compiled_from_source(self.started)
-
-    def after(self, step: str, seconds: float) -> None:
-        self.record["after"].append({"step": step, "s": round(seconds, 3)})
-
-    def line(self) -> str:
-        steps = ", ".join(f"{step['step']} {step['s']:.2f}" for step in self.record["steps"])
-        bytecode = self.record["bytecode"]
-        return (f"page start: the page answered {self.record['page_up_s']:.1f} s after the process started ({steps})"
-                + (f"; Python compiled {bytecode['compiled']} of {bytecode['modules']} imported modules from source"
-                   + (" (PYTHONDONTWRITEBYTECODE: none kept for the next start)" if bytecode["not_written"] else "")
-                   if bytecode else ""))
-
-
-def compiled_from_source(since: float) -> dict:
-    """How many of the modules imported from .py files had no bytecode cached before this process (compiled from
-    source here: their .pyc is missing or newer than `since`, the process's start). On a machine whose packages
-    were installed without bytecode (pip --no-compile) and that writes none (PYTHONDONTWRITEBYTECODE), every start
-    compiles them all again."""
-    compiled = modules = 0
-    for module in list(sys.modules.values()):
-        spec = getattr(module, "__spec__", None)
-        if spec is None or not spec.cached or not str(spec.origin or "").endswith(".py"):
-            continue
-        modules += 1
-        try:
-            compiled += os.stat(spec.cached).st_mtime >= since
-        except OSError:
-            compiled += 1
-    return {"compiled": compiled, "modules": modules, "not_written": sys.dont_write_bytecode}
 
 
 def serve(args: argparse.Namespace) -> None:

@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 
 from ghostedit import figures
+from ghostedit.bench.latency import OUTSIDE_COLUMNS
 from ghostedit.bench.output import markdown_table
 from ghostedit.config import OptimizationConfig
 from ghostedit.models import FULL_SIZE_PARAMETERS
 from ghostedit.optimize import registry
 from ghostedit.optimize.presets import PRESETS
+from ghostedit.ui.start_timeline import page_start_words
 from ghostedit.telemetry import STAGE_ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -636,7 +638,7 @@ def latency() -> str:
                      + "".join(f" start-up warmed it in {warmed['seconds']:.1f} s ("
                                + ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in warmed["stages_s"].items())
                                + ");" for warmed in found["startup"]["warmed"])
-                     + (f" the page's start in the app's own clock: {_page_start(row['page_start'])}"
+                     + (f" the page's start in the app's own clock: {page_start_words(row['page_start'])}"
                         if "page_start" in row else ""))
     size = results("latency-4")["size"]
     return (f"The full-size synthetic model at {size[0]}x{size[1]}, through the real app and gradio_client (medians "
@@ -645,25 +647,8 @@ def latency() -> str:
             + "\n".join(first) + "\n")
 
 
-LATENCY_OUTSIDE = {"client_upload_s": "client's upload s", "gradio_queue_wait_s": "Gradio queue s",
-                   "gradio_preprocess_s": "Gradio before the handler s",
-                   "gradio_after_handler_s": "Gradio after the handler s",
-                   "client_download_s": "client's downloads s", "outside_rest_s": "transport and client, the rest s"}
-
-
-def _page_start(page_start: dict) -> str:
-    """An app's start before its page answered (ui/serve.py's timeline), in words: each step, the slowest
-    availability checks, what ran after the launch, and the bytecode Python compiled."""
-    steps = ", ".join(f"{step['step']} {step['s']:.2f} s" for step in page_start["steps"])
-    checks = ", ".join(f"{item['step']} {item['s']:.2f} s" for step in page_start["steps"]
-                       for item in step.get("detail", [])[:5])
-    after = ", ".join(f"{step['step']} {step['s']:.2f} s" for step in page_start["after"])
-    bytecode = page_start["bytecode"]
-    return (f"{steps} (up in {page_start['page_up_s']:.1f} s)" + (f"; slowest availability checks: {checks}"
-                                                                 if checks else "")
-            + (f"; after the launch: {after}" if after else "")
-            + f"; Python compiled {bytecode['compiled']} of {bytecode['modules']} modules from source"
-            + (" (PYTHONDONTWRITEBYTECODE set)" if bytecode["not_written"] else "") + ".")
+# the parts of "outside the handler s", without the case and their sum
+LATENCY_OUTSIDE = {key: words for key, words in OUTSIDE_COLUMNS.items() if key not in ("case", "outside_handler_s")}
 
 
 def masked() -> str:

@@ -1,5 +1,5 @@
 """Where the app's start goes before its page answers (issue 44): the steps `ghostedit serve` takes, in its own
-timeline (ui/serve.py's StartTimeline: the imports, the engine, each choice's availability check, the warm-up's
+timeline (ui/start_timeline.py's StartTimeline: the imports, the engine, each choice's availability check, the warm-up's
 check, the page's build, the launch; what runs after the launch; the bytecode Python compiled), and a cProfile of
 the whole, its top functions by cumulative time. `ghostedit serve` prints the same timeline ("page start: ...") and
 the latency bench keeps it in results.json (page_start); this probe adds the profile.
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:
-    from ghostedit.ui.serve import StartTimeline  # light: psutil; the timeline starts with the process anyway
+    from ghostedit.ui.start_timeline import StartTimeline  # light: psutil; the timeline starts with the process anyway
 
     timeline = StartTimeline()
     timeline.mark("python and the probe's arguments")
