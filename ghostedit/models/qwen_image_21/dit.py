@@ -62,6 +62,12 @@ Rotary = torch.Tensor | tuple[torch.Tensor, torch.Tensor]   # [L, D / 2] complex
 
 # ---- the sequence's structure ----
 
+def reads_prefix(prefix: PrefixStep | None) -> bool:
+    """Whether a forward reads its prefix's keys and values from the cache (computing the target's tokens only)
+    rather than filling it or running without one."""
+    return prefix is not None and not prefix.filling
+
+
 @dataclass
 class Layout:
     """Where everything sits in the joint sequence of one CFG branch, the same at every step of a run."""
@@ -434,7 +440,7 @@ class QwenImage21DiT(nn.Module):
         `layout_`. `prefix`: this forward's part of the prefix cache (step_forward begins it), which it fills
         (every token computed) or reads (the target's tokens alone). Under a sequence split each rank runs its
         tokens (`Shards`) and the prediction is gathered from the ranks' target tokens."""
-        from_cache = prefix is not None and not prefix.filling
+        from_cache = reads_prefix(prefix)
         shards = Shards.of(options.sequence_split, layout_)
         temb = self.time_text_embed.timestep_embedder(
             torch.cat([timestep, timestep.new_zeros(1)]).to(latents.dtype), latents.dtype)  # t, and 0 for the prefix
@@ -472,7 +478,7 @@ class QwenImage21DiT(nn.Module):
         cache the loop may end after the first block with the target's tokens alone (the cache adds the other
         blocks' change to them; a filling step, a branch's first, is never served, so every block stores its
         prefix). Under a sequence split, `hidden` is this rank's tokens (`shards`) and the cache holds its heads."""
-        from_cache = prefix is not None and not prefix.filling
+        from_cache = reads_prefix(prefix)
         heads = self.heads if shards is None else self.heads // shards.target.degree
         prefix_shape = (hidden.shape[0], layout_.prefix_length, heads, self.head_dim)
         target_tokens = layout_.target_length if shards is None else shards.target.own_tokens
@@ -504,7 +510,7 @@ def step_forward(dit: QwenImage21DiT, latents: torch.Tensor, prompt_embeds: torc
         options.step_cache.begin(step)
     cache = options.prefix_cache
     prefix = None if cache is None else cache.begin(step)
-    from_cache = prefix is not None and not prefix.filling
+    from_cache = reads_prefix(prefix)
     tokens = layout_.target_length if from_cache else layout_.length
     inputs = {"latents": latents, "prompt_embeds": prompt_embeds, "timestep": timestep,
               "layout_": layout_.without_block_mask() if from_cache else layout_}
