@@ -39,7 +39,11 @@ LIGHT = dict(concurrency_limit=None)                          # quick events nev
 # the notice of settings no longer chosen); each takes milliseconds
 NOTICE_QUEUE = dict(concurrency_id="notice", concurrency_limit=1)
 PRIVATE = dict(api_visibility="private")
-INSTANT = dict(queue=False, show_progress="hidden", **PRIVATE)  # a section's summary, a slot shown
+INSTANT = dict(queue=False, show_progress="hidden", **PRIVATE)  # quick answers that need no queue
+# a section's summary: one at a time, in the order asked for (unqueued, two quick changes raced: the width's answer,
+# read before the height's value arrived, could come last and say "size from the input" after both were set)
+SUMMARY_QUEUE = dict(concurrency_id="summary", concurrency_limit=1, trigger_mode="always_last",
+                     show_progress="hidden", **PRIVATE)
 
 
 def build_app(engine, lora_dir: Path, concurrency: int = 1, startup=None) -> gr.Blocks:
@@ -399,9 +403,9 @@ def _wire_sections(handlers: Handlers, edit) -> None:
     added, or when it gets a value (reused settings, a fetched LoRA)."""
     for control in edit.generation:
         control.change(lambda *values: gr.Accordion(label=generation_summary(*values)), edit.generation,
-                       edit.generation_section, **INSTANT)
+                       edit.generation_section, **SUMMARY_QUEUE)
     edit.preset.change(lambda preset: gr.Accordion(label=_model_summary(handlers.engine, preset)), edit.preset,
-                       edit.model_section, **INSTANT)
+                       edit.model_section, **SUMMARY_QUEUE)
 
     for counter, slots, add_button, values in ((edit.images_shown, edit.more_images, edit.add_image, edit.more_images),
                                                (edit.loras_shown, edit.lora_groups[1:], edit.add_lora, edit.loras[1:])):
