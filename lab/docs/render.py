@@ -666,14 +666,14 @@ def masked() -> str:
 
 def openai_latency() -> str:
     """Issue 42: what the OpenAI-compatible endpoint adds over /edit on the GPU, from the medians
-    scripts/gpu/openai_latency.py printed (its per-call results.json did not come back from the device; the
-    environment is latency-4's, measured in the same device call on the same machine)."""
+    scripts/gpu/openai_latency.py printed (its per-call results.json did not come back from the device; its
+    environment.json is the one latency-4 recorded in the same device call on the same machine)."""
     log = located("openai-latency/openai-latency.log").read_text()
     table = "\n".join(line for line in log.splitlines() if line.startswith("|"))
     said = next(line for line in log.splitlines() if line.startswith("the OpenAI endpoint adds"))
     return (f"The full-size synthetic model, best, 1024x1024, 4 steps, CFG 1, six alternating calls per path after two "
-            f"untimed ones, measured on {_ran_on(results('latency-4')['environment'])} (the device call of "
-            f"`latency-4/`), `python3 scripts/gpu/openai_latency.py --model synthetic --config best --repeats 6` "
+            f"untimed ones, measured on {_ran_on(json.loads(located('openai-latency/environment.json').read_text()))} "
+            f"(in the device call of a `latency-4/` run), `python3 scripts/gpu/openai_latency.py --model synthetic --config best --repeats 6` "
             f"(`docs/benchmarks/openai-latency/`): {said.split(';')[0]}.\n\n{table}\n")
 
 
