@@ -24,7 +24,7 @@
 #   scripts/gpu/bench.sh latency   issue 44: what a person waits for, through the real app and gradio_client
 #             (ghostedit/bench/latency.py): on a machine that never compiled best, its first edit after start,
 #             then best and stock at 4 steps CFG 1, fused LoRA switches on best, best at 40 steps CFG 4; then the
-#             next start given the compiled packages the first one kept. Needs gradio: its wheels
+#             next start on the same machine (what the first left: packages, compile caches). Needs gradio: its wheels
 #             (../shared/tools/device-wheels --dest .whl-ui --preset ui) copied into /tmp/wheels by a call of their
 #             own before this one (they and the engine's wheels do not fit one call's 64 MiB)
 # Results go to $RESULTS/<phase>/ (results.json, table.md, chart.png, <phase>.log; default ./bench-results), and with
@@ -45,6 +45,9 @@ MASK=${MASK:-assets/examples/house-mask.png}       # e2e-4-mask's mask, for the 
 # and gain of a served step are measured (bench --help, --step-cache-threshold; "" runs the offered threshold)
 STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD-0.95}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
+# GhostEdit's own Triton kernels: where the package keeps them by default (ghostedit/__init__.py), named here so
+# that the phases which empty every compile cache find it
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-${GHOSTEDIT_HOME:-$HOME/.cache/ghostedit}/triton-cache}
 START=$(date +%s)
 
 bench() {  # bench PHASE ARGS...: one process, its log kept beside its results (in PHASE's folder: the first run's
@@ -84,7 +87,7 @@ first_use() {  # first_use PHASE: the best configuration's first use in a new pr
 
 never_compiled() {  # never_compiled PHASE: first_use with every compile cache emptied, Inductor's, GhostEdit's
   # packages and Triton's own kernels (which a machine kept warm between device calls still has)
-  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "$TRITON_CACHE_DIR"
   first_use "$1"
 }
 
@@ -195,13 +198,13 @@ latency() {
   local best=$BEST repeats=5
   [ -z "${DRY_RUN:-}" ] || { best=${DRY_BEST:-compile=regional}; repeats=2; }
   local edit=(--level latency --width "$SIDE" --height "$SIDE" --warm-up "$best")
-  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "$TRITON_CACHE_DIR"
   bench latency-4 "${edit[@]}" --steps 4 --cfg 1 --repeats "$repeats" --configs "$best" baseline \
     --lora-switch "$repeats" --browser-calls 1 \
     --then --out-dir "$RESULTS/latency-40" --steps 40 --cfg 4 --repeats 2 --configs "$best" --lora-switch 0 \
     --browser-calls 0
-  # the next start finds the compiled packages the first kept in $GHOSTEDIT_HOME (Inductor's own cache emptied)
-  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  # the next start, as `python app.py` again on this machine: it finds what the first start kept (the compiled
+  # packages in $GHOSTEDIT_HOME, Inductor's cache, the Triton kernels'), and Python's bytecode
   bench latency-restart "${edit[@]}" --steps 4 --cfg 1 --repeats 2 --configs "$best"
 }
 
