@@ -81,8 +81,7 @@ class Layout:
 
     def rotary_from(self, start: int) -> Rotary:
         """The rotary factors of the tokens from `start` on."""
-        return tuple(part[start:] for part in self.rotary) if isinstance(self.rotary, tuple) else \
-            self.rotary[start:]
+        return pytree.tree_map(lambda part: part[start:], self.rotary)
 
     @property
     def target_length(self) -> int:
@@ -460,8 +459,7 @@ class QwenImage21DiT(nn.Module):
         prefix_tokens, target_tokens = (0 if from_cache else layout_.prefix_length), layout_.target_length
         if shards is not None:  # this rank's tokens, with their rotary factors
             hidden = shards.own(hidden, 1, not from_cache)
-            rotary = tuple(shards.own(part, 0, not from_cache) for part in rotary) if isinstance(rotary, tuple) \
-                else shards.own(rotary, 0, not from_cache)
+            rotary = pytree.tree_map(lambda part: shards.own(part, 0, not from_cache), rotary)
             prefix_tokens = 0 if from_cache else shards.prefix.own_tokens
             target_tokens = shards.target.own_tokens
         rows = target_rows if from_cache else torch.cat([prefix_row.expand(-1, prefix_tokens, -1),
