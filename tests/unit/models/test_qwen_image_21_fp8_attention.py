@@ -5,7 +5,7 @@ reference images' and the target's spans in FP8, the causal text spans through e
 is handed, the refusal of a padded batch of prompts, the registry's declaration for the 2.1 family, whole edits of
 the tiny 2.1 against the exact backend, and under Ulysses on two gloo processes the one-process image bit for bit (v's
 FP8 scale reduced over the ranks, a cached prefix's values included). The FP8 kernel's own numerics are the GPU's:
-tests/gpu/test_qwen_image_21_fp8_attention.py."""
+tests/gpu/test_qwen21_fp8_attention.py."""
 import contextlib
 import os
 
