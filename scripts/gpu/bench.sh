@@ -18,6 +18,7 @@
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh qwen21    issue 41: Qwen-Image-2.1 (synthetic) against stock DiffSynth, and on a 24 GB card
+#             (or one part: qwen21-1024, qwen21-2048 with the 24 GB card)
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
 #     card-full    every configuration the page offers, one after another in one process on the whole card
 #     lora-switch  fused LoRA switches on the best configuration (rank 32, 840 layers) and a runtime LoRA's scale
@@ -158,8 +159,8 @@ all() { card-full; lora-switch; }
 # Issue 41: Qwen-Image-2.1, the full-size synthetic model, against stock DiffSynth's QwenImage21Pipeline (its
 # QwenImage21DiT, its KV cache on) on the same weights: end to end, first step and cached step for 1024x1024 with one
 # reference (40 steps), Turbo (8 steps), 2048x2048 with one and four references (20 steps), text-to-image (40 steps);
-# then the 24 GB card, emulated, at 1024x1024 (stock, whose DiT would stay in host memory there, left out). One device
-# call (bench --level 2.1 says what a row holds).
+# then the 24 GB card, emulated, at 1024x1024 (stock, whose DiT would stay in host memory there, left out). Two parts,
+# qwen21-1024 and qwen21-2048 (with the 24 GB card), a device call each (bench --level 2.1 says what a row holds).
 # The lossless rewrites ported to 2.1 (real-rope, fused-qkv, cuda-graph) on top of FP8 and compile, each step
 # measured, then the fastest with cuDNN's FP8 attention (lossy: the cached steps wholly in FP8, the cache-filling
 # step's causal text spans exact); at 2048 the fastest two only (the phase's time and memory).
@@ -168,8 +169,10 @@ QWEN21_FP8_ATTENTION="attention=cudnn-fp8,$QWEN21_FAST"
 QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional" "fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv"
                 "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
 QWEN21_2048_CONFIGS=(baseline "fp8=torchao,compile=regional" "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
-qwen21() {
-  local model=synthetic-2.1 configs=("${QWEN21_CONFIGS[@]}") configs_2048=("${QWEN21_2048_CONFIGS[@]}") sized=()
+qwen21() { qwen21-1024; qwen21-2048; }  # both parts, each about five minutes: one device call each where they
+                                        # would not fit one call's ten minutes together
+qwen21_model() {  # sets model, configs, configs_2048 and sized for the 2.1 phases
+  model=synthetic-2.1 configs=("${QWEN21_CONFIGS[@]}") configs_2048=("${QWEN21_2048_CONFIGS[@]}") sized=()
   if [ -n "${DRY_RUN:-}" ]; then  # the tiny 2.1 at 64 px, as a CPU runs the rows: FP8 stored, no CUDA graph, an
     model=tiny-2.1 sized=(--width 64)  # exact attention named in place of the FP8 one (its row's path, not its kernel)
     configs=("${configs[@]//fp8=torchao/fp8=storage}") configs_2048=("${configs_2048[@]//fp8=torchao/fp8=storage}")
@@ -177,10 +180,22 @@ qwen21() {
     configs=("${configs[@]//attention=cudnn-fp8/attention=sdpa-math}")
     configs_2048=("${configs_2048[@]//attention=cudnn-fp8/attention=sdpa-math}")
   fi
+}
+
+qwen21-1024() {
+  local model configs configs_2048 sized
+  qwen21_model
   bench qwen21 --model "$model" --level 2.1 --cases turbo-1024-1ref 1024-1ref --configs "${configs[@]}" "${sized[@]}"
-  # a process of its own: DiffSynth's pipeline ran out of the H100's 80 GB at 2048-4ref (docs/benchmarks.md, 9)
+}
+
+qwen21-2048() {
+  local model configs configs_2048 sized card_80=()
+  qwen21_model
+  # a process of its own: DiffSynth's pipeline ran out of the H100's 80 GB at 2048-4ref (docs/benchmarks.md, 9);
+  # on a larger GPU (an H200's 141 GB) the 80 GB card is emulated (79.2 GiB, what an H100 80GB gives PyTorch)
+  [ -n "${DRY_RUN:-}" ] || card_80=(--gpu-memory 79.2)
   bench qwen21-2048 --model "$model" --level 2.1 --cases 2048-1ref 2048-4ref t2i-1024 \
-    --configs "${configs_2048[@]}" "${sized[@]}"
+    --configs "${configs_2048[@]}" "${sized[@]}" "${card_80[@]}"
   [ -n "${DRY_RUN:-}" ] || bench qwen21-card-24 --model "$model" --level 2.1 --gpu-memory 24 --cases 1024-1ref \
     --configs "fp8=torchao,compile=regional"
 }
@@ -213,7 +228,7 @@ latency() {
 }
 
 case ${1:-} in
-  speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|latency) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|latency" >&2
+  speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|latency) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|latency" >&2
      exit 2 ;;
 esac
