@@ -70,7 +70,8 @@ def test_turbo_runs_its_fixed_sigmas_and_refuses_other_step_counts():
 @pytest.mark.parametrize("setting, choice, words", [
     ("rewrites", "carried-residual", "written for the Qwen-Image-Edit DiT"),
     ("scheduler", "lightning", "Lightning schedule"),
-    ("text-encoder", "compiled", "Qwen3-VL"),
+    ("text-encoder", "joined-windows", "Qwen3-VL, has no windowed attention"),
+    ("vae", "image", "already runs a lone frame as 2-D convolutions"),
 ])
 def test_a_toggle_written_for_the_edit_dit_is_refused_on_2_1_with_its_reason(engine, setting, choice, words):
     value = (choice,) if setting == "rewrites" else choice
