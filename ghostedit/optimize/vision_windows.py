@@ -48,9 +48,9 @@ def install() -> None:
 
 
 def has_windows(text_encoder) -> bool:
-    """Whether the text encoder's vision tower attends within windows (Qwen2.5-VL's: it orders its patches by
-    window, `get_window_index`; Qwen3-VL's does not)."""
-    return callable(getattr(vision_tower(text_encoder), "get_window_index", None))
+    """Whether the text encoder's vision tower attends within windows (Qwen2.5-VL's has a `window_size`: its blocks
+    but `fullatt_block_indexes` attend within windows; Qwen3-VL's has none)."""
+    return getattr(vision_tower(text_encoder), "window_size", None) is not None
 
 
 @contextlib.contextmanager

@@ -61,6 +61,7 @@ def test_the_text_encoders_layers_are_found_by_structure(pipe):
     model = pipe.text_encoder.model.model   # DiffSynth's wrapper > Qwen3VLForConditionalGeneration > Qwen3VLModel
     assert text_encoder_graphs.regions(pipe.text_encoder) == [*model.language_model.layers, *model.visual.blocks]
     assert not vision_windows.has_windows(pipe.text_encoder)
+    assert vision_windows.has_windows(Engine("tiny", device="cpu").load().text_encoder)   # Qwen2.5-VL's
     with pytest.raises(ValueError, match="no windowed attention"):
         with vision_windows.joined_windows(pipe.text_encoder):
             pass
