@@ -103,6 +103,22 @@ def test_graphed_2_1_layers_give_the_eager_embedding_warmed_then_captured_then_r
     assert not any("forward" in vars(layer) for layer in layers)
 
 
+def test_a_graphed_vision_block_is_handed_the_images_boundaries_on_the_host_once_per_forward(pipe):
+    """transformers' SDPA path reads each image's length back to split the attention per image: a graph is handed
+    them on the host (copied once for all the blocks of one forward), a flash-named attention keeps them where
+    they are."""
+    copies = []
+    boundaries = SimpleNamespace(device=torch.device("cuda"),
+                                 cpu=lambda: copies.append(1) or torch.tensor([0, 16, 40], dtype=torch.int32))
+    config = SimpleNamespace(_attn_implementation="sdpa")
+    handed = text_encoder_graphs._boundaries_on_host(config)
+    for _ in range(3):   # a forward's blocks
+        kwargs = handed({"cu_seqlens": boundaries, "max_seqlen": None})
+    assert copies == [1] and kwargs["cu_seqlens"].tolist() == [0, 16, 40] and kwargs["max_seqlen"] is None
+    config._attn_implementation = vision_windows.NAME
+    assert handed({"cu_seqlens": boundaries})["cu_seqlens"] is boundaries
+
+
 def test_a_streamed_2_1_text_encoder_runs_graphed_as_eager_and_says_so(pipe):
     context = _context(pipe, device="cuda")   # a CPU text encoder: as a streamed one on a GPU machine
     said = []
