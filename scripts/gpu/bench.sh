@@ -165,14 +165,16 @@ QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional" "fp8=torchao,compile=reg
 QWEN21_2048_CONFIGS=(baseline "fp8=torchao,compile=regional" "$QWEN21_FAST")
 qwen21() {
   local model=synthetic-2.1 configs=("${QWEN21_CONFIGS[@]}") configs_2048=("${QWEN21_2048_CONFIGS[@]}") sized=()
-  if [ -n "${DRY_RUN:-}" ]; then  # the tiny 2.1 at 64 px, as a CPU runs the rows: FP8 stored, no CUDA graph, no
-    model=tiny-2.1 sized=(--width 64)  # graphed text encoder (compiled instead), the VAE as released (no Triton)
+  if [ -n "${DRY_RUN:-}" ]; then  # the tiny 2.1 at 64 px, as a CPU runs the rows: FP8 stored, no CUDA graph
+    model=tiny-2.1 sized=(--width 64)
     configs=("${configs[@]//fp8=torchao/fp8=storage}") configs_2048=("${configs_2048[@]//fp8=torchao/fp8=storage}")
     configs=("${configs[@]//cuda-graph+/}") configs_2048=("${configs_2048[@]//cuda-graph+/}")
+  fi
+  [ -z "${DRY_RUN:-}" ] || {  # and on a CPU the text encoder compiled instead of graphed, the VAE as released
     configs=("${configs[@]//text-encoder=graphed/text-encoder=compiled}") configs=("${configs[@]//,vae=image-fused/}")
     configs_2048=("${configs_2048[@]//text-encoder=graphed/text-encoder=compiled}")
     configs_2048=("${configs_2048[@]//,vae=image-fused/}")
-  fi
+  }
   bench qwen21 --model "$model" --level 2.1 --cases turbo-1024-1ref 1024-1ref --configs "${configs[@]}" "${sized[@]}"
   # a process of its own: DiffSynth's pipeline ran out of the H100's 80 GB at 2048-4ref (docs/benchmarks.md, 9)
   bench qwen21-2048 --model "$model" --level 2.1 --cases 2048-1ref 2048-4ref t2i-1024 \
