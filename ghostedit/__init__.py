@@ -18,9 +18,12 @@ import os
 
 from .paths import ghostedit_home
 
-# Inductor's compiled graphs and kernels on disk, where a restarted process finds them (its default is in /tmp).
+# Inductor's compiled graphs and kernels on disk, where a restarted process finds them (its default is in /tmp),
+# and Triton's builds of GhostEdit's own kernels (the VAE's fused norms, FP8 casts; its default is ~/.triton, which a
+# new machine given only GHOSTEDIT_HOME, a Space's persistent storage, does not keep).
 # Set before torch is imported: importing torchao, PEFT or DiffSynth fixes Inductor's cache folder for the process.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ghostedit_home() / "inductor-cache"))
+os.environ.setdefault("TRITON_CACHE_DIR", str(ghostedit_home() / "triton-cache"))
 
 __all__ = ["EditRequest", "LoraChoice", "OptimizationConfig"]
 

@@ -254,9 +254,15 @@ def attend(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tenso
     joined and cast in one pass, by the FP8 `backend`; the output in the values' dtype, [batch, seq, heads,
     head_dim]."""
     output, output_descale = attend_as_written(q8, q_descale, k8, k_descale, values, backend, v_scale)
+    return real_values(output, output_descale, values[0].dtype)
+
+
+def real_values(output: torch.Tensor, output_descale: torch.Tensor | None, dtype) -> torch.Tensor:
+    """An FP8 attention's output as attend_as_written gives it (FP8 with its factor, or real values with None), as
+    real values in `dtype`."""
     if output_descale is None:
-        return output.to(values[0].dtype)
-    return dequantized(output, output_descale, values[0].dtype)
+        return output.to(dtype)
+    return dequantized(output, output_descale, dtype)
 
 
 def attend_as_written(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.Tensor], k_descale: torch.Tensor,
@@ -286,9 +292,10 @@ def attend_fp8(q8: list[torch.Tensor], q_descale: torch.Tensor, k8: list[torch.T
 
 
 def fp8_parts(parts, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Each part cast to FP8 with `scale` (None: the parts' largest magnitude's), and the factor that undoes it."""
+    """Each part cast to FP8 with `scale` (None: the parts' largest magnitude's, empty parts left out: a cached
+    prefix's stream has no queries), and the factor that undoes it."""
     if scale is None:
-        scale = fp8_scale(torch.stack([largest_magnitude(part) for part in parts]).amax())
+        scale = fp8_scale(torch.stack([largest_magnitude(part) for part in parts if part.numel()]).amax())
     cast = [_scaled_fp8(part, scale) for part in parts]
     return [part8 for part8, _ in cast], cast[0][1]
 

@@ -10,10 +10,11 @@ a toggle changes the forward, the forward calls a seam:
 
 attention        `attention(streams, options, ...)`: one dispatch over every backend by `options.attention` (SDPA's
                  kernels, FlashAttention-2/3/4, SageAttention, the FP8 attentions, DiffSynth's own), for streams
-                 joined along the sequence; masks (dense, or block-causal `Segments` computed segment by segment),
-                 keys and values of a cached prefix, and the FP8 scales of q and k where bounds are known. Under a
+                 joined along the sequence; masks (dense, or block-causal `Segments` computed segment by segment:
+                 with an FP8 attention the spans that need no mask in FP8, the causal ones exact), keys and values
+                 of a cached prefix, and the FP8 scales of q and k where bounds are known (`normed_bound`). Under a
                  sequence split the split's all-to-alls go around it, and per-tensor FP8 scales are computed over
-                 the whole sequence (the one-process image).
+                 the whole sequence, a cached prefix's values included (the one-process image).
 linear           every projection is a module attribute called as a module: preparation replaces it (torchao's FP8
                  linear, Transformer Engine's, a runtime LoRA's PEFT layer) and the forward does not change.
                  `fp8_linear(layer, values, scales)` hands rows already in FP8 (a fused kernel's) to torchao's FP8
@@ -279,8 +280,9 @@ def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bsh
         if layout == "bhsd":
             streams = [tuple(t.transpose(1, 2) for t in stream) for stream in streams]
         scales = fp8_scales
-        if options.attention in backends.FP8_BACKENDS:
-            scales = (*fp8_scales, value_scale([stream[2] for stream in streams], split))
+        if options.attention in backends.FP8_BACKENDS:  # v's scale over every value attended, as one process's
+            values = [stream[2] for stream in streams] + ([prefix[1]] if prefix is not None else [])
+            scales = (*fp8_scales, value_scale(values, split))
         heads = streams[0][0].shape[2] // split.degree
         local = split.attention(streams, sharded, lambda parts: _local(parts, options, "bshd", mask, prefix, scales,
                                                                        diffsynth, keep).unflatten(-1, (heads, -1)))
@@ -289,10 +291,19 @@ def attention(streams: Sequence[QKV], options: DitOptions, *, layout: str = "bsh
 
 
 def value_scale(values: Sequence[torch.Tensor], split: SequenceSplit) -> torch.Tensor:
-    """The FP8 scale of v over the whole sequence where this rank holds part of it: its largest magnitude reduced
-    over the ranks, so every rank casts v as one process does."""
+    """The FP8 scale of v over the whole sequence where this rank holds part of it (some tokens, or some heads of a
+    cached prefix): its largest magnitude reduced over the ranks, so every rank casts v as one process does."""
     local = torch.stack([fp8_attention.largest_magnitude(part) for part in values]).amax()
     return fp8_attention.fp8_scale(split.all_max(local))
+
+
+def normed_bound(norms: Sequence[torch.nn.Module], head_dim: int) -> torch.Tensor:
+    """The largest magnitude q or k can take after RMSNorms with these weights and a rotary embedding, with a margin
+    for bf16 rounding: an RMS-normalized row of `head_dim` values has none above sqrt(head_dim), the weight scales
+    it, and RoPE rotates pairs without changing their length. What an FP8 attention's scale of q or k is made from
+    at preparation (a family's `fp8_scales`)."""
+    largest = torch.stack([norm.weight.detach().abs().amax().float() for norm in norms]).amax()
+    return largest * (head_dim ** 0.5 * 1.02)
 
 
 def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, diffsynth, keep) -> torch.Tensor:
@@ -301,10 +312,12 @@ def _local(streams, options: DitOptions, layout: str, mask, prefix, fp8_scales, 
         keep(*_keys_and_values(streams, layout))
     backend = options.attention
     if backend in backends.FP8_BACKENDS:
-        if mask is not None:
-            raise RuntimeError(f"the FP8 attention {backend} takes no attention mask")
         if layout == "bhsd":
             streams = [tuple(t.transpose(1, 2) for t in stream) for stream in streams]
+        if isinstance(mask, Segments) and prefix is None:
+            return _fp8_segments(streams, mask, backend, fp8_scales)
+        if mask is not None:
+            raise RuntimeError(f"the FP8 attention {backend} takes no attention mask")
         q_scale, k_scale, *v_scale = fp8_scales
         if prefix is not None:
             streams = _with_prefix_keys(streams, prefix)
@@ -346,32 +359,72 @@ def attend_heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backen
         return diffsynth(q, k, v, mask)
     if mask is not None or backend == FLEX:  # masked attention (and flex's where no block structure is left, a
         # step from the prefix cache): PyTorch SDPA's own choice of kernel
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2)
+        return _masked(q, k, v, mask)
     if backend in backends.SDPA_BACKENDS:
         return backends.SDPA_BACKENDS[backend](q, k, v).transpose(1, 2).flatten(2)
     return backends.EXTERNAL[backend](q, k, v).flatten(2)
 
 
-def _segments(q, k, v, segments: Segments, backend: str, diffsynth) -> torch.Tensor:
-    """Block-causal attention span by span (as diffusers' QwenImage21AttnProcessor computes it): a span attends to
-    the keys up to its end, a causal span with a triangle over its own keys; the target's queries attend to every
-    key. Exact: the chosen backend where a span needs no mask, masked spans as attend_heads_first runs masks."""
+def _masked(q, k, v, mask) -> torch.Tensor:
+    """Masked attention, [batch, heads, seq, head_dim] in: PyTorch SDPA's own choice of kernel, exact."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2)
+
+
+def _by_span(segments: Segments, length: int, device, attend: Callable) -> torch.Tensor:
+    """Block-causal attention span by span (as diffusers' QwenImage21AttnProcessor computes it) over `length`
+    queries: a span attends to the keys up to its end, a causal span with a triangle over its own keys; the
+    target's queries attend to every key; a padded key (`key_valid` False) by none. `attend(start, end, keys, mask)`
+    gives the queries [start, end) over the keys [0, keys) (None: every key) under `mask` (None: no mask, every
+    one of those keys), [batch, queries, heads * head_dim]."""
     valid = segments.key_valid
     outputs = []
     for start, end, causal in segments.spans:
         span_mask = None
         if causal:
-            length = end - start
-            span_mask = torch.cat([torch.ones(length, start, dtype=torch.bool, device=q.device),
-                                   torch.ones(length, length, dtype=torch.bool, device=q.device).tril()], dim=1)
+            count = end - start
+            span_mask = torch.cat([torch.ones(count, start, dtype=torch.bool, device=device),
+                                   torch.ones(count, count, dtype=torch.bool, device=device).tril()], dim=1)
         if valid is not None:
             keys_valid = valid[:, None, None, :end]
             span_mask = keys_valid if span_mask is None else span_mask & keys_valid
-        outputs.append(attend_heads_first(q[:, :, start:end], k[:, :, :end], v[:, :, :end], backend, span_mask,
-                                          diffsynth))
+        outputs.append(attend(start, end, end, span_mask))
     target_mask = None if valid is None else valid[:, None, None, :]
-    outputs.append(attend_heads_first(q[:, :, segments.prefix_end:], k, v, backend, target_mask, diffsynth))
+    outputs.append(attend(segments.prefix_end, length, None, target_mask))
     return torch.cat(outputs, dim=1)
+
+
+def _segments(q, k, v, segments: Segments, backend: str, diffsynth) -> torch.Tensor:
+    """Block-causal attention of q, k, v [batch, heads, seq, head_dim], exact: the chosen backend where a span needs
+    no mask, masked spans as attend_heads_first runs masks."""
+    return _by_span(segments, q.shape[2], q.device, lambda start, end, keys, mask: attend_heads_first(
+        q[:, :, start:end], k[:, :, :keys], v[:, :, :keys], backend, mask, diffsynth))
+
+
+def _fp8_segments(streams, segments: Segments, backend: str, fp8_scales) -> torch.Tensor:
+    """Block-causal attention with an FP8 attention, streams [batch, seq, heads, head_dim]: what a forward that
+    fills a prefix cache runs (the cached steps attend with no mask, wholly in FP8). The spans that need no mask
+    run the FP8 kernel: a reference image's queries over the keys up to its end, the target's over every key (the
+    bulk of the work: it has as many queries as the cached steps and more keys). A causal text span needs its
+    triangle, which the FP8 kernels do not take, and runs exact (PyTorch SDPA with the mask; a few hundred queries).
+    q, k and v are cast to FP8 once, each with one scale over the whole sequence (given: q's and k's from their
+    bounds, v's reduced over a sequence split's ranks; else their largest values'), and every span reads slices of
+    them: the same FP8 values whatever the span."""
+    if segments.key_valid is not None:
+        raise RuntimeError(f"the FP8 attention {backend} takes no attention mask, and padded prompts in a batch "
+                           "mask their padding keys: run the prompts one at a time, or choose an exact attention")
+    q, k, v = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in zip(*streams))
+    q_scale, k_scale, *v_scale = fp8_scales
+    (q8,), q_descale = fp8_attention.fp8_parts([q], q_scale)
+    (k8,), k_descale = fp8_attention.fp8_parts([k], k_scale)
+    (v8,), v_descale = fp8_attention.fp8_parts([v], v_scale[0] if v_scale else None)
+
+    def attend(start, end, keys, mask):
+        if mask is not None:  # a causal span
+            return _masked(*(t.transpose(1, 2) for t in (q[:, start:end], k[:, :keys], v[:, :keys])), mask)
+        output, descale = fp8_attention.attend_fp8([q8[:, start:end]], q_descale, [k8[:, :keys]], k_descale,
+                                                   [v8[:, :keys]], v_descale, backend)
+        return fp8_attention.real_values(output, descale, v.dtype).flatten(2)
+    return _by_span(segments, q.shape[1], q.device, attend)
 
 
 def _flex(q, k, v, segments: Segments, layout: str) -> torch.Tensor:

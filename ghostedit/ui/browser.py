@@ -35,6 +35,8 @@ CSS = """
 /* captions of the galleries whole, on as many lines as they need */
 #outputs_gallery .caption-label, #run_images .caption-label {white-space: normal; overflow: visible;
                                                                  text-overflow: clip; max-width: none}
+/* a batch's or the variants' gallery, hidden while it holds nothing (a single image is the slider's second) */
+#run_images:not(:has(img)) {display: none}
 /* an output with transparency (Qwen-Image-2.1's RGBA) on a checkerboard */
 #result img, #run_images img {background: repeating-conic-gradient(#c8c8c8 0% 25%, #ffffff 0% 50%) 50% / 16px 16px
   !important}

@@ -83,8 +83,8 @@ class Handlers:
     # Values arrive as sent, unprocessed by Gradio (layout._wire_edit), as {API parameter: value}: the engine's
     # objects check every one. layout.py gives these methods their API signature (api.py).
     def edit(self, values: dict, history: History, request: gr.Request, progress):
-        """`count` images of one edit, with seeds seed, seed+1, ...: each joins the history, all show in the run's
-        gallery; a batch ends with its total."""
+        """`count` images of one edit, with seeds seed, seed+1, ...: each joins the history; a batch's show in the
+        run's gallery (one image shows as the before/after pair's second only) and it ends with its total."""
         started = time.perf_counter()
         try:
             config = panel_config(self.loras, values)
@@ -107,8 +107,10 @@ class Handlers:
             status = live.done_status(result, heading)
             if index == len(edits) > 1:
                 status = live.batch_status(results, time.perf_counter() - batch_started) + "\n\n" + status
+            # one image is the pair's second already: every file in the answer is one more request for a client
+            # (gradio_client fetches each file of a streamed answer twice, each with its own connection set-up)
             yield (status, before_after, live.run_summary(result), live.result_json(result, record.number, serving),
-                   history.table(), images, history)
+                   history.table(), images if len(edits) > 1 else [], history)
             started = time.perf_counter()  # the next image's own time
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):

@@ -151,8 +151,9 @@ def _outputs(ui: SimpleNamespace, engine) -> None:
                                elem_id="result", height=380, buttons=["fullscreen"])
     ui.download_png = gr.File(label="The outputs as PNG (full quality), once shown", interactive=False,
                               file_count="multiple", height=90, elem_id="download_png")
-    ui.images = gr.Gallery(label="This run's images (one per seed)", columns=4, height=160, object_fit="contain",
-                           buttons=["fullscreen"], elem_id="run_images")
+    # shown while it holds a batch's or the variants' images (ui/browser.py's style; one image is the slider's)
+    ui.images = gr.Gallery(label="This run's images (one per seed or variant)", columns=4, height=160,
+                           object_fit="contain", buttons=["fullscreen"], elem_id="run_images")
     with gr.Accordion("Run details: stages, memory, what each toggle did", open=True):
         ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
         with gr.Accordion("Run telemetry (JSON)", open=False):
@@ -355,7 +356,8 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
                                   "`count` times with seeds seed, seed+1, .... "
                                   "Streams the live status and progress (stage, step, s/step, elapsed, ETA, memory) "
                                   "at every step, then returns the before/after pair, the run summary, the run's "
-                                  "telemetry (JSON), the session's comparison table and the run's images.", names),
+                                  "telemetry (JSON), the session's comparison table and, when count > 1, the run's "
+                                  "images (one image is the pair's second).", names),
                      handlers.engine.spec, runs_for=lambda arguments: arguments.get("count") or 1)
     variants_fn = on_gpu(api.endpoint(handlers.run_variants, "Runs the same edit under several configurations in one "
                                       "go: the stock baseline, the baseline plus one panel setting each, or the "

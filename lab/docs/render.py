@@ -609,8 +609,8 @@ LATENCY_PARTS = ("latency-4", "latency-40", "latency-restart")
 def latency() -> str:
     """Issue 44: what a person waits for through the app (bench/latency.py): each case's client wait beside the
     engine's total and where the difference goes (outside the handler in parts, where the run recorded them), and
-    the first edit after start, on a machine that never compiled its configuration and on the next start given the
-    compiled packages the first kept: the app's start step by step (where the run recorded it) and the start-up
+    the first edit after start, on a machine that never compiled its configuration and on the next start on the
+    same machine (python app.py again): the app's start step by step (where the run recorded it) and the start-up
     warm-up's stages."""
     summaries = [(part, line) for part in LATENCY_PARTS for line in results(part)["summary"]]
     rows = [{"run": part, "case": f"{name(line) if line['text'] is not None else line['config']}: {line['kind']}",
@@ -629,7 +629,8 @@ def latency() -> str:
                                            **LATENCY_OUTSIDE}))
     first = []
     for part, words in (("latency-4", "on a machine that never compiled it"),
-                        ("latency-restart", "on the next start, given the compiled packages the first kept")):
+                        ("latency-restart", "on the next start on the same machine (`python app.py` again: the compiled "
+                                            "packages, compile caches and bytecode the first start left)")):
         found = results(part)
         row = next(row for row in found["rows"] if row["kind"] == "first edit after start")
         first.append(f"- {words}: the page answered {row['page_up_s']:.1f} s after `ghostedit serve` started, the "

@@ -18,13 +18,14 @@
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh qwen21    issue 41: Qwen-Image-2.1 (synthetic) against stock DiffSynth, and on a 24 GB card
+#             (or one part: qwen21-1024, qwen21-2048 with the 24 GB card)
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
 #     card-full    every configuration the page offers, one after another in one process on the whole card
 #     lora-switch  fused LoRA switches on the best configuration (rank 32, 840 layers) and a runtime LoRA's scale
 #   scripts/gpu/bench.sh latency   issue 44: what a person waits for, through the real app and gradio_client
 #             (ghostedit/bench/latency.py): on a machine that never compiled best, its first edit after start,
 #             then best and stock at 4 steps CFG 1, fused LoRA switches on best, best at 40 steps CFG 4; then the
-#             next start given the compiled packages the first one kept. Needs gradio: its wheels
+#             next start on the same machine (what the first left: packages, compile caches). Needs gradio: its wheels
 #             (../shared/tools/device-wheels --dest .whl-ui --preset ui) copied into /tmp/wheels by a call of their
 #             own before this one (they and the engine's wheels do not fit one call's 64 MiB)
 # Results go to $RESULTS/<phase>/ (results.json, table.md, chart.png, <phase>.log; default ./bench-results), and with
@@ -45,6 +46,9 @@ MASK=${MASK:-assets/examples/house-mask.png}       # e2e-4-mask's mask, for the 
 # and gain of a served step are measured (bench --help, --step-cache-threshold; "" runs the offered threshold)
 STEP_CACHE_THRESHOLD=${STEP_CACHE_THRESHOLD-0.95}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/ghostedit-bench-inductor-cache}
+# GhostEdit's own Triton kernels: where the package keeps them by default (ghostedit/__init__.py), named here so
+# that the phases which empty every compile cache find it
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-${GHOSTEDIT_HOME:-$HOME/.cache/ghostedit}/triton-cache}
 START=$(date +%s)
 
 bench() {  # bench PHASE ARGS...: one process, its log kept beside its results (in PHASE's folder: the first run's
@@ -84,7 +88,7 @@ first_use() {  # first_use PHASE: the best configuration's first use in a new pr
 
 never_compiled() {  # never_compiled PHASE: first_use with every compile cache emptied, Inductor's, GhostEdit's
   # packages and Triton's own kernels (which a machine kept warm between device calls still has)
-  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "$TRITON_CACHE_DIR"
   first_use "$1"
 }
 
@@ -155,30 +159,48 @@ all() { card-full; lora-switch; }
 # Issue 41: Qwen-Image-2.1, the full-size synthetic model, against stock DiffSynth's QwenImage21Pipeline (its
 # QwenImage21DiT, its KV cache on) on the same weights: end to end, first step and cached step for 1024x1024 with one
 # reference (40 steps), Turbo (8 steps), 2048x2048 with one and four references (20 steps), text-to-image (40 steps);
-# then the 24 GB card, emulated, at 1024x1024 (stock, whose DiT would stay in host memory there, left out). One device
-# call (bench --level 2.1 says what a row holds).
+# then the 24 GB card, emulated, at 1024x1024 (stock, whose DiT would stay in host memory there, left out). Two parts,
+# qwen21-1024 and qwen21-2048 (with the 24 GB card), a device call each (bench --level 2.1 says what a row holds).
 # The lossless rewrites ported to 2.1 (real-rope, fused-qkv, cuda-graph) on top of FP8 and compile, each step
-# measured; at 2048 the fastest only (the phase's time and memory).
+# measured (the fastest also with the text encoder graphed and the VAE's norms fused), then the fastest with cuDNN's
+# FP8 attention (lossy: the cached steps wholly in FP8, the cache-filling step's causal text spans exact); at 2048 the
+# fastest two only (the phase's time and memory).
 QWEN21_FAST="fp8=torchao,compile=regional,rewrites=cuda-graph+real-rope+fused-qkv,text-encoder=graphed,vae=image-fused"
+QWEN21_FP8_ATTENTION="attention=cudnn-fp8,$QWEN21_FAST"
 QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional" "fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv"
-                "$QWEN21_FAST")
-QWEN21_2048_CONFIGS=(baseline "fp8=torchao,compile=regional" "$QWEN21_FAST")
-qwen21() {
-  local model=synthetic-2.1 configs=("${QWEN21_CONFIGS[@]}") configs_2048=("${QWEN21_2048_CONFIGS[@]}") sized=()
-  if [ -n "${DRY_RUN:-}" ]; then  # the tiny 2.1 at 64 px, as a CPU runs the rows: FP8 stored, no CUDA graph
-    model=tiny-2.1 sized=(--width 64)
+                "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
+QWEN21_2048_CONFIGS=(baseline "fp8=torchao,compile=regional" "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
+qwen21() { qwen21-1024; qwen21-2048; }  # both parts, each about five minutes: one device call each where they
+                                        # would not fit one call's ten minutes together
+qwen21_model() {  # sets model, configs, configs_2048 and sized for the 2.1 phases
+  model=synthetic-2.1 configs=("${QWEN21_CONFIGS[@]}") configs_2048=("${QWEN21_2048_CONFIGS[@]}") sized=()
+  if [ -n "${DRY_RUN:-}" ]; then  # the tiny 2.1 at 64 px, as a CPU runs the rows: FP8 stored, no CUDA graph, an
+    model=tiny-2.1 sized=(--width 64)  # exact attention named in place of the FP8 one (its row's path, not its kernel),
+    # the text encoder compiled instead of graphed, the VAE as released (its fused norms are Triton's)
     configs=("${configs[@]//fp8=torchao/fp8=storage}") configs_2048=("${configs_2048[@]//fp8=torchao/fp8=storage}")
     configs=("${configs[@]//cuda-graph+/}") configs_2048=("${configs_2048[@]//cuda-graph+/}")
-  fi
-  [ -z "${DRY_RUN:-}" ] || {  # and on a CPU the text encoder compiled instead of graphed, the VAE as released
+    configs=("${configs[@]//attention=cudnn-fp8/attention=sdpa-math}")
+    configs_2048=("${configs_2048[@]//attention=cudnn-fp8/attention=sdpa-math}")
     configs=("${configs[@]//text-encoder=graphed/text-encoder=compiled}") configs=("${configs[@]//,vae=image-fused/}")
     configs_2048=("${configs_2048[@]//text-encoder=graphed/text-encoder=compiled}")
     configs_2048=("${configs_2048[@]//,vae=image-fused/}")
-  }
+  fi
+}
+
+qwen21-1024() {
+  local model configs configs_2048 sized
+  qwen21_model
   bench qwen21 --model "$model" --level 2.1 --cases turbo-1024-1ref 1024-1ref --configs "${configs[@]}" "${sized[@]}"
-  # a process of its own: DiffSynth's pipeline ran out of the H100's 80 GB at 2048-4ref (docs/benchmarks.md, 9)
+}
+
+qwen21-2048() {
+  local model configs configs_2048 sized card_80=()
+  qwen21_model
+  # a process of its own: DiffSynth's pipeline ran out of the H100's 80 GB at 2048-4ref (docs/benchmarks.md, 9);
+  # on a larger GPU (an H200's 141 GB) the 80 GB card is emulated (79.2 GiB, what an H100 80GB gives PyTorch)
+  [ -n "${DRY_RUN:-}" ] || card_80=(--gpu-memory 79.2)
   bench qwen21-2048 --model "$model" --level 2.1 --cases 2048-1ref 2048-4ref t2i-1024 \
-    --configs "${configs_2048[@]}" "${sized[@]}"
+    --configs "${configs_2048[@]}" "${sized[@]}" "${card_80[@]}"
   [ -n "${DRY_RUN:-}" ] || bench qwen21-card-24 --model "$model" --level 2.1 --gpu-memory 24 --cases 1024-1ref \
     --configs "fp8=torchao,compile=regional"
 }
@@ -200,18 +222,18 @@ latency() {
   local best=$BEST repeats=5
   [ -z "${DRY_RUN:-}" ] || { best=${DRY_BEST:-compile=regional}; repeats=2; }
   local edit=(--level latency --width "$SIDE" --height "$SIDE" --warm-up "$best")
-  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${GHOSTEDIT_HOME:?}/compiled" "$TRITON_CACHE_DIR"
   bench latency-4 "${edit[@]}" --steps 4 --cfg 1 --repeats "$repeats" --configs "$best" baseline \
     --lora-switch "$repeats" --browser-calls 1 \
     --then --out-dir "$RESULTS/latency-40" --steps 40 --cfg 4 --repeats 2 --configs "$best" --lora-switch 0 \
     --browser-calls 0
-  # the next start finds the compiled packages the first kept in $GHOSTEDIT_HOME (Inductor's own cache emptied)
-  rm -rf "$TORCHINDUCTOR_CACHE_DIR" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  # the next start, as `python app.py` again on this machine: it finds what the first start kept (the compiled
+  # packages in $GHOSTEDIT_HOME, Inductor's cache, the Triton kernels'), and Python's bytecode
   bench latency-restart "${edit[@]}" --steps 4 --cfg 1 --repeats 2 --configs "$best"
 }
 
 case ${1:-} in
-  speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|latency) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|latency" >&2
+  speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|latency) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|latency" >&2
      exit 2 ;;
 esac

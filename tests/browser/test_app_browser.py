@@ -167,6 +167,8 @@ def fill_edit(page, prompt="turn it into a haunted house at night", image=ASSETS
         summary = page.locator("#generation_section .label-wrap")
         for attempt in range(3):  # a section's fields mount when it opens: a value typed at that moment can be lost
             for elem_id, value in SMALL:
+                if attempt:  # a field that kept its value would send no change, and the summary none
+                    set_number(page, elem_id, value + 1)
                 set_number(page, elem_id, value)
             try:
                 expect(summary).to_contain_text("2 steps · CFG 4 · seed 0 · 128×128", timeout=5_000)
@@ -275,6 +277,7 @@ def test_desktop_first_screen_runs_and_the_charts_are_right_from_the_first_run(b
     page.evaluate("window.scrollTo(0, 0)")
     run_and_wait(page, 1, lambda: page.locator("#prompt textarea").press("Control+Enter"))
     assert "Done in" in status(page) and page.locator("#result img").count() == 2  # before and after
+    assert not page.locator("#run_images").is_visible()  # one image: the pair's second, no gallery of one
     assert re.fullmatch(r"\d+\.\d\d", page.locator("#waited").inner_text()), page.locator("#waited").inner_text()
     chart = time_chart(page, 1)  # the first run of a fresh session
     assert_bars_match_the_seconds(chart, comparison_rows(page))
@@ -450,11 +453,13 @@ def test_batch_reuse_double_click_clear_and_the_theme(browser, app):
     run_and_wait(page, 3)
     said = status(page)
     assert re.search(r"3 images in \d+\.\d\d s", said) and "image 3" in said, said
+    expect(page.locator("#run_images img")).to_have_count(3)  # the batch's gallery, one per seed
 
     set_number(page, "count", 1)
     run_and_wait(page, 4, lambda: page.locator("#run").dblclick())
     page.wait_for_timeout(3000)  # a second run would have joined by now
     assert runs_shown(page) == 4
+    expect(page.locator("#run_images")).to_be_hidden()  # a single image again: the gallery goes
 
     page.locator("#input_image button[aria-label='Remove Image']").first.click()
     page.locator("#prompt textarea").fill("something else")

@@ -194,10 +194,10 @@ def test_a_rewrite_computes_the_released_forward_bit_for_bit_with_and_without_th
 
 
 def test_every_toggle_says_whether_it_applies_to_2_1():
-    """Each toggle applies to 2.1's DiT or gives a reason; the ones that apply: attention (SDPA's kernels, flex),
-    compile (and its Inductor options), FP8 (torchao), memory placement, the schedule, the prefix cache, CUDA
-    graphs, the lossless rewrites real-rope and fused-qkv (with joint-layout, which names 2.1's only layout), the
-    step cache, the text encoder's (compiled, graphed) and the VAE's (image-fused) choices."""
+    """Each toggle applies to 2.1's DiT or gives a reason; the ones that apply: attention (SDPA's kernels, flex, the
+    FP8 attentions), compile (and its Inductor options), FP8 (torchao), memory placement, the schedule, the prefix
+    cache, CUDA graphs, the lossless rewrites real-rope and fused-qkv (with joint-layout, which names 2.1's only
+    layout), the step cache, the text encoder's (compiled, graphed) and the VAE's (image-fused) choices."""
     from ghostedit.models.family import QWEN_IMAGE_21_DIT
     from ghostedit.optimize import registry
 
@@ -210,6 +210,7 @@ def test_every_toggle_says_whether_it_applies_to_2_1():
         assert reason is None or len(reason) > 40, f"{toggle.name}: a reason a person can read"
     options = registry.options("cpu", QWEN_IMAGE_21_DIT)
     assert options["attention"]["flex"].ok and not options["attention"]["fa3"].ok
+    assert registry.family_availability(registry.get("attention"), "cudnn-fp8", QWEN_IMAGE_21_DIT).ok
     te = registry.family_availability(registry.get("fp8"), "te", QWEN_IMAGE_21_DIT)
     assert not te.ok and "torchao" in te.reason
 

@@ -1,6 +1,6 @@
 """What the GPU tier's tests share: each runs its script beside it (graph_check.py, parallel_smoke.py, seed_check.py,
-text_encoder_graph_check.py) in a process of its own, as on the GPU machine, where they run from the repository root
-after `source scripts/gpu/setup.sh`:  python -m pytest -m gpu tests/gpu
+qwen21_fp8_attention.py, text_encoder_graph_check.py) in a process of its own, as on the GPU machine, where they run
+from the repository root after `source scripts/gpu/setup.sh`:  python -m pytest -m gpu tests/gpu
 One script at a time, whatever pytest-xdist does: each builds the full-size synthetic model on the one GPU."""
 import fcntl
 import subprocess

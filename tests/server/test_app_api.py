@@ -71,17 +71,20 @@ def test_two_configurations_give_two_comparison_rows(app):
 
 
 def test_views_are_jpeg_and_the_download_is_the_lossless_png(app):
-    """The before/after and the run's images travel as JPEG (quick to encode); /comparison gives the latest run's
-    output as a PNG, the engine's pixels, which the JPEG view is close to."""
+    """The before/after and a batch's images travel as JPEG (quick to encode), a single image once, as the pair's
+    second (each file is one more request for the client); /comparison gives the latest run's output as a PNG, the
+    engine's pixels, which the JPEG view is close to."""
     session = client(app)
     result = session.predict(**inputs(seed=5), api_name="/edit")
     before, after = result[BEFORE_AFTER]
     assert Image.open(before).format == Image.open(after).format == "JPEG"
-    assert Image.open(result[IMAGES][0]["image"]).format == "JPEG"
+    assert result[IMAGES] == []
     (png,) = lossless(session)
     assert Image.open(png).format == "PNG" and Image.open(png).size == Image.open(after).size
     view, made = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float64) for path in (after, png))
     assert 10 * math.log10(255**2 / np.mean((view - made) ** 2)) > 30  # quality 95: close to the output
+    batch = session.predict(**inputs(seed=5, steps=2), count=2, api_name="/edit")
+    assert len(batch[IMAGES]) == 2 and all(Image.open(item["image"]).format == "JPEG" for item in batch[IMAGES])
 
 
 def test_identical_second_run_is_a_cache_hit(app):

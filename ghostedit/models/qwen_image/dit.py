@@ -388,13 +388,10 @@ class JointAttention(torch.nn.Module):
         return self.to_out[0], self.to_add_out
 
     def qk_bounds(self) -> dict[str, torch.Tensor]:
-        """The largest magnitudes the normalized and rotated q and k can take, over both streams, with a margin for
-        bf16 rounding: q and k come out of RMSNorms with weights, so |q| <= sqrt(head_dim) * max|norm weight|, and
-        RoPE rotates pairs without changing their length."""
-        def bound(*norms):
-            largest = torch.stack([norm.weight.detach().abs().amax().float() for norm in norms]).amax()
-            return largest * (self.head_dim ** 0.5 * 1.02)
-        return {"q": bound(self.norm_q, self.norm_added_q), "k": bound(self.norm_k, self.norm_added_k)}
+        """The largest magnitudes the normalized and rotated q and k can take, over both streams (seams.normed_bound:
+        q and k come out of RMSNorms with weights, then RoPE)."""
+        return {"q": seams.normed_bound((self.norm_q, self.norm_added_q), self.head_dim),
+                "k": seams.normed_bound((self.norm_k, self.norm_added_k), self.head_dim)}
 
     def fp8_scales(self) -> None:
         """The FP8 scales of q and k worked out once from their bounds, for an FP8 attention (LoRAs change linear

@@ -12,6 +12,9 @@ every step: the first step fills a prefix cache with them and later steps comput
 Where the run's choices attach, the forward calls the seams (models/seams.py; the options travel down in `DitOptions`):
 - attention: `attention(...)` over the block-causal `Segments` (span by span through the backend the options name,
   or one flex_attention call), or, from the cache, the target's queries over the cached prefix and its own keys;
+  with an FP8 attention (its q and k scales from their norms' bounds, set at preparation: `Attention.fp8_scales`)
+  a cached step attends wholly in FP8 and the step that fills the cache runs the reference images' and the
+  target's spans in FP8, the causal text spans exact; a padded batch of prompts (a mask on every step) is refused;
 - linear: every projection is an `nn.Linear` attribute of its module (`to_q`, `img_mlp.proj`, ...), so a quantizer
   (torchao's FP8) replaces the weights in place and the forward does not change;
 - block loop: `QwenImage21DiT.run_blocks` runs `blocks` in order, each an `nn.Module` of its own (regional compile
@@ -50,9 +53,11 @@ import torch.utils._pytree as pytree
 from diffsynth.core.attention import attention_forward
 from torch import nn
 
+from ...kernels import fp8_attention
+from ...kernels.attention import FP8_BACKENDS
 from ..rotary import cos_sin, real_rotation
 from ..seams import (FLEX, DitOptions, PrefixStep, Segments, SequenceSplit, attention, flex_block_mask, fused_linear,
-                     joinable_parts)
+                     joinable_parts, normed_bound)
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
 # fused_qkv's projection, with the released projections it joins in the order of its output rows
@@ -81,8 +86,7 @@ class Layout:
 
     def rotary_from(self, start: int) -> Rotary:
         """The rotary factors of the tokens from `start` on."""
-        return tuple(part[start:] for part in self.rotary) if isinstance(self.rotary, tuple) else \
-            self.rotary[start:]
+        return pytree.tree_map(lambda part: part[start:], self.rotary)
 
     @property
     def target_length(self) -> int:
@@ -142,6 +146,10 @@ def layout(image_mask: torch.Tensor, img_shapes: list[tuple[int, int, int]], pro
     text_positions = (~is_image).nonzero(as_tuple=True)[0]
     vl_text_positions = (~image_mask[0]).nonzero(as_tuple=True)[0]
     key_valid = None
+    if prompt_mask is not None and options.attention in FP8_BACKENDS:
+        raise ValueError(f"the FP8 attention {options.attention} takes no attention mask, and this batch of prompts "
+                         "of different lengths needs one at every step (the shorter prompts' padding keys masked): "
+                         "run the prompts one at a time, or choose an exact attention backend")
     if prompt_mask is not None:
         key_valid = torch.ones(prompt_mask.shape[0], length, dtype=torch.bool, device=device)
         key_valid[:, text_positions.to(device)] = prompt_mask.bool()[:, vl_text_positions.to(prompt_mask.device)]
@@ -302,6 +310,9 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(heads * head_dim, dim, bias=False)])
         self.norm_q = RMSNorm(head_dim, eps)
         self.norm_k = RMSNorm(head_dim, eps)
+        # the FP8 scales of q and k from their bounds (set at preparation for an FP8 attention: fp8_scales)
+        self.register_buffer("q_scale", None, persistent=False)
+        self.register_buffer("k_scale", None, persistent=False)
 
     def forward(self, x, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool, options: DitOptions,
                 shards: Shards | None) -> tuple[torch.Tensor, tuple | None]:
@@ -329,8 +340,14 @@ class Attention(nn.Module):
             streams = [tuple(t[:, :own_prefix] for t in streams[0]), tuple(t[:, own_prefix:] for t in streams[0])]
             sharded = [shards.prefix, shards.target]
         out = attention(streams, options, mask=mask, prefix=prefix, sharded=sharded, keep=keep,
-                        diffsynth=diffsynth_attention)
+                        fp8_scales=(self.q_scale, self.k_scale), diffsynth=diffsynth_attention)
         return self.to_out[0](out.type_as(query)), (kept[0] if kept else None)
+
+    def fp8_scales(self) -> None:
+        """The FP8 scales of q and k worked out once from their norms' bounds, for an FP8 attention (LoRAs change
+        linear layers only, not the RMSNorm weights)."""
+        self.q_scale = fp8_attention.fp8_scale(normed_bound((self.norm_q,), self.head_dim))
+        self.k_scale = fp8_attention.fp8_scale(normed_bound((self.norm_k,), self.head_dim))
 
     def fuse_qkv(self) -> None:
         """One projection for q, k and v (fused_qkv): the weights joined in the order of the output rows. On plain
@@ -460,8 +477,7 @@ class QwenImage21DiT(nn.Module):
         prefix_tokens, target_tokens = (0 if from_cache else layout_.prefix_length), layout_.target_length
         if shards is not None:  # this rank's tokens, with their rotary factors
             hidden = shards.own(hidden, 1, not from_cache)
-            rotary = tuple(shards.own(part, 0, not from_cache) for part in rotary) if isinstance(rotary, tuple) \
-                else shards.own(rotary, 0, not from_cache)
+            rotary = pytree.tree_map(lambda part: shards.own(part, 0, not from_cache), rotary)
             prefix_tokens = 0 if from_cache else shards.prefix.own_tokens
             target_tokens = shards.target.own_tokens
         rows = target_rows if from_cache else torch.cat([prefix_row.expand(-1, prefix_tokens, -1),

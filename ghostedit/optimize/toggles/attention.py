@@ -11,11 +11,17 @@ from ...models.family import QWEN_IMAGE_21_DIT, QWEN_IMAGE_DIT
 from ...models.seams import FLEX
 from ..registry import ON, Choice, Requires, RunContext, Toggle, register
 
-# Qwen-Image-2.1's DiT runs the block-causal structure through PyTorch's SDPA (its default, or a kernel named) or
-# flex_attention; the other backends are wired into the Edit DiT's joint attention only
+# Qwen-Image-2.1's DiT runs the block-causal structure through PyTorch's SDPA (its default, or a kernel named),
+# flex_attention or an FP8 attention (models/seams.py: span by span where a step fills the prefix cache); the other
+# backends are wired into the Edit DiT's joint attention only
 NOT_FOR_21 = {QWEN_IMAGE_21_DIT: "wired into the Edit DiT's joint attention; Qwen-Image-2.1's block-causal "
-                                 "attention runs PyTorch's SDPA (its own pick or a named kernel) or flex_attention"}
+                                 "attention runs PyTorch's SDPA (its own pick or a named kernel), flex_attention or "
+                                 "an FP8 attention"}
 FLEX_HELP = "one flex_attention call over Qwen-Image-2.1's block-causal mask (its fused kernel needs compile)"
+FP8_HELP = ("q, k and v in FP8, one scale each. Qwen-Image-2.1: the steps from the prefix cache attend wholly in "
+            "FP8; the step that fills it (the first of each CFG branch) runs the reference images' and the "
+            "target's spans in FP8 and the causal text span exact (PyTorch SDPA with its mask, which the FP8 "
+            "kernels do not take); a batch of prompts of different lengths (padded: a mask at every step) is refused")
 
 
 @contextlib.contextmanager
@@ -48,10 +54,10 @@ register(Toggle(
         Choice("fa3", "FlashAttention-3", families=NOT_FOR_21),
         Choice("fa2", "FlashAttention-2", families=NOT_FOR_21),
         Choice("sage", "SageAttention (INT8, lossy)", lossy=True, families=NOT_FOR_21),
-        Choice("cudnn-fp8", "cuDNN FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),),
-               families=NOT_FOR_21),
-        Choice("fa3-fp8", "FlashAttention-3 FP8 attention (lossy)", lossy=True, implies=(("joint-layout", ON),),
-               families=NOT_FOR_21),
+        Choice("cudnn-fp8", "cuDNN FP8 attention (lossy)", help=FP8_HELP, lossy=True,
+               implies=(("joint-layout", ON),)),
+        Choice("fa3-fp8", "FlashAttention-3 FP8 attention (lossy)", help=FP8_HELP, lossy=True,
+               implies=(("joint-layout", ON),)),
         Choice(FLEX, "flex_attention (Qwen-Image-2.1's block mask)", help=FLEX_HELP,
                requires=(Requires("compile", not_values=("off",), why="flex_attention runs its fused kernel only "
                                   "compiled; uncompiled it computes the whole score matrix"),),

@@ -22,7 +22,7 @@ def test_the_gpu_tier_is_deselected_unless_asked_for():
     assert files == {THIS} and "deselected" in output
     files, _ = collected("-m", "gpu", "tests/gpu", THIS)
     assert files == {"tests/gpu/test_graph_check.py", "tests/gpu/test_parallel_smoke.py",
-                     "tests/gpu/test_seed_check.py"}
+                     "tests/gpu/test_seed_check.py", "tests/gpu/test_qwen21_fp8_attention.py"}
 
 
 def test_browser_and_server_tests_are_marked_by_their_folder():
