@@ -23,3 +23,14 @@ def run_script(script: str, *args: str) -> str:
     output = ran.stdout + ran.stderr
     assert ran.returncode == 0, f"{script} {' '.join(args)} exited {ran.returncode}:\n{output[-4000:]}"
     return ran.stdout
+
+
+def output_folder(description: str, name: str) -> Path:
+    """A GPU script's folder for its report: `name` under --out (default $OUT, else bench-results), created."""
+    import argparse
+    import os
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    folder = Path(parser.parse_args().out) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

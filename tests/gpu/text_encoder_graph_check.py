@@ -10,10 +10,8 @@ Writes text-encoder-graph-check.json.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +22,7 @@ from ghostedit.engine import Engine
 from ghostedit.optimize import registry, vision_windows
 from ghostedit.optimize.toggles import text_encoder as text_encoder_toggle
 from ghostedit.telemetry import RunRecorder
+from gpu_scripts import output_folder
 
 HOUSE = Path(__file__).resolve().parents[2] / "assets" / "examples" / "house.png"
 MODELS = ("tiny-2.1", "tiny")
@@ -57,11 +56,7 @@ def check(model: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    args = parser.parse_args()
-    out = Path(args.out) / "text-encoder-graph-check"
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(__doc__.splitlines()[0], "text-encoder-graph-check")
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "models": {}}
     for model in MODELS:
         report["models"][model] = check(model)
