@@ -1,5 +1,7 @@
 """The VAE on one frame as an image network: its causal 3-D convolutions as 2-D ones, channels-last (`vae=image`),
-and with `vae=image-fused` its RMS norms in one kernel each, with the SiLU that follows them.
+and with `vae=image-fused` its RMS norms in one kernel each, with the SiLU that follows them. Both serve DiffSynth's
+Qwen-Image VAE; `image-fused` also serves Qwen-Image-2.1's RGBA VAE (QwenImage21VAE), whose layers have the same
+structure and norms.
 
 Qwen-Image's VAE is a video VAE. On an image (one frame, no cached frames) each causal 3-D convolution pads the
 frame with kernel_t - 1 frames of zeros in front and convolves all of them: with 3x3x3 kernels, two thirds of the
@@ -19,6 +21,13 @@ instead of through float32 (nearest neighbours copy values: the same bits), the 
 output on channels-last, and each residual block's two convolutions leave their bias to the kernel after them
 (PyTorch adds it in a strided pass of its own). A norm of a video's frames, or on a CPU, runs as released, with its
 SiLU.
+
+Qwen-Image-2.1's VAE has nothing for `vae=image` to do: its causal convolution (QwenImage21CausalConv3d) is an
+nn.Conv2d that drops the time axis and pads the frame in height and width only. Its RMS norm is the Edit VAE's as the
+kernel computes it (F.normalize in float32, rounded to the input's dtype, times the scale and gamma, the SiLU after
+it in a residual block and at the encoder's and decoder's end), its upsampling goes through float32 as the Edit
+VAE's, its resampling and residual blocks are the same layers: `image-fused` runs it the same way, its 2-D
+convolutions channels-last.
 """
 from __future__ import annotations
 
@@ -38,13 +47,24 @@ def _single_frame_weights(vae) -> dict:
 
 
 def _slices(vae) -> dict:
+    """The Edit VAE's qualifying causal 3-D convolutions' last temporal slices; the 2.1 VAE's causal convolutions
+    (2-D already) their own weights, channels-last."""
+    from diffsynth.models.qwen_image_21_vae import QwenImage21CausalConv3d
     from diffsynth.models.qwen_image_vae import QwenImageCausalConv3d
     weights = {}
     for module in vae.modules():
         if isinstance(module, QwenImageCausalConv3d) and module.stride[0] == 1 \
                 and module._padding[4] == module.kernel_size[0] - 1:
             weights[module] = module.weight[:, :, -1].contiguous(memory_format=torch.channels_last)
+        elif isinstance(module, QwenImage21CausalConv3d):
+            weights[module] = module.weight.contiguous(memory_format=torch.channels_last)
     return weights
+
+
+def already_2d(vae) -> bool:
+    """Whether `vae`'s causal convolutions are 2-D ones already (Qwen-Image-2.1's VAE)."""
+    from diffsynth.models.qwen_image_21_vae import QwenImage21CausalConv3d
+    return any(isinstance(module, QwenImage21CausalConv3d) for module in vae.modules())
 
 
 def _image_forward(conv, weight):
@@ -56,21 +76,21 @@ def _image_forward(conv, weight):
 
 
 def frame_convolution(conv, weight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The causal convolution `conv` of x's lone frame as a 2-D one with `weight` (its last temporal slice), with
-    `bias` (PyTorch adds a convolution's bias in a pass of its own after cuDNN's)."""
+    """The causal convolution `conv` of x's lone frame as a 2-D one with `weight` (its last temporal slice, or its
+    own 2-D weight), with `bias` (PyTorch adds a convolution's bias in a pass of its own after cuDNN's)."""
     frame = x[:, :, 0].contiguous(memory_format=torch.channels_last)
-    padding = (conv._padding[2], conv._padding[0])   # (height, width): F.pad's order is (w, w, h, h, t, t)
-    return torch.nn.functional.conv2d(frame, weight, bias, conv.stride[1:], padding, conv.dilation[1:]).unsqueeze(2)
+    padding = (conv._padding[2], conv._padding[0])   # (height, width): F.pad's order is (w, w, h, h[, t, t])
+    return torch.nn.functional.conv2d(frame, weight, bias, conv.stride[-2:], padding, conv.dilation[-2:]).unsqueeze(2)
 
 
 @contextlib.contextmanager
 def image_convolutions(vae):
-    """`vae`'s causal convolutions run as 2-D ones on a lone frame, for the length of the context (their weights'
-    slices, a few MB per layer on the device, kept with the VAE)."""
+    """`vae`'s causal convolutions run as 2-D ones on a lone frame, channels-last, for the length of the context
+    (their weights' slices, a few MB per layer on the device, kept with the VAE)."""
     weights = _single_frame_weights(vae)
     if not weights:
-        raise ValueError(f"{type(vae).__name__} has no causal 3-D convolution to run as a 2-D one: vae=image serves "
-                         "DiffSynth's Qwen-Image VAE")
+        raise ValueError(f"{type(vae).__name__} has no causal convolution to run as a 2-D one: vae=image serves "
+                         "DiffSynth's Qwen-Image VAEs")
     for conv, weight in weights.items():
         conv.forward = _image_forward(conv, weight)
     try:
@@ -171,24 +191,31 @@ class _FusedLayers:
     pads: list = field(default_factory=list)         # the zero padding before downsampling convolutions
 
 
+def _released(layer: str) -> tuple:
+    """DiffSynth's class of `layer` (ResidualBlock, ...) in both VAEs: QwenImage<layer>, QwenImage21<layer>."""
+    from diffsynth.models import qwen_image_21_vae, qwen_image_vae
+    return getattr(qwen_image_vae, f"QwenImage{layer}"), getattr(qwen_image_21_vae, f"QwenImage21{layer}")
+
+
 def _fused_layers(vae) -> _FusedLayers:
     """A residual block's two norms and the encoder's and decoder's last are followed by their module's SiLU (which
     the kernel then applies), an attention block's is not."""
-    from diffsynth.models import qwen_image_vae as released
+    residual_blocks, ends, attention = _released("ResidualBlock"), _released("Encoder3d") + _released("Decoder3d"), \
+        _released("AttentionBlock")
     found = _FusedLayers()
     for module in vae.modules():
         silu_owner = module if isinstance(getattr(module, "nonlinearity", None), torch.nn.SiLU) else None
-        if isinstance(module, released.QwenImageResidualBlock):
+        if isinstance(module, residual_blocks):
             found.norms += [(module.norm1, silu_owner), (module.norm2, silu_owner)]
             if silu_owner is not None:
                 found.blocks.append(module)
-        elif isinstance(module, (released.QwenImageEncoder3d, released.QwenImageDecoder3d)):
+        elif isinstance(module, ends):
             found.norms.append((module.norm_out, silu_owner))
-        elif isinstance(module, released.QwenImageAttentionBlock):
+        elif isinstance(module, attention):
             found.norms.append((module.norm, None))
-        if isinstance(module, released.QwenImageUpsample) and module.mode in ("nearest", "nearest-exact"):
+        if isinstance(module, _released("Upsample")) and module.mode in ("nearest", "nearest-exact"):
             found.upsamples.append(module)
-        elif isinstance(module, (released.QwenImageResample, released.QwenImageAttentionBlock)):
+        elif isinstance(module, _released("Resample") + attention):
             found.relayouts.append(module)
         elif isinstance(module, torch.nn.ZeroPad2d):
             found.pads.append(module)

@@ -10,6 +10,9 @@ same attention, up to floating-point rounding.
 transformers hands the window boundaries (`cu_seq_lens_q`) only to an attention function whose name says "flash",
 hence the name this one is registered under. The tower then reads its longest window back twice per forward
 (transformers' `get_max_seqlen`), not once per block.
+
+Qwen-Image-2.1's Qwen3-VL has no windows: each of its vision blocks attends over each image's patches whole
+(`has_windows` tells them apart).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import contextlib
 import functools
 
 import torch
+
+from .text_encoder_graphs import vision_tower
 
 NAME = "ghostedit_windowed_sdpa_flash_interface"
 
@@ -42,11 +47,20 @@ def install() -> None:
     AttentionInterface.register(NAME, windowed_attention)
 
 
+def has_windows(text_encoder) -> bool:
+    """Whether the text encoder's vision tower attends within windows (Qwen2.5-VL's has a `window_size`: its blocks
+    but `fullatt_block_indexes` attend within windows; Qwen3-VL's has none)."""
+    return getattr(vision_tower(text_encoder), "window_size", None) is not None
+
+
 @contextlib.contextmanager
 def joined_windows(text_encoder):
-    """DiffSynth's Qwen2.5-VL text encoder with its vision tower's windows joined, for the length of the context."""
+    """A Qwen2.5-VL text encoder (the Edit models') with its vision tower's windows joined, for the length of the
+    context."""
+    if not has_windows(text_encoder):
+        raise ValueError(f"{type(text_encoder).__name__}'s vision tower has no windowed attention to join")
     install()
-    config = text_encoder.model.visual.config
+    config = vision_tower(text_encoder).config
     previous = config._attn_implementation
     config._attn_implementation = NAME
     try:

@@ -162,9 +162,10 @@ all() { card-full; lora-switch; }
 # then the 24 GB card, emulated, at 1024x1024 (stock, whose DiT would stay in host memory there, left out). Two parts,
 # qwen21-1024 and qwen21-2048 (with the 24 GB card), a device call each (bench --level 2.1 says what a row holds).
 # The lossless rewrites ported to 2.1 (real-rope, fused-qkv, cuda-graph) on top of FP8 and compile, each step
-# measured, then the fastest with cuDNN's FP8 attention (lossy: the cached steps wholly in FP8, the cache-filling
-# step's causal text spans exact); at 2048 the fastest two only (the phase's time and memory).
-QWEN21_FAST="fp8=torchao,compile=regional,rewrites=cuda-graph+real-rope+fused-qkv"
+# measured (the fastest also with the text encoder graphed and the VAE's norms fused), then the fastest with cuDNN's
+# FP8 attention (lossy: the cached steps wholly in FP8, the cache-filling step's causal text spans exact); at 2048 the
+# fastest two only (the phase's time and memory).
+QWEN21_FAST="fp8=torchao,compile=regional,rewrites=cuda-graph+real-rope+fused-qkv,text-encoder=graphed,vae=image-fused"
 QWEN21_FP8_ATTENTION="attention=cudnn-fp8,$QWEN21_FAST"
 QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional" "fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv"
                 "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
@@ -174,11 +175,15 @@ qwen21() { qwen21-1024; qwen21-2048; }  # both parts, each about five minutes: o
 qwen21_model() {  # sets model, configs, configs_2048 and sized for the 2.1 phases
   model=synthetic-2.1 configs=("${QWEN21_CONFIGS[@]}") configs_2048=("${QWEN21_2048_CONFIGS[@]}") sized=()
   if [ -n "${DRY_RUN:-}" ]; then  # the tiny 2.1 at 64 px, as a CPU runs the rows: FP8 stored, no CUDA graph, an
-    model=tiny-2.1 sized=(--width 64)  # exact attention named in place of the FP8 one (its row's path, not its kernel)
+    model=tiny-2.1 sized=(--width 64)  # exact attention named in place of the FP8 one (its row's path, not its kernel),
+    # the text encoder compiled instead of graphed, the VAE as released (its fused norms are Triton's)
     configs=("${configs[@]//fp8=torchao/fp8=storage}") configs_2048=("${configs_2048[@]//fp8=torchao/fp8=storage}")
     configs=("${configs[@]//cuda-graph+/}") configs_2048=("${configs_2048[@]//cuda-graph+/}")
     configs=("${configs[@]//attention=cudnn-fp8/attention=sdpa-math}")
     configs_2048=("${configs_2048[@]//attention=cudnn-fp8/attention=sdpa-math}")
+    configs=("${configs[@]//text-encoder=graphed/text-encoder=compiled}") configs=("${configs[@]//,vae=image-fused/}")
+    configs_2048=("${configs_2048[@]//text-encoder=graphed/text-encoder=compiled}")
+    configs_2048=("${configs_2048[@]//,vae=image-fused/}")
   fi
 }
 

@@ -1,6 +1,6 @@
 """What the GPU tier's tests share: each runs its script beside it (graph_check.py, parallel_smoke.py, seed_check.py,
-qwen21_fp8_attention.py, qwen21_graphs.py) in a process of its own, as on the GPU machine, where they run from the
-repository root after `source scripts/gpu/setup.sh`:  python -m pytest -m gpu tests/gpu
+qwen21_fp8_attention.py, qwen21_graphs.py, text_encoder_graph_check.py) in a process of its own, as on the GPU
+machine, where they run from the repository root after `source scripts/gpu/setup.sh`:  python -m pytest -m gpu tests/gpu
 One script at a time, whatever pytest-xdist does: each builds the full-size synthetic model on the one GPU."""
 import fcntl
 import subprocess
@@ -23,3 +23,14 @@ def run_script(script: str, *args: str) -> str:
     output = ran.stdout + ran.stderr
     assert ran.returncode == 0, f"{script} {' '.join(args)} exited {ran.returncode}:\n{output[-4000:]}"
     return ran.stdout
+
+
+def output_folder(description: str, name: str) -> Path:
+    """A GPU script's folder for its report: `name` under --out (default $OUT, else bench-results), created."""
+    import argparse
+    import os
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    folder = Path(parser.parse_args().out) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -1,13 +1,13 @@
-"""Toggle `text-encoder`: how the 7B text encoder runs. `compiled`: torch.compile of each of its decoder layers and
-vision blocks (regional, dynamic shapes), for a text encoder that an H100 profile showed idle most of its stage
-while Python launched its small kernels one by one (lab/LOG.md, section 6). The text encoder is shared by
-every configuration, so the compiled layers are set for the run and put back after it; Dynamo keeps their code, so
-only the first run compiles (inside its text-encoding stage). `joined-windows`: the vision tower's windowed
-attention in one call per block (optimize/vision_windows.py), also set for the run only. `graphed`: the windows
-joined and each layer replayed from a CUDA graph per shape (optimize/text_encoder_graphs.py), the graphs kept with
-the text encoder. The VAE is not compiled: DiffSynth's causal VAE carries its frame cache in Python lists that it
-changes in place, which Dynamo cannot keep in one graph (its own toggle, `vae`, runs it as an image network
-instead)."""
+"""Toggle `text-encoder`: how the text encoder (the Edit models' Qwen2.5-VL-7B, Qwen-Image-2.1's Qwen3-VL-8B) runs.
+`compiled`: torch.compile of each of its decoder layers and vision blocks (regional, dynamic shapes), for a text
+encoder that an H100 profile showed idle most of its stage while Python launched its small kernels one by one
+(lab/LOG.md, section 6). The text encoder is shared by every configuration, so the compiled layers are set for the
+run and put back after it; Dynamo keeps their code, so only the first run compiles (inside its text-encoding stage).
+`joined-windows`: Qwen2.5-VL's vision tower's windowed attention in one call per block (optimize/vision_windows.py),
+also set for the run only; Qwen3-VL's vision tower has no windows. `graphed`: each layer replayed from a CUDA graph
+per shape (optimize/text_encoder_graphs.py), with Qwen2.5-VL's windows joined, the graphs kept with the text encoder.
+The VAE is not compiled: DiffSynth's causal VAE carries its frame cache in Python lists that it changes in place,
+which Dynamo cannot keep in one graph (its own toggle, `vae`, runs it as an image network instead)."""
 import contextlib
 
 from ... import tensors
@@ -36,10 +36,11 @@ def _text_encoder(context: RunContext, choice: str):
             yield
         return
     if choice in ("joined-windows", "graphed"):
+        windows = vision_windows.has_windows(text_encoder)
         if choice == "graphed":  # streamed: as cuda-graph does for a streamed DiT, the run says so and runs without
-            context.not_applied("text-encoder", f"graphs not applied on this run: {STREAMED}; its vision windows "
-                                                "joined")
-        with vision_windows.joined_windows(text_encoder):
+            context.not_applied("text-encoder", f"graphs not applied on this run: {STREAMED}; "
+                                                + ("its vision windows joined" if windows else "it runs eager"))
+        with _windows_joined(text_encoder, windows):
             yield
         return
     if streamed:
@@ -58,11 +59,17 @@ def _text_encoder(context: RunContext, choice: str):
             layer._compiled_call_impl = None
 
 
+def _windows_joined(text_encoder, windows: bool):
+    """The vision windows joined where the vision tower has windows (Qwen2.5-VL), else nothing to do (Qwen3-VL)."""
+    return vision_windows.joined_windows(text_encoder) if windows else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def _graphed(context: RunContext, text_encoder):
     graphs = text_encoder_graphs.graphs_of(text_encoder)
     owner = (tensors.placement_mark(text_encoder), None)  # graphs read the weights where they lie: a move drops them
-    with vision_windows.joined_windows(text_encoder), graphs.running(owner, context.recorder), \
+    with _windows_joined(text_encoder, vision_windows.has_windows(text_encoder)), \
+            graphs.running(owner, context.recorder), \
             text_encoder_graphs.graphed_layers(text_encoder, graphs):
         try:
             yield
@@ -81,14 +88,16 @@ def _availability(choice: str, device: str) -> Availability:
 register(Toggle(
     name="text-encoder", label="Text encoder",
     help="eager, each of its layers compiled with torch.compile (the first run compiles them), its vision "
-         "tower's windowed attention in one call per block, or that and each layer replayed from a CUDA graph (a "
-         "shape is captured in the edit that first brings it, and replayed from the next one on)",
+         "tower's windowed attention in one call per block (the Edit models' Qwen2.5-VL), or each layer replayed "
+         "from a CUDA graph, with those windows joined (a shape is captured in the edit that first brings it, and "
+         "replayed from the next one on)",
     choices=(Choice("eager", "eager (as DiffSynth runs it)"),
              Choice("compiled", "compiled (torch.compile of each layer)"),
-             Choice("joined-windows", "vision windows joined (one attention call per vision block)"),
-             Choice("graphed", "graphed (windows joined, each layer replayed from a CUDA graph per shape)")),
+             Choice("joined-windows", "vision windows joined (one attention call per vision block)",
+                    families={QWEN_IMAGE_21_DIT: "Qwen-Image-2.1's text encoder, Qwen3-VL, has no windowed attention "
+                                                 "to join: each of its vision blocks attends over each image's "
+                                                 "patches whole"}),
+             Choice("graphed", "graphed (each layer replayed from a CUDA graph per shape, vision windows joined)")),
     default="eager", changes=RUN, component="text_encoder", order=96, run_context=_text_encoder,
-    availability=_availability,
-    families={QWEN_IMAGE_21_DIT: "its compiled layers, joined windows and graphs are Qwen2.5-VL's (the Edit "
-                                 "models' text encoder); Qwen-Image-2.1's is Qwen3-VL"},
+    availability=_availability, families={},
 ))

@@ -3,7 +3,10 @@ as 2-D ones on the lone frame of an image, channels-last (optimize/vae_frames.py
 zero frames of the causal padding. `image-fused`: that, and each RMS norm with the SiLU after it in one Triton kernel
 of GhostEdit's, which also adds the bias of the residual block's convolution before it (and one more kernel the
 block's last bias and its residual), the upsampling in the VAE's dtype: the same function, rounded where the released
-kernels round. The VAE is shared by every configuration, so the choice is set for the run and put back after it."""
+kernels round. The VAE is shared by every configuration, so the choice is set for the run and put back after it.
+Qwen-Image-2.1's RGBA VAE runs a lone frame as 2-D convolutions already (`image` has nothing to do there); its norms,
+residual blocks and upsampling are the Edit VAE's, and `image-fused` runs them in the same kernels, its convolutions
+channels-last."""
 import contextlib
 
 from ...device import Availability, needs_cuda
@@ -20,7 +23,9 @@ def _vae(context: RunContext, choice: str):
     vae = context.prepared.pipe.vae
     with vae_frames.image_convolutions(vae) as count, \
             (vae_frames.fused_norms(vae) if choice == "image-fused" else contextlib.nullcontext()) as norms:
-        words = f"{choice}: {count} causal convolutions as 2-D ones"
+        convolutions = "2-D convolutions channels-last" if vae_frames.already_2d(vae) else \
+            "causal convolutions as 2-D ones"
+        words = f"{choice}: {count} {convolutions}"
         if norms is not None:
             words += (f", {norms} RMS norms in one kernel each (with the SiLU after them and the residual blocks' "
                       "convolution biases), upsampling in the VAE's dtype")
@@ -38,9 +43,11 @@ register(Toggle(
          "network (2-D convolutions, channels-last: the same function, a third of the convolutions' work), or that "
          "with each RMS norm and its SiLU in one kernel instead of eight passes over the image",
     choices=(Choice("video", "video (3-D convolutions, as DiffSynth runs it)"),
-             Choice("image", "image (2-D convolutions on the one frame, channels-last)"),
+             Choice("image", "image (2-D convolutions on the one frame, channels-last)",
+                    families={QWEN_IMAGE_21_DIT: "Qwen-Image-2.1's RGBA VAE (DiffSynth's QwenImage21VAE) already runs "
+                                                 "a lone frame as 2-D convolutions: its QwenImage21CausalConv3d is an "
+                                                 "nn.Conv2d, padded in height and width only"}),
              Choice("image-fused", "image, norms fused (one kernel per RMS norm and its SiLU)")),
     default="video", changes=RUN, component="vae", order=97, run_context=_vae, availability=_availability,
-    families={QWEN_IMAGE_21_DIT: "written for the Edit models' VAE; Qwen-Image-2.1's RGBA VAE (DiffSynth's "
-                                 "QwenImage21VAE) already runs a lone frame as 2-D convolutions"},
+    families={},
 ))

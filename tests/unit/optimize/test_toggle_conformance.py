@@ -13,7 +13,8 @@
 Choices of the text encoder and the VAE are held to the same on whole edits. Each DiT family is held apart: a choice
 that does not apply to a family (the registry's `families`) is refused on its model with that reason, and the
 choices that apply to Qwen-Image-2.1's DiT are held to the same on whole edits of the tiny 2.1 (its prefix cache
-filled at the first step and read at the second), and under Ulysses give the one-process edit image for image. The
+filled at the first step and read at the second), and so are its text encoder's and VAE's, and under Ulysses give
+the one-process edit image for image. The
 GPU-only choices' paths run on the CPU with their kernels emulated in tests/unit/parallel/test_sequence_split.py, and
 on the GPU in scripts/gpu/."""
 import os
@@ -287,6 +288,22 @@ def test_a_2_1_dit_choice_prepares_runs_and_leaves_the_base_weights(engine_21, n
         assert difference.max() <= OTHER_KERNELS_LEVELS, difference.max()
     else:  # the prefix cache off: the same attention over the same keys, in float32
         assert difference.max() == 0, difference.max()
+
+
+EDIT_21 = [(name, value) for name, value in ALL if registry.get(name).component in ("text_encoder", "vae")
+           and available(config_for(name, value), QWEN_IMAGE_21_DIT).ok]
+
+
+@pytest.mark.parametrize("name, value", EDIT_21, ids=[f"{name}={value}" for name, value in EDIT_21])
+def test_a_2_1_encoder_choice_edits_as_stock_and_leaves_the_base_weights(engine_21, name, value):
+    engine, _, stock = engine_21
+    component = registry.get(name).component
+    before = {key: tensor.clone() for key, tensor in getattr(engine.load(), component).state_dict().items()}
+    result = engine.run(_request_21(), config_for(name, value))
+    assert all(torch.equal(tensor, before[key])
+               for key, tensor in getattr(engine.load(), component).state_dict().items())
+    difference = abs(_pixels(result.image) - stock)
+    assert difference.max() <= (OTHER_KERNELS_LEVELS if name in OTHER_KERNELS else 0), difference.max()
 
 
 @pytest.fixture(scope="module")

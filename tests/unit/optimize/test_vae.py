@@ -1,7 +1,7 @@
 """The VAE as an image network (`vae=image`): the released function without the causal padding's zero frames; its
-RMS norms fused with their SiLU (`vae=image-fused`), the kernel run by Triton's interpreter on the CPU; and the VAE's
-input, computed on the device with the reference's bits. The fused norms' bits and speed on the GPU:
-vae_norm_probe.py (lab/probes/README.md) and lab/LOG.md."""
+RMS norms fused with their SiLU (`vae=image-fused`), the kernel run by Triton's interpreter on the CPU (on the Edit
+model's VAE and Qwen-Image-2.1's); and the VAE's input, computed on the device with the reference's bits. The fused
+norms' bits and speed on the GPU: vae_norm_probe.py (lab/probes/README.md) and lab/LOG.md."""
 import copy
 import os
 import subprocess
@@ -90,9 +90,11 @@ import copy, torch
 from ghostedit.engine import Engine
 from ghostedit.optimize import vae_frames
 vae_frames.KERNEL_DEVICES = ("cuda", "cpu")   # Triton's interpreter runs the kernel on the CPU
-vae = Engine("tiny", device="cpu").load().vae
+import sys
+model, channels, block = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+vae = Engine(model, device="cpu").load().vae
 vae = copy.deepcopy(getattr(vae, "vae", vae)).float()
-image = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1
+image = torch.rand(1, channels, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1
 residuals = []
 bias_residual = vae_frames.bias_residual
 vae_frames.bias_residual = lambda *args: residuals.append(1) or bias_residual(*args)
@@ -107,8 +109,8 @@ with torch.no_grad(), vae_frames.image_convolutions(vae):
         fused_latents = vae.encode(image)
         fused_decoded = vae.decode(fused_latents)
 assert released_calls > 0 and len(calls) == released_calls, (released_calls, len(calls))
-blocks = sum(1 for module in vae.modules() if type(module).__name__ == "QwenImageResidualBlock")
-assert len(residuals) == blocks, (len(residuals), blocks)   # each block once: its biases folded into the kernels
+blocks = sum(1 for module in vae.modules() if type(module).__name__ == block)
+assert len(residuals) == blocks > 0, (len(residuals), blocks)   # each block once: its biases folded into the kernels
 for fused, expected in ((fused_latents, latents), (fused_decoded, decoded)):
     error = float((fused - expected).norm() / expected.norm())
     assert error < 1e-5, error
@@ -116,12 +118,15 @@ print("ok")
 """
 
 
-def test_the_fused_norm_kernel_computes_the_released_norm_and_silu_in_tritons_interpreter():
-    """The tiny VAE in float32 (the interpreter truncates conversions to bf16, so float32 shows the arithmetic):
-    encoding and decoding with every norm in the kernel, none through the released code, and every residual block's
-    convolution biases added by the kernels after them, agree with the released VAE to float32 rounding."""
-    done = subprocess.run([sys.executable, "-c", FUSED_CHECK], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
+@pytest.mark.parametrize("model, channels, block", [("tiny", 3, "QwenImageResidualBlock"),
+                                                    ("tiny-2.1", 4, "QwenImage21ResidualBlock")])
+def test_the_fused_norm_kernel_computes_the_released_norm_and_silu_in_tritons_interpreter(model, channels, block):
+    """The tiny VAE in float32 (the interpreter truncates conversions to bf16, so float32 shows the arithmetic), the
+    Edit model's and Qwen-Image-2.1's (RGBA): encoding and decoding with every norm in the kernel, none through the
+    released code, and every residual block's convolution biases added by the kernels after them, agree with the
+    released VAE to float32 rounding."""
+    done = subprocess.run([sys.executable, "-c", FUSED_CHECK, model, str(channels), block], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
