@@ -24,9 +24,12 @@ from .device import synchronize
 GIB = 1024**3
 
 # The order in which stages are shown; a run reports the ones it went through.
-STAGE_ORDER = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up", "CUDA graph capture", "image encoding",
-               "text encoding", "denoising", "decoding")
-EDIT_STAGES = STAGE_ORDER[STAGE_ORDER.index("image encoding"):]  # an edit's own, after the one-time stages
+STAGE_ORDER = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up", "CUDA graph capture", "set-up",
+               "image encoding", "text encoding", "denoising", "decoding")
+# The host's time between the stages before the denoising loop: the run's toggles put in place (graphs, the VAE's
+# and the text encoder's run-time forms), DiffSynth's units around the encoders (shapes, noise, the prompt's
+# template), the schedule: named, so that the stages add up to the run's total
+SET_UP = "set-up"
 # An edit's own stages, timed on a GPU by events on its clock, as the denoising steps are: the CPU goes on into the
 # next stage while the GPU finishes this one's work (the text encoder's processor while the VAE encodes, say), where
 # a synchronizing timer would make the edit wait for its own measurement.
@@ -316,6 +319,9 @@ class RunRecorder:
         self._clock = StepClock(device)
         self._event_stages = []     # (name, start event, end event) of EVENT_TIMED_STAGES, read at finish
         self._unfinished_steps = []  # a GPU's last step, read once decoding is done
+        self._stage_depth = 0        # stages open now (a compile warm-up inside a step's forward is inside one)
+        self._named_until = self._start  # the host's clock when the last outermost stage before the loop ended
+        self._looping = False
 
     def elapsed(self) -> float:
         return time.perf_counter() - self._start
@@ -363,33 +369,50 @@ class RunRecorder:
         work may not run as it will later. A stage's time starts once the device has done the work handed to it
         before: a step timed on the GPU's clock does not contain that wait, nor the steps before."""
         self.check_cancelled()
-        self.emit("preparing" if into_prepare else name, message or name)
-        if self._clock.on_gpu and name in EVENT_TIMED_STAGES and not (into_prepare or out_of_step or warm_up):
-            start = self._clock.mark()
-            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):
-                yield
-            self._event_stages.append((name, start, self._clock.mark()))
-            return
-        synchronize(self.device)
-        start = time.perf_counter()
+        self._name_set_up()
+        self._stage_depth += 1
         try:
-            with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):  # for lab/probes/profile_edit.py
-                yield
-        finally:
+            self.emit("preparing" if into_prepare else name, message or name)
+            if self._clock.on_gpu and name in EVENT_TIMED_STAGES and not (into_prepare or out_of_step or warm_up):
+                start = self._clock.mark()
+                with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):
+                    yield
+                self._event_stages.append((name, start, self._clock.mark()))
+                return
             synchronize(self.device)
-            seconds = time.perf_counter() - start
-            if into_prepare:
-                self.telemetry.prepare_steps[name] = self.telemetry.prepare_steps.get(name, 0.0) + seconds
-                self.telemetry.add_stage("prepare", seconds)
-            else:
-                self.telemetry.add_stage(name, seconds)
-            if out_of_step or warm_up:
-                self._excluded_from_step += seconds
-            self._step_warmed_up |= warm_up
+            start = time.perf_counter()
+            try:
+                with torch.profiler.record_function(f"{STAGE_RANGE}{name}"):  # for lab/probes/profile_edit.py
+                    yield
+            finally:
+                synchronize(self.device)
+                seconds = time.perf_counter() - start
+                if into_prepare:
+                    self.telemetry.prepare_steps[name] = self.telemetry.prepare_steps.get(name, 0.0) + seconds
+                    self.telemetry.add_stage("prepare", seconds)
+                else:
+                    self.telemetry.add_stage(name, seconds)
+                if out_of_step or warm_up:
+                    self._excluded_from_step += seconds
+                self._step_warmed_up |= warm_up
+        finally:
+            self._stage_depth -= 1
+            if not self._stage_depth:
+                self._named_until = time.perf_counter()
+
+    def _name_set_up(self) -> None:
+        """The host's time since the last outermost stage before the denoising loop ended, filed as set-up."""
+        if self._stage_depth or self._looping:
+            return
+        now = time.perf_counter()
+        self.telemetry.add_stage(SET_UP, now - self._named_until)
+        self._named_until = now
 
     def timed_steps(self, timesteps):
         """Wraps the denoising loop's iterable (DiffSynth's progress_bar_cmd): times each step as it finishes. On a
         GPU a step is timed when the GPU has done it, while the CPU hands over the next one."""
+        self._name_set_up()
+        self._looping = True
         self.total_steps = len(timesteps)
         self._steps_done = 0
         self.emit("denoising", f"step 0/{self.total_steps}")

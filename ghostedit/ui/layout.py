@@ -30,8 +30,8 @@ EXAMPLES = [
     ("mountains.png", "cover the mountains in snow under a pink sunset"),
 ]
 # one colour per stage of the time chart, in the order the stages run (history.CHART_STAGES)
-STAGE_COLORS = dict(zip(CHART_STAGES, ["#64748b", "#0ea5e9", "#a855f7", "#f472b6", "#ef4444", "#fb923c", "#f59e0b",
-                                       "#eab308", "#6366f1", "#10b981", "#cbd5e1"], strict=True))
+STAGE_COLORS = dict(zip(CHART_STAGES, ["#64748b", "#0ea5e9", "#a855f7", "#f472b6", "#ef4444", "#fb923c", "#94a3b8",
+                                       "#f59e0b", "#eab308", "#6366f1", "#10b981", "#cbd5e1"], strict=True))
 READY = "### Ready\nUpload an image, say what to change and press **Run**: the live status of the run shows here."
 GPU_QUEUE = dict(concurrency_id="gpu")  # edits and variant batches: one job at a time per GPU (worker)
 LIGHT = dict(concurrency_limit=None)                          # quick events never wait behind a GPU job

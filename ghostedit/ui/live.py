@@ -20,6 +20,7 @@ STAGE_WORDS = {
     "preparing": "preparing",
     "compile warm-up": "compiling",
     "CUDA graph capture": "capturing CUDA graphs",
+    "set-up": "setting up the run",
     "image encoding": "encoding images",
     "text encoding": "encoding text",
     "denoising": "denoising",

@@ -180,17 +180,22 @@ def test_telemetry_has_every_stage(house):
     fresh = Engine("tiny", device="cpu")
     result = fresh.run(request(house), OptimizationConfig(compile="regional"))
     summary = result.telemetry.summary()
-    assert list(summary["stages_s"]) == ["load", "prepare", "compile warm-up", "image encoding", "text encoding",
-                                         "denoising", "decoding"]
+    assert list(summary["stages_s"]) == ["load", "prepare", "compile warm-up", "set-up", "image encoding",
+                                         "text encoding", "denoising", "decoding"]
     assert set(summary["prepare_steps_s"]) == {"copy", "to device", "compile"}
     assert all(seconds > 0 for seconds in summary["stages_s"].values())
     assert len(summary["step_s"]) == SMALL["steps"]
-    assert summary["total_s"] >= sum(summary["stages_s"].values()) * 0.99
+    # every second named: the stages add up to the run's total within 2% (issue 44)
+    assert summary["total_s"] * 0.98 <= sum(summary["stages_s"].values()) <= summary["total_s"]
+    warm = fresh.run(request(house), OptimizationConfig(compile="regional")).telemetry.summary()
+    assert list(warm["stages_s"])[0] == "set-up"
+    assert warm["total_s"] * 0.98 <= sum(warm["stages_s"].values()) <= warm["total_s"]
     assert summary["peak_host_rss_gib"] > 0
 
 
 def test_every_stage_is_a_range_in_a_profiler_trace(engine, house):
-    """lab/probes/profile_edit.py files each kernel under the stage whose range it falls in."""
+    """lab/probes/profile_edit.py files each kernel under the stage whose range it falls in; set-up is the host's
+    time between the ranges before the loop (what runs there falls in none)."""
     from torch.profiler import ProfilerActivity, profile
 
     from ghostedit.telemetry import STAGE_RANGE
@@ -198,8 +203,8 @@ def test_every_stage_is_a_range_in_a_profiler_trace(engine, house):
     with profile(activities=[ProfilerActivity.CPU]) as trace:
         result = engine.run(request(house))
     ranges = {event.name.removeprefix(STAGE_RANGE) for event in trace.events() if event.name.startswith(STAGE_RANGE)}
-    assert ranges == set(result.telemetry.summary()["stages_s"]) == {"image encoding", "text encoding", "denoising",
-                                                                    "decoding"}
+    assert ranges == set(result.telemetry.summary()["stages_s"]) - {"set-up"} == {"image encoding", "text encoding",
+                                                                                 "denoising", "decoding"}
 
 
 def test_lru_budget_evicts_and_frees(house):
