@@ -678,8 +678,9 @@ def openai_latency() -> str:
             f"(`docs/benchmarks/openai-latency/`): {said.split(';')[0]}.\n\n{table}\n")
 
 
-QWEN21_PARTS = ("qwen21", "qwen21-2048")
+QWEN21_PARTS = ("qwen21", "qwen21-2048", "qwen21-2048-4ref", "qwen21-card-24")
 QWEN21_COLUMNS = {"end_to_end_s": "end to end s", "first_step_s": "first step s", "cached_step_s": "cached step s",
+                  "speedup_cached": "cached step × DiffSynth", "speedup_end_to_end": "end to end × DiffSynth",
                   "tokens_first": "tokens, first step", "tokens_cached": "tokens, cached step",
                   "peak_gib": "peak GiB"}
 
@@ -689,9 +690,15 @@ def qwen21() -> str:
     and fast, case by case: end to end, the first step (which fills the prefix cache) and a cached step, the tokens
     each computes. A case its process did not finish is named, with how the process ended."""
     rows, unfinished = [], []
-    for part in QWEN21_PARTS:
+    measured = [part for part in QWEN21_PARTS if (RESULTS / part / "results.json").exists()]
+    unfinished += [f" `{part}` has no results yet (its process did not finish within its device call)."
+                   for part in QWEN21_PARTS if part not in measured]
+    for part in measured:
         found = results(part)
-        rows += [{"case": row["case"], "config": row["config"], **{key: row.get(key) for key in QWEN21_COLUMNS}}
+        card = f"{found['gpu_memory_gib']:g} GiB" if found.get("gpu_memory_gib") else "whole GPU"
+        rows += [{"case": row["case"], "card": card, "config": row["config"],
+                  **{key: row.get(key) for key in QWEN21_COLUMNS},
+                  "error": row.get("error", "").split(". ")[0].removeprefix("out of memory: CUDA ")}
                  for row in found["rows"]]
         done = {row["case"] for row in found["rows"]}
         left = [case for case in _cases_asked(found) if case not in done]
@@ -701,10 +708,11 @@ def qwen21() -> str:
             ended = f"ran out of GPU memory in {where}" if "OutOfMemoryError" in log else "ended"
             unfinished.append(f" In `{part}` the process {ended} at {left[0]}"
                               + (f"; {', '.join(left[1:])} never ran." if left[1:] else "."))
-    table = markdown_table(rows, {"case": "case", "config": "pipeline and configuration", **QWEN21_COLUMNS})
+    table = markdown_table(rows, {"case": "case", "card": "memory", "config": "pipeline and configuration",
+                                  **QWEN21_COLUMNS, **({"error": "error"} if any(row["error"] for row in rows) else {})})
     commands = "; ".join(f"`{results(part)['environment']['command']}` (`docs/benchmarks/{part}/`)"
-                         for part in QWEN21_PARTS)
-    return (f"Measured on {_ran_on(results(QWEN21_PARTS[0])['environment'])}: {commands}.{''.join(unfinished)}"
+                         for part in measured)
+    return (f"Measured on {_ran_on(results(measured[0])['environment'])}: {commands}.{''.join(unfinished)}"
             f"\n\n{table}\n")
 
 
