@@ -349,7 +349,8 @@ def test_an_edits_encoding_stages_on_a_gpu_are_timed_by_events_read_at_the_end(m
         pass
     with recorder.stage("text encoding"):
         pass
-    assert set(recorder.telemetry.stages) == {"load"} and recorder.telemetry.stages["load"] >= 0.05
+    # the host's time between the stages is the run's set-up
+    assert set(recorder.telemetry.stages) == {"load", "set-up"} and recorder.telemetry.stages["load"] >= 0.05
     recorder.finish()
     assert recorder.telemetry.stages["image encoding"] == recorder.telemetry.stages["text encoding"] == 1.0
 
