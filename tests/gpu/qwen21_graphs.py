@@ -10,40 +10,17 @@ On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 tests/gpu/qwe
 Prints one RESULT line of JSON."""
 from __future__ import annotations
 
-import contextlib
 import json
+import sys
 from pathlib import Path
 
 import torch
-from PIL import Image, ImageOps
 
-from ghostedit.config import OptimizationConfig
-from ghostedit.engine import Engine
-from ghostedit.models.seams import DitOptions
-from ghostedit.optimize import cuda_graphs
-from ghostedit.telemetry import RunRecorder
-
-HOUSE = Path(__file__).resolve().parents[2] / "assets" / "examples" / "house.png"
-
-
-def references(count: int, variant: int) -> list:
-    house = Image.open(HOUSE).convert("RGB")
-    pictures = [house, ImageOps.mirror(house), ImageOps.flip(house), house.rotate(180)]
-    return [pictures[(index + variant) % len(pictures)] for index in range(count)]
-
-
-def predictions(prepared, images: list, seed: int, prefix_cache: bool, graphs=None) -> list:
-    pipe, found = prepared.pipe, []
-    model_fn = pipe.model_fn
-    pipe.model_fn = lambda **inputs: found.append(model_fn(**inputs).clone()) or found[-1]
-    try:
-        with torch.no_grad(), (graphs.running(("stock", None), RunRecorder("cuda")) if graphs else
-                               contextlib.nullcontext()):
-            pipe(prompt="a ghostly house", edit_image=images or None, height=256, width=256, seed=seed,
-                 num_inference_steps=4, dit_options=DitOptions(graphs=graphs), prefix_cache=prefix_cache)
-    finally:
-        pipe.model_fn = model_fn
-    return found
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' support modules, as pytest has them
+from qwen21_edits import predictions, references  # noqa: E402
+from ghostedit.config import OptimizationConfig  # noqa: E402
+from ghostedit.engine import Engine  # noqa: E402
+from ghostedit.optimize import cuda_graphs  # noqa: E402
 
 
 def main() -> None:
@@ -55,8 +32,8 @@ def main() -> None:
             equal = []
             for variant, seed in ((0, 1), (1, 2)):
                 images = references(count, variant)
-                expected = predictions(prepared, images, seed, prefix_cache)
-                replayed = predictions(prepared, images, seed, prefix_cache, graphs)
+                expected = predictions(prepared, images, seed, prefix_cache, side=256, device="cuda")
+                replayed = predictions(prepared, images, seed, prefix_cache, graphs, side=256, device="cuda")
                 equal.append([torch.equal(a, b) for a, b in zip(replayed, expected, strict=True)])
             cases[f"{count} references, prefix cache {'on' if prefix_cache else 'off'}"] = {
                 "equal": equal, "captured": graphs.captured, "replayed": graphs.replayed}

@@ -8,15 +8,11 @@ another configuration drop the graphs. The captured kernels themselves are the G
 forward's output equals the loop's bit for bit (lab/LOG.md, section 1). Qwen-Image-2.1's forward is replayed the
 same way, its prefix cache's filling and cached forwards as graphs of their own over tensors kept from edit to
 edit."""
-import contextlib
-
 import pytest
 import torch
 
-from PIL import Image, ImageOps
-
-from conftest import ASSETS
 from dit_helpers import dit_engine, inputs_for
+from qwen21_edits import predictions, references
 from stand_ins import ReplayingCapture
 from ghostedit.bench.dit import dit_inputs
 from ghostedit import EditRequest, OptimizationConfig
@@ -221,28 +217,6 @@ def prepared_21():
     return prepared
 
 
-def _references(count: int, variant: int) -> list:
-    """`count` references of one size; another `variant` gives other pictures of the same sizes."""
-    house = Image.open(ASSETS / "house.png").convert("RGB")
-    pictures = [house, ImageOps.mirror(house), ImageOps.flip(house), house.rotate(180)]
-    return [pictures[(index + variant) % len(pictures)] for index in range(count)]
-
-
-def _predictions_21(prepared, references: list, seed: int, prefix_cache: bool, graphs=None) -> list:
-    """Every DiT prediction of a four-step edit (text-to-image without references), from `graphs` where given."""
-    pipe, predictions = prepared.pipe, []
-    model_fn = pipe.model_fn
-    pipe.model_fn = lambda **inputs: predictions.append(model_fn(**inputs)) or predictions[-1]
-    try:
-        with torch.no_grad(), (graphs.running(("stock", None), RunRecorder("cpu")) if graphs else
-                               contextlib.nullcontext()):
-            pipe(prompt="a ghostly house", edit_image=references or None, height=64, width=64, seed=seed,
-                 num_inference_steps=4, dit_options=DitOptions(graphs=graphs), prefix_cache=prefix_cache)
-    finally:
-        pipe.model_fn = model_fn
-    return predictions
-
-
 @pytest.mark.parametrize("prefix_cache", [True, False], ids=["prefix cache", "no prefix cache"])
 @pytest.mark.parametrize("count", [0, 1, 3], ids=["text-to-image", "one reference", "three references"])
 def test_2_1_replays_give_the_eager_forwards_bit_for_bit_edit_after_edit(prepared_21, count, prefix_cache):
@@ -252,9 +226,9 @@ def test_2_1_replays_give_the_eager_forwards_bit_for_bit_edit_after_edit(prepare
     graphs = cuda_graphs.ShapeGraphs(ReplayingCapture())
     counts, addresses = [], []
     for variant, seed in ((0, 1), (1, 2)):
-        references = _references(count, variant)
-        expected = _predictions_21(prepared_21, references, seed, prefix_cache)
-        replayed = _predictions_21(prepared_21, references, seed, prefix_cache, graphs)
+        images = references(count, variant)
+        expected = predictions(prepared_21, images, seed, prefix_cache)
+        replayed = predictions(prepared_21, images, seed, prefix_cache, graphs)
         for output, reference in zip(replayed, expected, strict=True):
             torch.testing.assert_close(output, reference, rtol=0, atol=0)
         counts.append((graphs.captured, graphs.replayed))
