@@ -2,12 +2,10 @@
 output projections' FP8 GEMMs as cuDNN wrote it, instead of dequantized and quantized again (the forward's
 `fp8_attention_out` path in both families, where fused-qk-norm-rope's runs: on Qwen-Image-2.1 the steps that read
 the prefix cache, and a run with the cache off says it was not applied). One rounding fewer than without it."""
-import contextlib
-
 from ...kernels.attention import availability
 from .. import rewrites
-from ..registry import OFF, ON, Choice, PrepareContext, Requires, RunContext, Toggle, register
-from .fused_qk_norm_rope import why_not_fused
+from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, register
+from .fused_qk_norm_rope import said_where_not_fused
 
 
 def _prepare(context: PrepareContext, value: str) -> None:
@@ -15,14 +13,6 @@ def _prepare(context: PrepareContext, value: str) -> None:
         fused = rewrites.check_fp8_attention_out(context.dit)
         context.report["fp8-attention-out"] = f"{fused} attention layers: the FP8 attention output goes into the " \
                                               "output projections' FP8 GEMMs as it is"
-
-
-@contextlib.contextmanager
-def _out(context: RunContext, value: str):
-    reason = why_not_fused(context) if value == ON else None
-    if reason is not None:
-        context.not_applied("fp8-attention-out", f"not applied on this run: {reason}")
-    yield
 
 
 register(Toggle(
@@ -35,6 +25,6 @@ register(Toggle(
         Requires("fused-qk-norm-rope", values=(ON,), why="it takes the attention output on that rewrite's path"),
         Requires("fp8", values=("torchao",), why="it feeds torchao's FP8 output projections")),
         needs_fused_loras="runtime LoRA layers sit on the output projections it calls directly")),
-    order=67, prepare=_prepare, option="fp8_attention_out", run_context=_out,
+    order=67, prepare=_prepare, option="fp8_attention_out", run_context=said_where_not_fused("fp8-attention-out"),
     availability=lambda value, device: availability("cudnn-fp8", device), families={},
 ))

@@ -30,12 +30,16 @@ def _prepare(context: PrepareContext, value: str) -> None:
             "the steps that read the prefix cache)")
 
 
-@contextlib.contextmanager
-def _fused(context: RunContext, value: str):
-    reason = why_not_fused(context) if value == ON else None
-    if reason is not None:
-        context.not_applied("fused-qk-norm-rope", f"not applied on this run: {reason}")
-    yield
+def said_where_not_fused(flag: str):
+    """The run-time context of `flag`, a rewrite on the fused q/k path: a run whose forwards take no such path says
+    so, with why_not_fused's reason."""
+    @contextlib.contextmanager
+    def context(run: RunContext, value: str):
+        reason = why_not_fused(run) if value == ON else None
+        if reason is not None:
+            run.not_applied(flag, f"not applied on this run: {reason}")
+        yield
+    return context
 
 
 register(Toggle(
@@ -45,6 +49,7 @@ register(Toggle(
     choices=(Choice(OFF, "off"), Choice(ON, "on", requires=(
         Requires("attention", values=FP8_BACKENDS, why="it writes q and k in FP8 for an FP8 attention"),
         Requires("real-rope", values=(ON,), why="it reads the rotary embedding as real cos and sin"),))),
-    order=35, prepare=_prepare, option="fused_qk_norm_rope", run_context=_fused,
+    order=35, prepare=_prepare, option="fused_qk_norm_rope",
+    run_context=said_where_not_fused("fused-qk-norm-rope"),
     availability=lambda value, device: fp8_availability(device), families={},
 ))
