@@ -38,6 +38,14 @@ The fast paths, each a named branch on an option of the run's DitOptions, comput
 real_rope   the rotary factors as real (cos, sin) instead of complex numbers, which Inductor cannot fuse
             (models/rotary.py; bit-equal in float32)
 fused_qkv   one projection for q, k and v (`to_qkv`, the weights joined at preparation: `Attention.fuse_qkv`)
+fused_qk_norm_rope  with an FP8 attention, at a step from the prefix cache: the target's q and k normalized, rotated
+            and cast to FP8 by one kernel (kernels/qk_norm_rope.py, the Edit DiT's), attending over the cached
+            prefix as the seam's FP8 path does (its keys cast at k's scale, its values with the target's at one
+            scale); the step that fills the cache computes q and k as released (its causal text spans attend exact
+            in bf16, and the cache keeps the bf16 keys and values the seam's FP8 path reads)
+fp8_attention_out  on that path, cuDNN's FP8 output into the FP8 output projection as written (seams.out_projection)
+carried_residual  each block's last residual addition done by the next block, where compiled code fuses it into that
+            block's first LayerNorm; the last one after the loop (`finish`)
 q, k and v always stay in the projections' [batch, seq, heads, head_dim] layout here (the Edit DiT's joint_layout:
 one stream, nothing to join).
 """
