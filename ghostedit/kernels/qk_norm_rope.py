@@ -1,6 +1,7 @@
 """The FP8 attention's q and k in GhostEdit's own kernel: normalized, rotated and cast to FP8 in one Triton kernel
-that writes each stream straight into the joined tensor (the `fused-qk-norm-rope` rewrite; the forward that calls it:
-models/qwen_image/dit.py).
+that writes each stream straight into the joined tensor (the `fused-qk-norm-rope` rewrite; the forwards that call it:
+models/qwen_image/dit.py, both streams; models/qwen_image_21/dit.py, its one stream's target at a step from the
+prefix cache).
 
 With an FP8 attention (`cudnn-fp8`, `fa3-fp8`) each block computes, for q and for k of both streams: the per-head
 RMSNorm, the rotary embedding (real cos/sin, the real-rope rewrite), the multiplication by the FP8 scale worked out

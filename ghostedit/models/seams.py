@@ -18,8 +18,9 @@ attention        `attention(streams, options, ...)`: one dispatch over every bac
 linear           every projection is a module attribute called as a module: preparation replaces it (torchao's FP8
                  linear, Transformer Engine's, a runtime LoRA's PEFT layer) and the forward does not change.
                  `fp8_linear(layer, values, scales)` hands rows already in FP8 (a fused kernel's) to torchao's FP8
-                 layer; `fused_linear` joins projections of one input (a family names them in its DiT class's
-                 `fused_projections`, which fused LoRAs and the pinned base read too).
+                 layer, and `out_projection` an FP8 attention's output as its kernel wrote it; `fused_linear`
+                 joins projections of one input (a family names them in its DiT class's `fused_projections`, which
+                 fused LoRAs and the pinned base read too).
 block loop       the family's loop over `blocks`: each block is a module of its own (compiled regionally where
                  compile is on); behind `options.step_cache` when a step cache runs (`StepCache.after_block`); the
                  whole forward replayed from CUDA graphs where `options.graphs` is set (`ForwardGraphs.run`).
@@ -465,6 +466,22 @@ def fp8_linear(layer: torch.nn.Module, values: torch.Tensor, scales: torch.Tenso
     applied to rows already in FP8: `values` [rows, in] float8_e4m3fn with float32 `scales` [rows, 1]; [rows, out]
     in bf16."""
     return torchao_fp8_linear(layer, values, scales)
+
+
+def out_projection(linear: torch.nn.Module, output: torch.Tensor, descale: torch.Tensor | None, in_fp8: bool,
+                   dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """An attention output projection of an FP8 attention's `output` as the kernel wrote it ([batch, seq, heads,
+    head_dim]: FP8 with real values output * descale, or real values where descale is None). in_fp8 (a family's
+    fp8_attention_out path): torchao's FP8 GEMM takes the FP8 values as they are, with `descale` as every row's
+    scale; else they are dequantized to `dtype` and the layer quantizes them again per row."""
+    if descale is None:
+        return linear(output.flatten(2))
+    if not in_fp8:
+        return linear(fp8_attention.dequantized(output, descale, dtype).flatten(2))
+    rows = output.flatten(2)
+    flat = rows.reshape(-1, rows.shape[-1])
+    projected = fp8_linear(linear, flat, descale.reshape(1, 1).expand(flat.shape[0], 1).contiguous())
+    return projected.reshape(*rows.shape[:-1], projected.shape[-1])
 
 
 def fused_linear(linears: list[torch.nn.Linear]) -> torch.nn.Linear:

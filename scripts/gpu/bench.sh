@@ -163,10 +163,13 @@ all() { card-full; lora-switch; }
 # qwen21-1024 and qwen21-2048 (with the 24 GB card), a device call each (bench --level 2.1 says what a row holds).
 # The lossless rewrites ported to 2.1 (real-rope, fused-qkv, cuda-graph) on top of FP8 and compile, each step
 # measured (the fastest also with the text encoder graphed and the VAE's norms fused), then the fastest with cuDNN's
-# FP8 attention (lossy: the cached steps wholly in FP8, the cache-filling step's causal text spans exact); at 2048 the
-# fastest two only (the phase's time and memory).
-QWEN21_FAST="fp8=torchao,compile=regional,rewrites=cuda-graph+real-rope+fused-qkv,text-encoder=graphed,vae=image-fused"
-QWEN21_FP8_ATTENTION="attention=cudnn-fp8,$QWEN21_FAST"
+# FP8 attention (lossy: the cached steps wholly in FP8, the cache-filling step's causal text spans exact) and the
+# rewrites that go with it (carried-residual; fused-qk-norm-rope and fp8-attention-out at the cached steps); at 2048
+# the fastest two only (the phase's time and memory).
+QWEN21_REWRITES="cuda-graph+real-rope+fused-qkv"
+QWEN21_FAST="fp8=torchao,compile=regional,rewrites=$QWEN21_REWRITES,text-encoder=graphed,vae=image-fused"
+QWEN21_FP8_REWRITES="$QWEN21_REWRITES+carried-residual+fused-qk-norm-rope+fp8-attention-out"
+QWEN21_FP8_ATTENTION="attention=cudnn-fp8,${QWEN21_FAST/rewrites=$QWEN21_REWRITES/rewrites=$QWEN21_FP8_REWRITES}"
 QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional" "fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv"
                 "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
 QWEN21_2048_CONFIGS=(baseline "fp8=torchao,compile=regional" "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
@@ -176,7 +179,10 @@ qwen21_model() {  # sets model, configs, configs_2048 and sized for the 2.1 phas
   model=synthetic-2.1 configs=("${QWEN21_CONFIGS[@]}") configs_2048=("${QWEN21_2048_CONFIGS[@]}") sized=()
   if [ -n "${DRY_RUN:-}" ]; then  # the tiny 2.1 at 64 px, as a CPU runs the rows: FP8 stored, no CUDA graph, an
     model=tiny-2.1 sized=(--width 64)  # exact attention named in place of the FP8 one (its row's path, not its kernel),
-    # the text encoder compiled instead of graphed, the VAE as released (its fused norms are Triton's)
+    # without the rewrites that need the FP8 attention and torchao's GEMMs (CUDA's), the text encoder compiled
+    # instead of graphed, the VAE as released (its fused norms are Triton's)
+    configs=("${configs[@]//+fused-qk-norm-rope+fp8-attention-out/}")
+    configs_2048=("${configs_2048[@]//+fused-qk-norm-rope+fp8-attention-out/}")
     configs=("${configs[@]//fp8=torchao/fp8=storage}") configs_2048=("${configs_2048[@]//fp8=torchao/fp8=storage}")
     configs=("${configs[@]//cuda-graph+/}") configs_2048=("${configs_2048[@]//cuda-graph+/}")
     configs=("${configs[@]//attention=cudnn-fp8/attention=sdpa-math}")

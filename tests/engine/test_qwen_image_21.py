@@ -68,7 +68,6 @@ def test_turbo_runs_its_fixed_sigmas_and_refuses_other_step_counts():
 
 
 @pytest.mark.parametrize("setting, choice, words", [
-    ("rewrites", "carried-residual", "written for the Qwen-Image-Edit DiT"),
     ("scheduler", "lightning", "Lightning schedule"),
     ("text-encoder", "joined-windows", "Qwen3-VL, has no windowed attention"),
     ("vae", "image", "already runs a lone frame as 2-D convolutions"),
@@ -196,15 +195,17 @@ def test_a_rewrite_computes_the_released_forward_bit_for_bit_with_and_without_th
 def test_every_toggle_says_whether_it_applies_to_2_1():
     """Each toggle applies to 2.1's DiT or gives a reason; the ones that apply: attention (SDPA's kernels, flex, the
     FP8 attentions), compile (and its Inductor options), FP8 (torchao), memory placement, the schedule, the prefix
-    cache, CUDA graphs, the lossless rewrites real-rope and fused-qkv (with joint-layout, which names 2.1's only
-    layout), the step cache, the text encoder's (compiled, graphed) and the VAE's (image-fused) choices."""
+    cache, CUDA graphs, the lossless rewrites real-rope, fused-qkv (with joint-layout, which names 2.1's only
+    layout), carried-residual, fused-qk-norm-rope and fp8-attention-out, the step cache, the text encoder's
+    (compiled, graphed) and the VAE's (image-fused) choices."""
     from ghostedit.models.family import QWEN_IMAGE_21_DIT
     from ghostedit.optimize import registry
 
     applying = {toggle.name for toggle in registry.toggles() if QWEN_IMAGE_21_DIT not in toggle.families}
     assert applying == {"attention", "compile", "inductor-cdt", "inductor-multi-kernel", "inductor-persistent-rows",
                         "fp8", "memory", "scheduler", "prefix-cache", "cuda-graph", "real-rope", "fused-qkv",
-                        "joint-layout", "step-cache", "text-encoder", "vae"}
+                        "joint-layout", "carried-residual", "fused-qk-norm-rope", "fp8-attention-out", "step-cache",
+                        "text-encoder", "vae"}
     for toggle in registry.toggles():
         reason = toggle.families.get(QWEN_IMAGE_21_DIT)
         assert reason is None or len(reason) > 40, f"{toggle.name}: a reason a person can read"

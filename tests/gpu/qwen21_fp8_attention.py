@@ -11,7 +11,13 @@ dit    the full-size synthetic 2.1 DiT (dit_only) prepared with `baseline` (exac
        on (the first step fills it, the others read it) and off (every step over every token): each step's
        prediction against the exact one's of the same cache setting, the exact path's own spread between cache on
        and off (the same function, other kernel shapes: bf16 rounding, which random weights amplify), and the FP8
-       kernel's calls at each step (filling: the reference's span and the target's in each block; cached: one).
+       kernel's calls at each step (filling: the reference's span and the target's in each block; cached: one);
+rewrites the same DiT with torchao's FP8 GEMMs and the FP8 attention, without and with the rewrites ported from the
+       Edit DiT, three steps with the prefix cache on: carried-residual alone (lossless: each step's prediction
+       against the one without it, bit for bit expected), fused-qk-norm-rope (the Triton kernel at the cached
+       steps) and fp8-attention-out on top of it, each step's prediction against the one without the rewrite (the
+       filling step computes as without it) and against the exact attention's, beside the FP8 attention's own
+       error there.
 
 On the GPU machine (after `source scripts/gpu/setup.sh`):  python3 tests/gpu/qwen21_fp8_attention.py [--out DIR]
 Writes qwen21-fp8-attention.json.
@@ -35,6 +41,11 @@ from ghostedit.models.seams import DitOptions, PrefixKVCache, Segments, attentio
 from ghostedit.telemetry import RunRecorder
 
 CONFIGS = {"exact": "baseline", "fp8": "attention=cudnn-fp8"}
+FP8_GEMMS = "fp8=torchao,rewrites=real-rope+fused-qkv"
+REWRITES = {"exact": FP8_GEMMS, "fp8": f"attention=cudnn-fp8,{FP8_GEMMS}",
+            "carried": f"attention=cudnn-fp8,{FP8_GEMMS}+carried-residual",
+            "fused": f"attention=cudnn-fp8,{FP8_GEMMS}+fused-qk-norm-rope",
+            "fused-out": f"attention=cudnn-fp8,{FP8_GEMMS}+fused-qk-norm-rope+fp8-attention-out"}
 SIDE_TOKENS = 64                        # 1024 px / 16: a 64 x 64 latent grid, the reference's and the target's
 TEXT_BEFORE, TEXT_AFTER = 24, 40        # prompt tokens before and after the reference's slots
 TIMESTEPS = (0.9, 0.5, 0.2)
@@ -118,6 +129,24 @@ def steps(engine, config: OptimizationConfig, given: dict, cache: bool) -> tuple
     return predictions, calls, ran.get("words", {})
 
 
+def rewrites_check(engine, given: dict) -> dict:
+    """The ported rewrites' forwards against the same forward without each, with the prefix cache on: each step's
+    relative error, the FP8 kernel's calls and what the run said."""
+    runs = {name: steps(engine, OptimizationConfig.parse(text), given, True) for name, text in REWRITES.items()}
+    predictions = {name: run[0] for name, run in runs.items()}
+
+    def against(ours, theirs):
+        return [relative_error(a, b) for a, b in zip(predictions[ours], predictions[theirs])]
+    return {"carried_bitwise_equal": [bool(torch.equal(a, b)) for a, b in zip(predictions["carried"],
+                                                                              predictions["fp8"])],
+            "fp8_attention_against_exact": against("fp8", "exact"),
+            "fused_against_fp8": against("fused", "fp8"), "fused_against_exact": against("fused", "exact"),
+            "fused_out_against_fused": against("fused-out", "fused"),
+            "fused_out_against_exact": against("fused-out", "exact"),
+            "fp8_calls": {name: run[1] for name, run in runs.items()},
+            "words": {name: run[2] for name, run in runs.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
@@ -139,6 +168,8 @@ def main() -> None:
             "fp8_calls": calls, "attention": words.get("attention")}
         print(f"prefix cache {cache}", json.dumps(run), flush=True)
     report["exact_cache_on_against_off"] = [relative_error(on, off) for on, off in zip(exact["on"], exact["off"])]
+    report["rewrites"] = rewrites_check(engine, given)
+    print("rewrites", json.dumps(report["rewrites"]), flush=True)
     (out / "qwen21-fp8-attention.json").write_text(json.dumps(report, indent=2))
     print("exact, prefix cache on against off", json.dumps(report["exact_cache_on_against_off"]), flush=True)
 

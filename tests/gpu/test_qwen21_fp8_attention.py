@@ -13,7 +13,14 @@ Close, not equal. The tolerances and why:
   best: docs/benchmarks.md, section 1), so the seam is where closeness is measured tightly; here 0.25 catches what
   is wrong rather than rounded (a lost span, a wrong scale: errors of order 1). The FP8 kernel must have run where
   the dispatch says: per block, two calls at a filling step (the reference's span, the target's) and one at a
-  cached step. The exact path's own spread between the prefix cache on and off is reported beside it."""
+  cached step. The exact path's own spread between the prefix cache on and off is reported beside it.
+- the rewrites ported from the Edit DiT (with torchao's FP8 GEMMs and the FP8 attention, prefix cache on):
+  carried-residual gives the forward without it bit for bit (the same additions moved, eager kernels);
+  fused-qk-norm-rope and fp8-attention-out leave the filling step's prediction as it was (bit for bit: q and k
+  computed as released there) and move each cached step's by less than the FP8 attention itself moves it from the
+  exact attention (the kernel's q and k round once, from float32, where the compiled path rounds bf16 values; the
+  FP8 GEMM reads the attention's FP8 output as written: one rounding fewer), and stay within DIT_TOLERANCE of the
+  exact attention's; the FP8 kernel's calls as without them."""
 import json
 
 from gpu_scripts import run_script
@@ -36,3 +43,16 @@ def test_the_fp8_attention_on_2_1_is_close_to_the_exact_backend(tmp_path):
         assert run["fp8_calls"] == expected_calls[name], (name, run)
         for step, error in enumerate(run["relative_error"]):
             assert 0 < error <= DIT_TOLERANCE, (name, step, run)
+    rewrites = report["rewrites"]
+    assert all(rewrites["carried_bitwise_equal"]), rewrites
+    calls = rewrites["fp8_calls"]
+    assert calls["carried"] == calls["fused"] == calls["fused-out"] == calls["fp8"] == [2 * blocks, blocks, blocks]
+    for name in ("fused_against_fp8", "fused_out_against_fused"):
+        errors = rewrites[name]
+        assert errors[0] == 0, (name, rewrites)
+        for step in range(1, len(errors)):
+            assert 0 < errors[step] < rewrites["fp8_attention_against_exact"][step], (name, step, rewrites)
+    for name in ("fused_against_exact", "fused_out_against_exact"):
+        assert all(0 < error <= DIT_TOLERANCE for error in rewrites[name]), (name, rewrites)
+    assert not any("fused-qk-norm-rope" in words or "fp8-attention-out" in words
+                   for words in rewrites["words"].values()), rewrites["words"]

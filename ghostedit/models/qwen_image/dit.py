@@ -333,8 +333,8 @@ class JointAttention(torch.nn.Module):
         if options.fused_qk_norm_rope:
             output, descale = self._fused_fp8_attention((txt_q, txt_k, txt_v), (img_q, img_k, img_v),
                                                         image_rotary_emb, options)
-            return (_out_projection(self.to_out[0], output[:, seq_txt:], descale, options.fp8_attention_out),
-                    _out_projection(self.to_add_out, output[:, :seq_txt], descale, options.fp8_attention_out))
+            return (seams.out_projection(self.to_out[0], output[:, seq_txt:], descale, options.fp8_attention_out),
+                    seams.out_projection(self.to_add_out, output[:, :seq_txt], descale, options.fp8_attention_out))
         img_q, img_k = self.norm_q(img_q), self.norm_k(img_k)
         txt_q, txt_k = self.norm_added_q(txt_q), self.norm_added_k(txt_k)
         img_freqs, txt_freqs = (_per_head(freqs) for freqs in image_rotary_emb)
@@ -404,22 +404,6 @@ def diffsynth_attention(q, k, v, mask):
     """DiffSynth's own attention for this DiT (the backend "diffsynth": FlashAttention-3 if installed, else SDPA's
     own dispatch), q, k, v in [batch, heads, seq, head_dim]."""
     return qwen_image_flash_attention(q, k, v, num_heads=q.size(1), attention_mask=mask)
-
-
-def _out_projection(linear: torch.nn.Module, output: torch.Tensor, descale: torch.Tensor | None,
-                    in_fp8: bool) -> torch.Tensor:
-    """An output projection of the FP8 attention's `output` ([batch, seq, heads, head_dim]: FP8 with real values
-    output * descale, or real values where descale is None). in_fp8 (fp8_attention_out): torchao's FP8 GEMM takes
-    the FP8 values as they are, with `descale` as every row's scale; else they are dequantized to bf16 and the layer
-    quantizes them again per row."""
-    if descale is None:
-        return linear(output.flatten(2))
-    if not in_fp8:
-        return linear(fp8_attention.dequantized(output, descale).flatten(2))
-    rows = output.flatten(2)
-    flat = rows.reshape(-1, rows.shape[-1])
-    projected = seams.fp8_linear(linear, flat, descale.reshape(1, 1).expand(flat.shape[0], 1).contiguous())
-    return projected.reshape(*rows.shape[:-1], projected.shape[-1])
 
 
 def _rotate(x: torch.Tensor, freqs) -> torch.Tensor:

@@ -38,6 +38,14 @@ The fast paths, each a named branch on an option of the run's DitOptions, comput
 real_rope   the rotary factors as real (cos, sin) instead of complex numbers, which Inductor cannot fuse
             (models/rotary.py; bit-equal in float32)
 fused_qkv   one projection for q, k and v (`to_qkv`, the weights joined at preparation: `Attention.fuse_qkv`)
+fused_qk_norm_rope  with an FP8 attention, at a step from the prefix cache: the target's q and k normalized, rotated
+            and cast to FP8 by one kernel (kernels/qk_norm_rope.py, the Edit DiT's), attending over the cached
+            prefix as the seam's FP8 path does (its keys cast at k's scale, its values with the target's at one
+            scale); the step that fills the cache computes q and k as released (its causal text spans attend exact
+            in bf16, and the cache keeps the bf16 keys and values the seam's FP8 path reads)
+fp8_attention_out  on that path, cuDNN's FP8 output into the FP8 output projection as written (seams.out_projection)
+carried_residual  each block's last residual addition done by the next block, where compiled code fuses it into that
+            block's first LayerNorm; the last one after the loop (`finish`)
 q, k and v always stay in the projections' [batch, seq, heads, head_dim] layout here (the Edit DiT's joint_layout:
 one stream, nothing to join).
 """
@@ -55,9 +63,10 @@ from torch import nn
 
 from ...kernels import fp8_attention
 from ...kernels.attention import FP8_BACKENDS
+from ...kernels.qk_norm_rope import qk_norm_rope_fp8
 from ..rotary import cos_sin, real_rotation
 from ..seams import (FLEX, DitOptions, PrefixStep, Segments, SequenceSplit, attention, flex_block_mask, fused_linear,
-                     joinable_parts, normed_bound)
+                     joinable_parts, normed_bound, out_projection, value_scale)
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
 # fused_qkv's projection, with the released projections it joins in the order of its output rows
@@ -322,6 +331,9 @@ class Attention(nn.Module):
         projected = self.to_qkv(x).chunk(3, dim=-1) if options.fused_qkv else \
             (self.to_q(x), self.to_k(x), self.to_v(x))
         query, key, value = (part.unflatten(-1, (-1, self.head_dim)) for part in projected)
+        if options.fused_qk_norm_rope and prefix is not None:
+            output, descale = self._fused_fp8_attention(query, key, value, rotary, prefix, options, shards)
+            return out_projection(self.to_out[0], output, descale, options.fp8_attention_out, value.dtype), None
         query = apply_rotary(self.norm_q(query).to(value.dtype), rotary)
         key = apply_rotary(self.norm_k(key).to(value.dtype), rotary)
         kept = []
@@ -342,6 +354,42 @@ class Attention(nn.Module):
         out = attention(streams, options, mask=mask, prefix=prefix, sharded=sharded, keep=keep,
                         fp8_scales=(self.q_scale, self.k_scale), diffsynth=diffsynth_attention)
         return self.to_out[0](out.type_as(query)), (kept[0] if kept else None)
+
+    def _fused_fp8_attention(self, query, key, value, rotary, prefix: tuple, options: DitOptions,
+                             shards: Shards | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A step from the prefix cache with the target's q and k normalized, rotated and cast to FP8 by one kernel
+        (fused_qk_norm_rope), over the cached prefix as the seam's FP8 path attends it: the cached keys cast at k's
+        scale, the cached values and the target's at one scale (under a sequence split reduced over the ranks, the
+        kernel run on this rank's tokens and its FP8 bytes sent to the others, as the Edit DiT does). The output as
+        the kernel writes it and the factor that gives its real values (None for FlashAttention-3's real bf16)."""
+        cos, sin = rotary
+        q8, k8 = qk_norm_rope_fp8([query], [key], [self.norm_q.weight], [self.norm_k.weight], [cos], [sin],
+                                  self.q_scale, self.k_scale, self.norm_q.eps)
+        q_descale, k_descale = fp8_attention.descale(self.q_scale), fp8_attention.descale(self.k_scale)
+        prefix_keys, prefix_values = prefix
+        (prefix_k8,), _ = fp8_attention.fp8_parts([prefix_keys], self.k_scale)
+        split = options.sequence_split
+        if shards is None:
+            return fp8_attention.attend_as_written([q8], q_descale, [prefix_k8, k8], k_descale,
+                                                   (prefix_values, value), options.attention)
+        (prefix_v8, v8), v_descale = fp8_attention.fp8_parts([prefix_values, value],
+                                                             value_scale([prefix_values, value], split))
+        kernel_descale = []
+
+        def attend(streams):
+            ((target_q8, target_k8, target_v8),) = streams
+            output, descale = fp8_attention.attend_fp8([target_q8], q_descale, [prefix_k8, target_k8], k_descale,
+                                                       [prefix_v8, target_v8], v_descale, options.attention)
+            kernel_descale.append(descale)
+            return output
+        output = split.attention(((q8, k8, v8),), [shards.target], attend)
+        return output, kernel_descale[0]
+
+    def qk_norms(self) -> tuple[RMSNorm, RMSNorm]:
+        return self.norm_q, self.norm_k
+
+    def output_projections(self) -> tuple[nn.Module]:
+        return (self.to_out[0],)
 
     def fp8_scales(self) -> None:
         """The FP8 scales of q and k worked out once from their norms' bounds, for an FP8 attention (LoRAs change
@@ -373,7 +421,9 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     """Attention and the feed-forward, each after a LayerNorm scaled by the shared modulation's rows and added back
-    through a tanh gate."""
+    through a tanh gate. With `pending` (carried_residual) the block first adds what the block before left and leaves
+    its own last addition undone, the same additions moved so that compiled code fuses each into the next
+    LayerNorm."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, mlp_ratio: int, eps: float):
         super().__init__()
@@ -382,14 +432,40 @@ class Block(nn.Module):
         self.eps = eps
 
     def forward(self, x, modulation, rotary, layout_: Layout, prefix: tuple | None, keep_prefix: bool,
-                options: DitOptions, shards: Shards | None) -> tuple[torch.Tensor, tuple | None]:
+                options: DitOptions, shards: Shards | None,
+                pending: Pending | None = None) -> tuple[torch.Tensor, tuple | None, Pending | None]:
+        """(x, this step's prefix keys and values for the cache or None, the addition left to the next block or
+        None)."""
+        if pending is not None:
+            x = finish(x, pending)
         scale1, gate1, scale2, gate2 = modulation.chunk(4, dim=-1)
         normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale1)
         attended, kept = self.attn(normed, rotary, layout_, prefix, keep_prefix, options, shards)
         x = x + gate1.tanh() * attended
         normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale2)
-        x = x + gate2.tanh() * self.img_mlp(normed)
-        return (x.clip(-65504, 65504) if x.dtype == torch.float16 else x), kept
+        if pending is not None:
+            return x, kept, (gate2.tanh(), self.img_mlp(normed))
+        return _in_range(x + gate2.tanh() * self.img_mlp(normed)), kept, None
+
+
+Pending = tuple[torch.Tensor, torch.Tensor]   # a block's last addition left undone: its gate and its update
+
+
+def finish(x: torch.Tensor, pending: Pending) -> torch.Tensor:
+    """The residual addition a block left undone (carried_residual), and the clip of a block's output."""
+    gate, update = pending
+    return _in_range(x + gate * update)
+
+
+def nothing_pending(x: torch.Tensor, modulation: torch.Tensor) -> Pending:
+    """What the first block adds: zeros shaped as a block's gate and update, so that every block runs one compiled
+    graph (x + 0 * 0 is x)."""
+    return x.new_zeros((*modulation.shape[:-1], x.shape[-1])), torch.zeros_like(x)
+
+
+def _in_range(x: torch.Tensor) -> torch.Tensor:
+    """A block's output clipped to float16's range where it computes in float16 (as released)."""
+    return x.clip(-65504, 65504) if x.dtype == torch.float16 else x
 
 
 class FinalNorm(nn.Module):
@@ -493,17 +569,20 @@ class QwenImage21DiT(nn.Module):
         """The block loop: each block reads its cached prefix, or hands this step's to the cache. Behind the step
         cache the loop may end after the first block with the target's tokens alone (the cache adds the other
         blocks' change to them; a filling step, a branch's first, is never served, so every block stores its
-        prefix). Under a sequence split, `hidden` is this rank's tokens (`shards`) and the cache holds its heads."""
+        prefix). Under a sequence split, `hidden` is this rank's tokens (`shards`) and the cache holds its heads. With
+        carried_residual each block hands its last addition to the next, and the last one's is added here (the step
+        cache, which watches each block's output, never runs with it)."""
         from_cache = reads_prefix(prefix)
         heads = self.heads if shards is None else self.heads // shards.target.degree
         prefix_shape = (hidden.shape[0], layout_.prefix_length, heads, self.head_dim)
         target_tokens = layout_.target_length if shards is None else shards.target.own_tokens
         step_cache, target = options.step_cache, hidden.shape[1] - target_tokens
+        pending = nothing_pending(hidden, modulation) if options.carried_residual else None
         for index, block in enumerate(self.blocks):
             cached = prefix.stored(index, prefix_shape, hidden.dtype) if from_cache else None
             before = hidden
-            hidden, kept = block(hidden, modulation, rotary, layout_, cached, prefix is not None and not from_cache,
-                                 options, shards)
+            hidden, kept, pending = block(hidden, modulation, rotary, layout_, cached,
+                                          prefix is not None and not from_cache, options, shards, pending)
             if kept is not None:
                 prefix.store(index, *kept)
             if step_cache is not None:
@@ -511,7 +590,7 @@ class QwenImage21DiT(nn.Module):
                                                       index == len(self.blocks) - 1)
                 if stop:
                     return served
-        return hidden
+        return hidden if pending is None else finish(hidden, pending)
 
 
 # ---- one denoising step ----

@@ -124,12 +124,12 @@ def test_an_output_projection_reads_each_fp8_kernels_output_as_it_means():
     """cuDNN's output is FP8 with a factor (dequantized before a bf16 projection); FlashAttention-3's is real values
     (no factor), projected as it is."""
     from ghostedit.kernels import fp8_attention
-    from ghostedit.models.qwen_image.dit import _out_projection
+    from ghostedit.models.seams import out_projection
     linear = torch.nn.Linear(2 * 8, 4, dtype=torch.bfloat16).requires_grad_(False)
     real = torch.randn(1, 5, 2, 8, dtype=torch.bfloat16)
-    assert torch.equal(_out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
+    assert torch.equal(out_projection(linear, real, None, in_fp8=False), linear(real.flatten(2)))
     scale = fp8_attention.fp8_scale(real.abs().max())
     as_fp8, descale = fp8_attention._scaled_fp8(real, scale)
-    projected = _out_projection(linear, as_fp8, descale, in_fp8=False)
+    projected = out_projection(linear, as_fp8, descale, in_fp8=False)
     assert torch.equal(projected, linear(fp8_attention.dequantized(as_fp8, descale).flatten(2)))
     assert float((projected - linear(real.flatten(2))).norm() / linear(real.flatten(2)).norm()) < 0.05
