@@ -24,12 +24,12 @@ from .device import synchronize
 GIB = 1024**3
 
 # The order in which stages are shown; a run reports the ones it went through.
-STAGE_ORDER = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up", "CUDA graph capture", "set-up",
-               "image encoding", "text encoding", "denoising", "decoding")
 # The host's time between the stages before the denoising loop: the run's toggles put in place (graphs, the VAE's
 # and the text encoder's run-time forms), DiffSynth's units around the encoders (shapes, noise, the prompt's
 # template), the schedule: named, so that the stages add up to the run's total
 SET_UP = "set-up"
+STAGE_ORDER = ("load", "LoRA read", "prepare", "LoRA switch", "compile warm-up", "CUDA graph capture", SET_UP,
+               "image encoding", "text encoding", "denoising", "decoding")
 # An edit's own stages, timed on a GPU by events on its clock, as the denoising steps are: the CPU goes on into the
 # next stage while the GPU finishes this one's work (the text encoder's processor while the VAE encodes, say), where
 # a synchronizing timer would make the edit wait for its own measurement.
@@ -369,9 +369,7 @@ class RunRecorder:
         work may not run as it will later. A stage's time starts once the device has done the work handed to it
         before: a step timed on the GPU's clock does not contain that wait, nor the steps before."""
         self.check_cancelled()
-        self._name_set_up()
-        self._stage_depth += 1
-        try:
+        with self._named():
             self.emit("preparing" if into_prepare else name, message or name)
             if self._clock.on_gpu and name in EVENT_TIMED_STAGES and not (into_prepare or out_of_step or warm_up):
                 start = self._clock.mark()
@@ -395,6 +393,14 @@ class RunRecorder:
                 if out_of_step or warm_up:
                     self._excluded_from_step += seconds
                 self._step_warmed_up |= warm_up
+
+    @contextlib.contextmanager
+    def _named(self):
+        """A stage's span of the host's clock: the time since the last outermost one before the loop ended is set-up."""
+        self._name_set_up()
+        self._stage_depth += 1
+        try:
+            yield
         finally:
             self._stage_depth -= 1
             if not self._stage_depth:

@@ -474,10 +474,8 @@ def out_projection(linear: torch.nn.Module, output: torch.Tensor, descale: torch
     head_dim]: FP8 with real values output * descale, or real values where descale is None). in_fp8 (a family's
     fp8_attention_out path): torchao's FP8 GEMM takes the FP8 values as they are, with `descale` as every row's
     scale; else they are dequantized to `dtype` and the layer quantizes them again per row."""
-    if descale is None:
-        return linear(output.flatten(2))
-    if not in_fp8:
-        return linear(fp8_attention.dequantized(output, descale, dtype).flatten(2))
+    if descale is None or not in_fp8:
+        return linear(fp8_attention.real_values(output, descale, dtype).flatten(2))
     rows = output.flatten(2)
     flat = rows.reshape(-1, rows.shape[-1])
     projected = fp8_linear(linear, flat, descale.reshape(1, 1).expand(flat.shape[0], 1).contiguous())

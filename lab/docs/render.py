@@ -698,7 +698,7 @@ def qwen21() -> str:
         card = f"{found['gpu_memory_gib']:g} GiB" if found.get("gpu_memory_gib") else "whole GPU"
         rows += [{"case": row["case"], "card": card, "config": row["config"],
                   **{key: row.get(key) for key in QWEN21_COLUMNS},
-                  "error": row.get("error", "").split(". ")[0].removeprefix("out of memory: CUDA ")}
+                  "error": row.get("error", "").split(":")[0]}  # "out of memory", its detail in results.json
                  for row in found["rows"]]
         done = {row["case"] for row in found["rows"]}
         left = [case for case in _cases_asked(found) if case not in done]
