@@ -71,6 +71,7 @@ def serve(args: argparse.Namespace) -> None:
     timeline.mark("import ghostedit's engine (not DiffSynth)")
     from . import create_app, launch_options, serve_in_background
     from .openai_api import routes as images_api
+    from .tools import agent_tools_only, mcp_tools
     timeline.mark("import ghostedit's API routes")
 
     source, device = model_and_device(args)
@@ -93,10 +94,13 @@ def serve(args: argparse.Namespace) -> None:
                           workers=args.workers, warm_up=warm_up, timeline=timeline)
     except UnavailableOptionError as error:
         raise SystemExit(f"error: --warm-up: {error}") from None
+    extras = {"routes": images_api(demo, args.api_key)}
+    if args.mcp:  # the agent tools only, from the server's start: Gradio enters this lifespan before it answers
+        extras["lifespan"] = agent_tools_only(demo)
     # quiet: Gradio's own banner tells to edit launch() for a public link; this app's option is --share
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, quiet=True,
                 prevent_thread_lock=True, mcp_server=args.mcp,
-                app_kwargs={"routes": images_api(demo, args.api_key)}, **launch_options())
+                app_kwargs=extras, **launch_options())
     # launch() returns after Gradio's own calls to the page (startup-events, url_ok): it answers a little before
     timeline.mark("launch" + (" (and the share link)" if args.share else ""))
     timeline.page_up()
@@ -105,8 +109,7 @@ def serve(args: argparse.Namespace) -> None:
     print(timeline.line(), flush=True)
     serve_in_background(demo)  # now, not before: this work would slow the page's own start
     if args.mcp:
-        from .tools import keep_agent_tools
-        print(f"MCP tools {', '.join(keep_agent_tools(demo))} at (Streamable HTTP) "
+        print(f"MCP tools {', '.join(mcp_tools(demo))} at (Streamable HTTP) "
               f"{demo.share_url or demo.local_url}gradio_api/mcp/", flush=True)
     demo.block_thread()
 

@@ -7,6 +7,7 @@ outputs (status text, a before/after pair, a comparison table, a session state),
 hand to an agent (Gradio 6.31 answers such a call with "pop index out of range")."""
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import gradio as gr
@@ -59,14 +60,25 @@ def _default_cfg(engine) -> float:
     return family.default_cfg if family else 4.0
 
 
-def keep_agent_tools(demo: gr.Blocks) -> list[str]:
-    """After launch(mcp_server=True): the MCP tools are the agent endpoints only (Gradio lists every public
-    endpoint); returns the tool names."""
+def agent_tools_only(demo: gr.Blocks):
+    """A lifespan for launch(app_kwargs=...): Gradio enters it after making its MCP server and before the server
+    answers, so no client ever lists the page's endpoints as tools (Gradio lists every public endpoint)."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        server = demo.mcp_server_obj
+        if server is not None:  # None: Gradio could not start it; mcp_tools says why once launch returns
+            server.tool_to_endpoint = {tool: endpoint for tool, endpoint in server.tool_to_endpoint.items()
+                                       if endpoint in MCP_ENDPOINTS}
+        yield
+    return lifespan
+
+
+def mcp_tools(demo: gr.Blocks) -> list[str]:
+    """After launch(mcp_server=True): the tools served; a --mcp that serves none is refused (Gradio would log why
+    and serve on without tools)."""
     server = demo.mcp_server_obj
-    if server is None:  # Gradio logs why and serves on without tools: a --mcp that serves none is refused
+    if server is None:
         raise SystemExit(f"the MCP server did not start: {demo.mcp_error}")
-    server.tool_to_endpoint = {tool: endpoint for tool, endpoint in server.tool_to_endpoint.items()
-                               if endpoint in MCP_ENDPOINTS}
     return list(server.tool_to_endpoint)
 
 
