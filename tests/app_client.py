@@ -1,4 +1,4 @@
-"""Driving the real app's API with gradio_client: its outputs' order, sessions, and waiting on streamed updates.
+"""Driving the real app's API with gradio_client: its outputs' order, sessions, and its runs' progress updates.
 Shared by the API and hardening tests."""
 import time
 
@@ -20,14 +20,30 @@ def wait_until(condition, timeout=180):
         time.sleep(0.05)
 
 
-def reached(job, key, value) -> bool:
-    """Whether the job has streamed a live update with update[key] >= value (or == for strings)."""
-    for out in job.outputs():
-        update = out[RUN_JSON]
-        if isinstance(update, dict) and key in update:
-            if update[key] == value or (not isinstance(value, str) and update[key] >= value):
-                return True
-    return False
+def progress(job):
+    """The job's latest progress update (Gradio's: index, length, unit, desc), or None before the first."""
+    data = job.status().progress_data
+    return data[0] if data else None
+
+
+def reached(job, step: int = 0, stage: str = "") -> bool:
+    """Whether the job's run is at `step` or later of a stage whose words start with `stage`."""
+    update = progress(job)
+    return update is not None and update.index >= step and update.desc.startswith(stage)
+
+
+def watch(jobs, timeout: float = 300) -> list[list]:
+    """Each job's progress updates as the client saw them (polled every 20 ms) until every job is done."""
+    seen = [[] for _ in jobs]
+    deadline = time.monotonic() + timeout
+    while not all(job.done() for job in jobs):
+        assert time.monotonic() < deadline, "timed out"
+        for job, updates in zip(jobs, seen):
+            update = progress(job)
+            if update is not None and (not updates or updates[-1] != update):
+                updates.append(update)
+        time.sleep(0.02)
+    return seen
 
 
 def rows(table: dict) -> list[dict]:

@@ -3,12 +3,12 @@ same as `python app.py`) in a process of its own, calls its public `/edit` throu
 does, and reports for every call the client's wall time beside the engine's `telemetry.total_s`, and where the
 difference went: the app's handler outside the engine (the run JSON's `serving`: waiting for the engine, encoding
 the views), and outside the handler, in parts: the client's upload of the input and its downloads of the outputs
-(timed in gradio_client's own steps), Gradio's queue wait, its preprocessing, its postprocessing of the last update
+(timed in gradio_client's own steps), Gradio's queue wait, its preprocessing, its postprocessing of the answer
 (after the handler; from Gradio's own record of each request, its profiling traces, which also give what each
-streamed update costs it while the engine works), and the rest (the transport and the client library). gradio_client
-2.7 sets up TLS for each of its HTTP requests (nine per /edit, each file download one), even to an http:// app: the
-first configuration's warm calls are made again by a second client with ssl_verify=False, labelled so, beside the
-default client's (the headline: what a gradio_client script waits). The engine's stages are checked against its
+update of the page's live view costs it while the engine works), and the rest (the transport and the client
+library). gradio_client 2.7 sets up TLS for each of its HTTP requests (each file download one), even to an
+http:// app: the first configuration's warm calls are made again by a second client with ssl_verify=False,
+labelled so, beside the default client's (the headline: what a gradio_client script waits). The engine's stages are checked against its
 total (`unnamed_s`: what no stage names).
 
 The app's own start is in results.json too: its timeline before the page answered, step by step (`page_start`,
@@ -52,6 +52,7 @@ NO_TLS = "warm, client with ssl_verify=False"
 COLUMNS = {"case": "case", "calls": "calls", "client_s": "client waits s", "engine_s": "engine total s",
            "gap_s": "difference s", "handler_outside_engine_s": "handler outside the engine s",
            "outside_handler_s": "outside the handler s", "postprocess_per_update_ms": "Gradio ms per update",
+           "live_view_ms_per_update": "page's live view: Gradio ms per update",
            "unnamed_s": "engine time no stage names s"}
 # the parts of "outside the handler s"
 OUTSIDE_COLUMNS = {"case": "case", "outside_handler_s": "outside the handler s",
@@ -193,22 +194,23 @@ def call_row(kind: str, case: str, client_s: float, run: dict) -> dict:
             "compile": run["prepared_report"].get("compile")}  # says whether a compiled package was loaded
 
 
-def gradio_traces(app: App) -> list[dict]:
-    """Gradio's own record of every /edit answered so far, in order (GRADIO_PROFILING); Gradio files a request's
-    record just after its answer, so this waits for the last one."""
+def gradio_traces(app: App, fn_name: str = "edit", count: int | None = None) -> list[dict]:
+    """Gradio's own record of every call of `fn_name` answered so far (by default every /edit), in order
+    (GRADIO_PROFILING); Gradio files a request's record just after its answer, so this waits for `count` of them
+    (default: the /edit calls made)."""
+    count = app.edits if count is None else count
     deadline = time.perf_counter() + 30
     while True:
         with urllib.request.urlopen(app.url + "gradio_api/profiling/traces", timeout=30) as response:
-            traces = [trace for trace in json.load(response) if trace["fn_name"] == "edit"]
-        if len(traces) >= app.edits or time.perf_counter() > deadline:
+            traces = [trace for trace in json.load(response) if trace["fn_name"] == fn_name]
+        if len(traces) >= count or time.perf_counter() > deadline:
             return traces
         time.sleep(0.1)
 
 
 def with_gradio(rows: list[dict], traces: list[dict]) -> None:
     """Each call's row gets Gradio's record of it (calls and records in the same order): its wait in Gradio's
-    queue, and what Gradio's post-processing of each streamed update (made while the engine works, the last one
-    after it) cost."""
+    queue, and what Gradio's post-processing of its answer (/edit answers once, after the handler) cost."""
     for row, trace in zip(rows, traces):
         per_update = trace["postprocess_ms"] / max(1, trace["n_iterations"]) / 1000
         row.update(gradio_queue_wait_s=trace["queue_wait_ms"] / 1000, updates=trace["n_iterations"],
@@ -282,6 +284,18 @@ def browser_edit(app: App, image: str, prompt: str) -> dict:
     return {"kind": "browser", "case": "the page's settings", "client_s": seconds, "engine_s": engine_s,
             "gap_s": None if engine_s is None else seconds - engine_s, "page_waited": waited_text,
             "note": "click on Run to the picture loaded, read in the page (requestAnimationFrame polling)"}
+
+
+def with_live_views(rows: list[dict], app: App) -> None:
+    """Each browser edit's row gets what its live view cost Gradio: the page's follower event (ui/live_board.py)
+    streams the status and the run's JSON while the engine works; its updates and Gradio's post-processing of each,
+    from Gradio's record of it."""
+    if not rows:
+        return
+    traces = gradio_traces(app, "follow", len(rows))[-len(rows):]
+    for row, trace in zip(rows, traces):
+        row.update(live_views=trace["n_iterations"],
+                   live_view_ms_per_update=trace["postprocess_ms"] / max(1, trace["n_iterations"]))
 
 
 def browser_missing() -> str | None:
@@ -362,6 +376,7 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
                     notes.append(f"browser edit not measured: {missing}")
                     break
                 rows.append(browser_edit(app, caller.image, run.prompt))
+            with_live_views([row for row in rows if row["kind"] == "browser"], app)
             startup = Caller(app, run).client.predict(api_name="/startup")
             if index == 0:  # the app's own start, step by step, beside the page's answer as seen from here
                 rows[0]["page_start"] = startup["page_start"]

@@ -132,5 +132,22 @@ def endpoint(method: Callable, summary: str, names: list[str], extra: dict[str, 
     return call
 
 
+def served(fn: Callable, serve: Callable, stream: bool) -> Callable:
+    """An endpoint `fn` (its signature, name and docs) whose generator `serve(answers, request)` turns into what
+    Gradio sends: with `stream` each item serve yields, else the one it returns (Gradio tells the two apart by the
+    function, not by what it returns)."""
+    if stream:
+        def call(*arguments):
+            yield from serve(fn(*arguments), arguments[-2])
+    else:
+        def call(*arguments):
+            return serve(fn(*arguments), arguments[-2])
+    signature = inspect.signature(fn)
+    call.__signature__ = signature
+    call.__annotations__ = {"request": gr.Request}
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+    return call
+
+
 def variants_description() -> str:
     return "a list of variants to run: " + "; ".join(f"{name} ({words})" for name, words in variants().items())

@@ -6,7 +6,6 @@ import html
 import random
 import secrets
 import tempfile
-import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -23,6 +22,7 @@ from ..images import fit
 from ..telemetry import GIB, RunCancelled
 from . import live, media
 from .history import COMPARISON_RULE, History
+from .live_board import LiveBoard
 from .mask_inputs import start_values
 from .refusals import from_page, refusal, status_words
 from .startup import WAITING_FOR_STARTUP, startup_words
@@ -33,9 +33,8 @@ from .tables import column_widths, comparison_html, readable
 from .system import cache_table, hardware_markdown, options_json, options_table, system_report
 
 
-# At most one streamed view of a running edit this often: Gradio spends 10-40 ms of the server's time on each
-# (docs/benchmarks/latency-4: "Gradio ms per update"), so a 1-second edit streaming a view per stage and step ended
-# with a backlog of views the picture waited behind; four a second still show every stage a person can read
+# At most one live view of a running edit this often: four a second show every stage a person can read (and each
+# view is one more message to the page and one more Markdown to draw)
 STREAM_INTERVAL_S = 0.25
 TIMER_INTERVAL_S = 1.0  # a view with only the timer moved (no new stage or step)
 MAX_BROWSERS = 16  # browsers whose history the server keeps for a page reload (each holds up to MAX_RUNS images)
@@ -63,7 +62,7 @@ class Handlers:
         self.loras = LoraLibrary(lora_dir, builtin_loras(engine))
         self.options = engine.options()
         self.upload_folder = Path(get_upload_folder())
-        self._cancel_events: dict[str, threading.Event] = {}
+        self.board = LiveBoard()
         self._exports = Path(tempfile.mkdtemp(prefix="ghostedit-exports-"))
         self._browser_histories: OrderedDict[str, History] = OrderedDict()
         # the images sent to the page, in Gradio's file cache (served from there, never copied again)
@@ -81,11 +80,14 @@ class Handlers:
     # ---- one edit ----
 
     # Values arrive as sent, unprocessed by Gradio (layout._wire_edit), as {API parameter: value}: the engine's
-    # objects check every one. layout.py gives these methods their API signature (api.py).
+    # objects check every one. layout.py gives these methods their API signature (api.py) and serves what they
+    # yield with answer() (the API) or answer_page() (the page): an answer per finished image, a refusal or a cancel
+    # as the last answer, and live.View items for the live view.
     def edit(self, values: dict, history: History, request: gr.Request, progress):
         """`count` images of one edit, with seeds seed, seed+1, ...: each joins the history; a batch's show in the
         run's gallery (one image shows as the before/after pair's second only) and it ends with its total."""
         started = time.perf_counter()
+        cancel = self.board.switch(request.session_hash)
         try:
             config = panel_config(self.loras, values)
             self.engine.check(config)
@@ -98,7 +100,7 @@ class Handlers:
         images, results, batch_started = [], [], started
         for index, edit in enumerate(edits, 1):
             heading = f"**Image {index} of {len(edits)}** (seed {edit.seed})\n\n" if len(edits) > 1 else ""
-            result = yield from self._stream(edit, config, request, progress, heading, done=len(results))
+            result = yield from self._run(edit, config, cancel, request, progress, heading, done=len(results))
             if result is None:
                 return
             record, before_after, serving = self._shown(result, history, started)
@@ -108,13 +110,13 @@ class Handlers:
             if index == len(edits) > 1:
                 status = live.batch_status(results, time.perf_counter() - batch_started) + "\n\n" + status
             # one image is the pair's second already: every file in the answer is one more request for a client
-            # (gradio_client fetches each file of a streamed answer twice, each with its own connection set-up)
             yield (status, before_after, live.run_summary(result), live.result_json(result, record.number, serving),
                    history.table(), images if len(edits) > 1 else [], history)
             started = time.perf_counter()  # the next image's own time
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
         words = variants()
+        cancel = self.board.switch(request.session_hash)
         try:
             if image_count(values.get("count")) != 1:
                 raise InvalidRequestError("Run variants makes one image per variant, with the seed given: set "
@@ -136,7 +138,7 @@ class Handlers:
         started = time.perf_counter()
         for index, (name, config) in enumerate(runs, 1):
             heading = f"**Variant {index} of {len(runs)}: {words[name]}** ({config.label})\n\n"
-            result = yield from self._stream(edit, config, request, progress, heading, done=len(finished))
+            result = yield from self._run(edit, config, cancel, request, progress, heading, done=len(finished))
             if result is None:
                 return
             record, before_after, serving = self._shown(result, history, started)
@@ -153,6 +155,42 @@ class Handlers:
                    history.table(), images, history)
             started = time.perf_counter()
 
+    def answer(self, answers, request: gr.Request) -> tuple:
+        """For the API: a call's answers to the end, its last one returned (the live views reach an API client
+        as Gradio's progress updates). Its run can be cancelled (/cancel) while it goes."""
+        with self.board.running(request.session_hash):
+            last = None
+            for item in answers:
+                if not isinstance(item, live.View):
+                    last = item
+            return last
+
+    def answer_page(self, answers, request: gr.Request):
+        """For the page: each answer as it comes, with one more output, the follower's trigger (layout.py). The
+        run's first live view goes out with it and starts the follower, which then shows the other views and the
+        answers' status and JSON (live_board.py says why)."""
+        skip = gr.skip()
+        with self.board.running(request.session_hash) as run:
+            for item in answers:
+                if isinstance(item, live.View) and not run.awaited:
+                    run.await_follower()
+                    yield item.status, skip, skip, item.run_json, skip, skip, skip, secrets.token_hex(8)
+                elif isinstance(item, live.View):
+                    run.show(item)
+                elif run.awaited:
+                    status, before_after, summary, run_json, table, images, history = item
+                    run.show(live.View(status, run_json))
+                    yield skip, before_after, summary, skip, table, images, history, skip
+                else:  # refused before the run began: no follower
+                    yield (*item, skip)
+
+    async def follow(self, request: gr.Request):
+        """The page's live view of this session's run (the status and the run's JSON), from its start to its
+        answer; a page closed during the run cancels it. (An async generator: Gradio streams it without holding
+        a thread while it waits.)"""
+        async for view in self.board.follow(request.session_hash):
+            yield view
+
     def _edit_request(self, values: dict):
         images = uploaded_images([values.get(name) for name in image_parameters()], self.upload_folder)
         family = self.engine.family
@@ -160,21 +198,19 @@ class Handlers:
                             values.get("cfg_scale"), values.get("seed"), values.get("width"), values.get("height"),
                             keep_alpha=bool(family and family.rgba), **start_values(values, self.upload_folder))
 
-    def _stream(self, edit, config, request: gr.Request, progress, heading: str, done: int = 0):
-        """Yields the live view while the engine runs; returns the result, or None when the run was cancelled or
-        failed on the page (the status says which). `done`: the images of this batch finished before this one."""
-        cancel = threading.Event()
-        self._cancel_events[request.session_hash] = cancel
+    def _run(self, edit, config, cancel, request: gr.Request, progress, heading: str, done: int = 0):
+        """Runs one image, yielding its live views (and giving Gradio's progress) as it goes; returns the result.
+        A cancelled or failed run yields its answer and returns None. `done`: the images of this batch finished
+        before this one."""
         notice = self.prepare_notice(config)  # before the run starts: it reads what the run will change
         # the engine starts now, not after this first view; a tick every STREAM_INTERVAL_S shows a stage or step
         # the throttle held back (the load's, say) that soon, not only when the next event comes
-        run = live.stream_run(self.engine, edit, config, cancel, tick_seconds=STREAM_INTERVAL_S)
+        stream = live.stream_run(self.engine, edit, config, cancel, tick_seconds=STREAM_INTERVAL_S)
         skip = gr.skip()  # the previous result stays up until this run's replaces it, and after a cancel
         try:
-            yield (heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, skip, skip,
-                   {"state": "starting"}, skip, skip, skip)
+            yield live.View(heading + "### ⏳ Starting…\n" + live.progress_bar(None) + notice, {"state": "starting"})
             shown, shown_event = time.perf_counter(), None  # the "Starting" view
-            for item in run:
+            for item in stream:
                 if not isinstance(item, live.Live):
                     return item
                 if item.event is not None and item.event.stage == "done":
@@ -184,11 +220,10 @@ class Handlers:
                     continue  # a later view shows it: a quicker one would only delay the picture
                 shown, shown_event = time.perf_counter(), item.event
                 if item.event is not None and item.event.total_steps:
-                    progress((item.event.step, item.event.total_steps), desc=live.stage_words(item.event.stage),
+                    progress((item.event.step, item.event.total_steps), desc=live.progress_words(item),
                              unit="steps")
                 waiting = WAITING_FOR_STARTUP if self.startup.busy else None
-                yield (live.live_status(item, heading, waiting), skip, skip, live.progress_json(item), skip, skip,
-                       skip)
+                yield live.View(live.live_status(item, heading, waiting), live.progress_json(item))
         except RunCancelled as cancelled:
             yield (heading + live.cancelled_status(cancelled, done), skip, skip,
                    {"state": "cancelled", "message": str(cancelled)}, skip, skip, skip)
@@ -198,8 +233,7 @@ class Handlers:
             yield from _say_no(refusal(error), request, heading, during_run=True)
             return None
         finally:
-            run.close()  # a page closed before the run ended cancels it (live.stream_run)
-            self._cancel_events.pop(request.session_hash, None)
+            stream.close()  # a run left behind (the call closed early) is cancelled at its next step
 
     def _shown(self, result, history: History, started: float):
         """A finished run joins the history, and its images are made ready to show (JPEG views: ui/media.py);
@@ -230,11 +264,9 @@ class Handlers:
         return self._before_views[edit_key]
 
     def cancel(self, request: gr.Request) -> None:
-        cancel = self._cancel_events.get(request.session_hash)
-        if cancel is None:
+        if not self.board.cancel(request.session_hash):
             gr.Info("Nothing of yours is running.")
             return
-        cancel.set()
         gr.Info("Cancelling: the run stops at the next step.")
 
     # ---- start-up ----

@@ -158,6 +158,8 @@ def _outputs(ui: SimpleNamespace, engine) -> None:
         ui.summary = gr.Markdown("The stage breakdown of the finished run shows here.", elem_id="run_summary")
         with gr.Accordion("Run telemetry (JSON)", open=False):
             ui.run_json = gr.JSON(elem_id="run_json")
+            # set by a run's first answer on the page: starts the follower of its live view (live_board.py)
+            ui.follow_run = gr.Textbox(visible=False)
 
 
 def _settings(ui: SimpleNamespace, handlers: Handlers, engine) -> None:
@@ -352,29 +354,36 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
                 .then(handlers.exports, history, [compare.download_csv, compare.download_json], **PRIVATE, **LIGHT)
                 .then(handlers.remember_history, [browser_key, history], None, **PRIVATE, **LIGHT))
 
-    edit_fn = on_gpu(api.endpoint(handlers.edit, "Edits 1 to 3 images with an instruction under the chosen toggles, "
-                                  "`count` times with seeds seed, seed+1, .... "
-                                  "Streams the live status and progress (stage, step, s/step, elapsed, ETA, memory) "
-                                  "at every step, then returns the before/after pair, the run summary, the run's "
-                                  "telemetry (JSON), the session's comparison table and, when count > 1, the run's "
-                                  "images (one image is the pair's second).", names),
-                     handlers.engine.spec, runs_for=lambda arguments: arguments.get("count") or 1)
-    variants_fn = on_gpu(api.endpoint(handlers.run_variants, "Runs the same edit under several configurations in one "
-                                      "go: the stock baseline, the baseline plus one panel setting each, or the "
-                                      "whole panel. Streams like /edit; each finished variant joins the comparison "
-                                      "table.", names + ["variants"], {"variants": api.variants_description()}),
-                         handlers.engine.spec, runs_for=lambda arguments: len(arguments.get("variants") or [1]))
-    for button, fn, inputs, name in ((edit.run, edit_fn, edit.panel + [history], "edit"),
-                                     (compare.run_variants, variants_fn, edit.panel + [compare.variants, history],
-                                      "run_variants")):
-        button.click(None, None, edit.status, js=QUEUED, **PRIVATE)
+    edit_words = ("Edits 1 to 3 images with an instruction under the chosen toggles, `count` times with seeds seed, "
+                  "seed+1, .... Answers when the run ends, with the before/after pair, the run summary, the run's "
+                  "telemetry (JSON), the session's comparison table and, when count > 1, the run's images (one "
+                  "image is the pair's second). While it runs, Gradio's progress updates give the stage, step, "
+                  "s/step, elapsed, ETA and memory (gradio_client: job.status().progress_data).", names, None)
+    variants_words = ("Runs the same edit under several configurations in one go: the stock baseline, the baseline "
+                      "plus one panel setting each, or the whole panel. Answers like /edit when the last variant "
+                      "ends, every variant in the run's JSON and the comparison table.", names + ["variants"],
+                      {"variants": api.variants_description()})
+    for button, method, words, inputs, name, runs_for in (
+            (edit.run, handlers.edit, edit_words, edit.panel + [history], "edit",
+             lambda arguments: arguments.get("count") or 1),
+            (compare.run_variants, handlers.run_variants, variants_words, edit.panel + [compare.variants, history],
+             "run_variants", lambda arguments: len(arguments.get("variants") or [1]))):
+        answers = on_gpu(api.endpoint(method, *words), handlers.engine.spec, runs_for=runs_for)
+        gpu = dict(preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE)
         # preprocess=False: the values reach the handler as sent, and the engine's checks are the only ones (with
         # messages that name the parameter). Gradio's gr.Image would open an upload with Pillow before GhostEdit's
         # safe reader sees it, and would open any file on the server named by a payload without FileData's "meta".
-        after_history_changed(button.click(fn, inputs, outputs, api_name=name, show_progress_on=[edit.result],
-                                           preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE),
-                              dict(api_name="comparison") if name == "edit" else PRIVATE).then(
+        # The API's endpoint answers once (gradio_client fetches the files of a streamed answer twice).
+        gr.on([], api.served(answers, handlers.answer, stream=False), inputs, outputs, api_name=name, **gpu)
+        # the page: an answer per finished image, the first of which starts the live view's follower
+        button.click(None, None, edit.status, js=QUEUED, **PRIVATE)
+        page = button.click(api.served(answers, handlers.answer_page, stream=True), inputs,
+                            outputs + [edit.follow_run], show_progress_on=[edit.result], **PRIVATE, **gpu)
+        after_history_changed(page, dict(api_name="comparison") if name == "edit" else PRIVATE).then(
             **panel_notice(handlers, edit))
+    # its own tracker on the JSON (closed away): over the status, Gradio's "processing" would cover the words
+    edit.follow_run.change(handlers.follow, None, [edit.status, edit.run_json], show_progress_on=[edit.run_json],
+                           **PRIVATE, **LIGHT)
     edit.cancel.click(handlers.cancel, None, None, api_name="cancel", queue=False)
     edit.seed_button.click(handlers.random_seed, None, edit.seed, queue=False, **PRIVATE)
     edit.aspect.input(handlers.aspect_size, edit.aspect, [edit.width, edit.height], queue=False, **PRIVATE)

@@ -6,6 +6,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..models.family import family_words
 from ..telemetry import ProgressEvent
@@ -39,6 +40,12 @@ class Live:
     seconds since the run started, which keep counting during a long stage."""
     event: ProgressEvent | None
     elapsed: float
+
+
+class View(NamedTuple):
+    """A live view of a running edit: the status Markdown and the run's state for API clients (progress_json)."""
+    status: str
+    run_json: dict
 
 
 _FINISHED = object()
@@ -141,6 +148,15 @@ def live_status(live: Live, heading: str = "", waiting: str | None = None) -> st
             f"| {event.step}/{event.total_steps or '–'} | {_seconds(event.step_seconds)} | {elapsed:.1f} s | "
             f"{_seconds(event.eta)} | {_gib(event.memory.allocated_gib)} | {_gib(event.peak.allocated_gib)} |\n\n"
             f"<small>Memory: {memory_words(event.memory.label)}.</small>")
+
+
+def progress_words(live: Live) -> str:
+    """The live state in a line, for Gradio's progress updates (what an API client sees while the run goes on)."""
+    event = live.event
+    words = [stage_words(event.stage), f"{_seconds(event.step_seconds)}/step", f"elapsed {live.elapsed:.1f} s",
+             f"ETA {_seconds(event.eta)}", f"{event.memory.label}: {_gib(event.memory.allocated_gib)} now, "
+             f"{_gib(event.peak.allocated_gib)} peak"]
+    return " · ".join(words + ([f"on {event.worker}"] if event.worker else []))
 
 
 def progress_json(live: Live) -> dict:

@@ -276,7 +276,7 @@ class ImagesAPI:
     def _refuse_unsupported(one: dict) -> None:
         if _flag(one.get("stream")) or _number("partial_images", one.get("partial_images"), int, 0, 3):
             raise OpenAIError(400, "streaming partial images is not supported here: GhostEdit's Gradio API (/edit) "
-                                   "streams each step's progress instead", param="stream")
+                                   "gives each step's progress instead (Gradio's progress updates)", param="stream")
         if one.get("background") == "transparent":
             raise OpenAIError(400, "a transparent background is not supported: the model makes RGB images",
                               param="background")

@@ -87,7 +87,6 @@ def _edit_image(handlers, values: dict, request: gr.Request) -> dict:
     alone: Gradio 6.31's MCP bridge passes a tool's several outputs only to clients that ask for progress (without,
     it sends their tuple as one text); the run's telemetry stays with /edit."""
     history = History()
-    for _ in handlers.edit(values, history, request, lambda *args, **kwargs: None):
-        pass
+    handlers.answer(handlers.edit(values, history, request, lambda *args, **kwargs: None), request)
     path = media.png_file(history.runs[-1].image, handlers.upload_folder / "edited")  # lossless, not the JPEG view
     return FileData(path=path, orig_name="edited.png", mime_type="image/png").model_dump()

@@ -163,19 +163,24 @@ def fill_edit(page, prompt="turn it into a haunted house at night", image=ASSETS
     page.locator("#input_image input[type=file]").set_input_files(str(image))
     page.locator("#prompt textarea").fill(prompt)
     if small:
-        open_section(page, "generation_section")
-        summary = page.locator("#generation_section .label-wrap")
-        for attempt in range(3):  # a section's fields mount when it opens: a value typed at that moment can be lost
-            for elem_id, value in SMALL:
-                if attempt:  # a field that kept its value would send no change, and the summary none
-                    set_number(page, elem_id, value + 1)
-                set_number(page, elem_id, value)
-            try:
-                expect(summary).to_contain_text("2 steps · CFG 4 · seed 0 · 128×128", timeout=5_000)
-                break
-            except AssertionError:
-                if attempt == 2:
-                    raise
+        set_generation(page, SMALL, "2 steps · CFG 4 · seed 0 · 128×128")
+
+
+def set_generation(page, values, summary_words: str) -> None:
+    """Sets the generation section's fields ((elem_id, value) pairs) until its summary says `summary_words`."""
+    open_section(page, "generation_section")
+    summary = page.locator("#generation_section .label-wrap")
+    for attempt in range(3):  # a section's fields mount when it opens: a value typed at that moment can be lost
+        for elem_id, value in values:
+            if attempt:  # a field that kept its value would send no change, and the summary none
+                set_number(page, elem_id, value + 1)
+            set_number(page, elem_id, value)
+        try:
+            expect(summary).to_contain_text(summary_words, timeout=5_000)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
 
 
 def wait_status(page, words: str, timeout_ms: int = 60_000) -> str:
@@ -415,10 +420,8 @@ def test_queued_and_cancelled_runs_say_so(browser, app):
     """A run waiting behind another tab's says "Queued"; Cancel before any result says that no image was made."""
     first, second = open_page(browser, app), open_page(browser, app)
     for page in (first, second):
-        fill_edit(page, small=False)
-        open_section(page, "generation_section")
-        for elem_id, value in (("steps", 100), ("width", 512), ("height", 512)):
-            set_number(page, elem_id, value)  # long enough to be cancelled while it denoises
+        fill_edit(page, small=False)  # long enough to be cancelled while it denoises
+        set_generation(page, (("steps", 100), ("width", 512), ("height", 512)), "100 steps · CFG 4 · seed 0 · 512×512")
     first.locator("#run").click()
     wait_status(first, "Denoising · step", RUN_TIMEOUT_MS)
     second.locator("#run").click()

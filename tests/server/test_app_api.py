@@ -10,7 +10,7 @@ from gradio_client.utils import Status
 from PIL import Image
 
 from app_client import (BEFORE_AFTER, IMAGES, RUN_JSON, STATUS, SUMMARY, TABLE, client, lossless, reached, rows,
-                        wait_until)
+                        wait_until, watch)
 from conftest import ASSETS
 
 SMALL = dict(steps=3, width=128, height=128)
@@ -27,27 +27,26 @@ def test_starts_within_30_cpu_seconds(app, artifacts):
     assert app.startup_cpu_s < 30
 
 
-def test_default_edit_streams_its_steps(app):
-    """Only an image and an instruction: the model's default steps and size; the view follows the steps, at most
-    four views a second (handlers.STREAM_INTERVAL_S)."""
+def test_default_edit_answers_once_with_progress_at_its_steps(app):
+    """Only an image and an instruction: the model's default steps and size. The answer comes once (a streamed
+    answer's files gradio_client fetches twice); while the run goes, Gradio's progress updates follow the steps, at
+    most four a second (handlers.STREAM_INTERVAL_S), each with the stage, s/step, ETA and memory."""
     job = client(app).submit(image=handle_file(str(ASSETS / "house.png")), prompt="make it night",
                              api_name="/edit")
-    live = [out[RUN_JSON] for out in job if isinstance(out[RUN_JSON], dict) and out[RUN_JSON].get("state") == "running"]
     final = job.result()
-    steps = [update["step"] for update in live if update["stage"] == "denoising"]
-    assert steps == sorted(steps) and set(steps) <= set(range(0, 5)), steps  # 0: the stage began
+    assert len(job.outputs()) == 1
     many = client(app).submit(image=handle_file(str(ASSETS / "house.png")), prompt="make it night", steps=60,
-                              api_name="/edit")  # long enough for several views whatever the machine's speed
-    shown = [out[RUN_JSON]["step"] for out in many if isinstance(out[RUN_JSON], dict)
-             and out[RUN_JSON].get("state") == "running" and out[RUN_JSON]["stage"] == "denoising"]
-    assert len(shown) >= 2 and shown == sorted(shown) and set(shown) <= set(range(0, 61)), shown
+                              api_name="/edit")  # long enough for several updates whatever the machine's speed
+    [shown] = watch([many])
+    steps = [update.index for update in shown]
+    assert len(steps) >= 2 and steps == sorted(steps) and set(steps) <= set(range(0, 61)), steps
+    assert {(update.length, update.unit) for update in shown} == {(60, "steps")}
+    assert all(update.desc.split(" · ")[0] in ("denoising", "decoding") and "/step · elapsed " in update.desc
+               and " · ETA " in update.desc and "host memory (process RSS): " in update.desc
+               for update in shown), [update.desc for update in shown]
+    assert any(" s/step · " in update.desc for update in shown if update.desc.startswith("denoising"))
+    assert len(many.outputs()) == 1 and many.result()[RUN_JSON]["state"] == "done"
     telemetry = final[RUN_JSON]["telemetry"]
-    loaded = {"load"} & set(telemetry["stages_s"])  # the first edit on this app loads the model: shown live too
-    # the load is shown live; four quick steps may end before a throttled view shows them
-    assert loaded <= {update["stage"] for update in live}
-    per_step = [update for update in live if update["step_s"] is not None]
-    assert all(update["eta_s"] is not None and update["memory"]["label"] == "host memory (process RSS)"
-               for update in per_step)
     assert final[RUN_JSON]["state"] == "done" and len(telemetry["step_s"]) == 4
     before, after = (Image.open(path) for path in final[BEFORE_AFTER])
     assert before.size == after.size == (256, 256)
@@ -134,7 +133,7 @@ def test_variant_needing_an_unset_toggle_is_refused(app):
 
 def test_queue_runs_one_job_at_a_time_and_shows_the_place(app):
     first = client(app).submit(**inputs(steps=40), api_name="/edit")
-    wait_until(lambda: reached(first, "stage", "denoising"))
+    wait_until(lambda: reached(first, stage="denoising"))
     second = client(app).submit(**inputs(), api_name="/edit")
     seen = []  # the second job's status while the first one is still running
     while not first.done():
@@ -148,7 +147,7 @@ def test_queue_runs_one_job_at_a_time_and_shows_the_place(app):
 def test_cancel_stops_the_run_at_a_step_and_keeps_the_previous_result(app):
     session = client(app)
     job = session.submit(**inputs(steps=100), api_name="/edit")
-    wait_until(lambda: reached(job, "step", 1))
+    wait_until(lambda: reached(job, step=1))
     session.predict(api_name="/cancel")
     final = job.result()
     assert final[RUN_JSON]["state"] == "cancelled" and "Cancelled" in final[STATUS]

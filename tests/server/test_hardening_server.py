@@ -19,7 +19,8 @@ from gradio_client.client import Endpoint
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from app_client import BEFORE_AFTER, RUN_JSON, STATUS, SUMMARY, TABLE, client, reached, rows, wait_until
+from app_client import (BEFORE_AFTER, RUN_JSON, STATUS, SUMMARY, TABLE, client, progress, reached, rows, wait_until,
+                        watch)
 from app_server import REPO, running_app
 from conftest import ASSETS
 from ghostedit.engine import OUT_OF_MEMORY_RETRY_NOTE
@@ -297,23 +298,20 @@ def outcome(job):
         return error
 
 
-def own_total_steps(job) -> set:
-    return {out[RUN_JSON].get("total_steps") for out in job.outputs()
-            if isinstance(out[RUN_JSON], dict) and out[RUN_JSON].get("total_steps")}
-
-
 def test_eight_clients_at_once_each_get_only_their_own_results(app, tmp_path):
     requests = plans(upload_lora(app, ensure_foreign_lora()), saved_as(tmp_path, "clip.png", animated_gif()))
     sessions = [client(app) for _ in requests]
     jobs = [session.submit(**inputs(**plan), api_name="/edit") for session, plan in zip(sessions, requests)]
-    wait_until(lambda: reached(jobs[CANCELLING], "step", 1) or jobs[CANCELLING].done())
+    wait_until(lambda: reached(jobs[CANCELLING], step=1) or jobs[CANCELLING].done())
+    cancelling_progress = progress(jobs[CANCELLING])
     sessions[CANCELLING].predict(api_name="/cancel")  # cancels this client's run, no one else's
+    seen = watch(jobs)
     outcomes = [outcome(job) for job in jobs]
 
     assert isinstance(outcomes[FOREIGN_LORA], AppError) and "matched 0 layers" in str(outcomes[FOREIGN_LORA])
     cancelled = outcomes[CANCELLING][RUN_JSON]
     assert cancelled["state"] == "cancelled" and "of 60 steps" in cancelled["message"]
-    assert own_total_steps(jobs[CANCELLING]) == {60}
+    assert cancelling_progress.length == 60
     for index, plan in enumerate(requests):
         if index in (CANCELLING, FOREIGN_LORA):
             continue
@@ -322,8 +320,8 @@ def test_eight_clients_at_once_each_get_only_their_own_results(app, tmp_path):
         assert run["state"] == "done" and "Done in" in result[STATUS], index
         assert (run["seed"], run["steps"], (run["width"], run["height"])) == (plan["seed"], plan["steps"], size)
         assert len(run["telemetry"]["step_s"]) == plan["steps"]
-        # the live view showed only this run (a short run may end before a throttled view shows its steps)
-        assert own_total_steps(jobs[index]) <= {plan["steps"]}
+        # the progress showed only this run (a short run may end before a throttled update shows its steps)
+        assert {update.length for update in seen[index]} <= {plan["steps"]}
         assert run["telemetry"]["notes"] == ([f"input image 1: {GIF_NOTE}"] if index == GIF else [])
         assert Image.open(result[BEFORE_AFTER][1]).size == size
         table = rows(result[TABLE])  # this session's history: its own run and nothing else
@@ -334,7 +332,7 @@ def test_eight_clients_at_once_each_get_only_their_own_results(app, tmp_path):
 
 def cancel_a_long_edit(session):
     job = session.submit(**inputs(steps=100), api_name="/edit")
-    wait_until(lambda: reached(job, "step", 1))
+    wait_until(lambda: reached(job, step=1))
     session.predict(api_name="/cancel")
     final = job.result(timeout=60)[RUN_JSON]
     assert final["state"] == "cancelled" and "of 100 steps" in final["message"]

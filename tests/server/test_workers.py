@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from app_client import RUN_JSON, STATUS
+from app_client import RUN_JSON, watch
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.device import UnavailableOptionError
 from ghostedit.engine.workers import WorkerPool, WorkerStoppedError, worker_devices
@@ -164,8 +164,8 @@ def test_app_with_two_workers_serves_two_edits_at_once(tmp_path):
         jobs = [Client(running.url, verbose=False).submit(  # two clients: two people at once
             image=handle_file(house), steps=6, width=128, height=128, api_name="/edit", **EDITS[name])
             for name in EDITS]
+        seen = watch(jobs, timeout=600)
         outputs = [job.result(timeout=600) for job in jobs]
-        live = [update for job in jobs for update in job.outputs() if update[RUN_JSON].get("state") == "running"]
     workers = [output[RUN_JSON]["telemetry"]["worker"] for output in outputs]
     deadline = time.time() + 30  # the app was stopped (SIGTERM): its workers end with it
     while any(_running(worker["pid"]) for worker in workers) and time.time() < deadline:
@@ -173,8 +173,8 @@ def test_app_with_two_workers_serves_two_edits_at_once(tmp_path):
     assert not any(_running(worker["pid"]) for worker in workers)
     assert {worker["index"] for worker in workers} == {0, 1}
     assert min(w["finished_at"] for w in workers) > max(w["started_at"] for w in workers)  # ran at the same time
-    assert {update[RUN_JSON]["worker"] for update in live} == {"worker 0 (cpu)", "worker 1 (cpu)"}  # while running
-    assert all(f"on {update[RUN_JSON]['worker']}" in update[STATUS] for update in live)
+    for updates, worker in zip(seen, workers):  # while running: the progress says which worker runs it
+        assert updates and all(update.desc.endswith(f"on worker {worker['index']} (cpu)") for update in updates)
     for (status, _, summary, *_), worker in zip(outputs, workers):
         assert f"ran on worker {worker['index']}: cpu (CPU)" in status
         assert f"ran on worker {worker['index']}" in summary
