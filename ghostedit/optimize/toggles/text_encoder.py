@@ -31,12 +31,12 @@ def _text_encoder(context: RunContext, choice: str):
         return
     text_encoder = context.prepared.pipe.text_encoder
     streamed = not _on_device(text_encoder, context.device)
+    windows = vision_windows.has_windows(text_encoder)
     if choice == "graphed" and not streamed:
-        with _graphed(context, text_encoder):
+        with _graphed(context, text_encoder, windows):
             yield
         return
     if choice in ("joined-windows", "graphed"):
-        windows = vision_windows.has_windows(text_encoder)
         if choice == "graphed":  # streamed: as cuda-graph does for a streamed DiT, the run says so and runs without
             context.not_applied("text-encoder", f"graphs not applied on this run: {STREAMED}; "
                                                 + ("its vision windows joined" if windows else "it runs eager"))
@@ -65,10 +65,10 @@ def _windows_joined(text_encoder, windows: bool):
 
 
 @contextlib.contextmanager
-def _graphed(context: RunContext, text_encoder):
+def _graphed(context: RunContext, text_encoder, windows: bool):
     graphs = text_encoder_graphs.graphs_of(text_encoder)
     owner = (tensors.placement_mark(text_encoder), None)  # graphs read the weights where they lie: a move drops them
-    with _windows_joined(text_encoder, vision_windows.has_windows(text_encoder)), \
+    with _windows_joined(text_encoder, windows), \
             graphs.running(owner, context.recorder), \
             text_encoder_graphs.graphed_layers(text_encoder, graphs):
         try:
