@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable
+
+# an ended run waits this long for the follower called for it (which comes within a round trip of the page's; a
+# page closed in between never sends it)
+FOLLOWER_WAIT_S = 60.0
 
 
 class Run:
@@ -30,6 +35,7 @@ class Run:
         self._view: tuple | None = None
         self._version = 0
         self._ended = False
+        self.ended_at: float | None = None
         self._followed = False
         self._wake: Callable[[], None] = lambda: None
         self.awaited = False  # a follower was called for this run (LiveBoard.running keeps it until it comes)
@@ -42,7 +48,7 @@ class Run:
 
     def end(self) -> None:
         with self._lock:
-            self._ended = True
+            self._ended, self.ended_at = True, time.monotonic()
             self._wake()
 
     def await_follower(self) -> None:
@@ -82,6 +88,10 @@ class LiveBoard:
         board after it ends only for a follower called for it and not come yet."""
         run = Run()
         with self._lock:
+            now = time.monotonic()
+            for stale in [key for key, other in self._runs.items()
+                          if other.ended and now - other.ended_at > FOLLOWER_WAIT_S]:
+                del self._runs[stale]
             self._runs[session] = run
         try:
             yield run

@@ -50,6 +50,21 @@ def test_a_follower_that_comes_after_the_run_ended_shows_its_last_view_only():
     assert asyncio.run(_follow(board, "tab")) == []  # taken off the board by the follower that came
 
 
+def test_an_ended_run_whose_follower_never_came_is_dropped_at_a_later_run(monkeypatch):
+    from ghostedit.ui import live_board
+    board = LiveBoard()
+    with board.running("closed tab") as run:
+        run.await_follower()
+        run.show(("done", {}))
+    with board.running("another tab"):
+        pass
+    assert board._runs.keys() == {"closed tab"}  # within the wait: kept for its follower
+    monkeypatch.setattr(live_board, "FOLLOWER_WAIT_S", 0.0)
+    with board.running("another tab"):
+        pass
+    assert asyncio.run(_follow(board, "closed tab")) == []
+
+
 def test_a_run_no_follower_was_called_for_leaves_nothing_and_a_later_follower_shows_nothing():
     board = LiveBoard()
     with board.running("api") as run:
