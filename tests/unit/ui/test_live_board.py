@@ -1,6 +1,7 @@
 """The board between a run and the page's follower (ghostedit/ui/live_board.py): the follower shows the run's views
 in order and its last view last, even when it comes after the run ended; a run without a follower (an API call)
-leaves nothing behind; a follower closed early cancels its run; /cancel reaches only a run in flight."""
+leaves nothing behind; a follower closed early cancels its run; /cancel reaches only a run in flight; and a live
+view through the follower costs Gradio a fraction of one through the edit's own outputs."""
 import asyncio
 
 from ghostedit.ui.live_board import LiveBoard
@@ -102,3 +103,35 @@ def test_a_second_follower_of_one_run_shows_nothing():
 
     first, second = asyncio.run(scenario())
     assert first == [("done", {})] and second == []
+
+
+def test_a_live_view_costs_gradio_a_fraction_of_one_through_the_edit_s_outputs(tmp_path):
+    """On the page's real Blocks: Gradio's post-processing of a follower's view (the status and the run's JSON)
+    against a view sent through the edit event's own outputs, which leaves the slider, table and gallery as they
+    are (gr.skip(): Gradio builds each anew with its API schema)."""
+    import statistics
+    import time
+
+    import gradio as gr
+    from gradio.state_holder import SessionState
+
+    from ghostedit.ui import create_app
+    demo = create_app("tiny", tmp_path / "loras", device="cpu", warm_up=[])
+    follower = next(fn for fn in demo.fns.values() if fn.name == "follow")
+    page_edit = next(fn for fn in demo.fns.values() if fn.name == "edit" and fn.api_visibility == "private")
+    assert [type(block).__name__ for block in follower.outputs] == ["Markdown", "JSON"]
+    view = ("### ⏳ Denoising · step 3/40", {"state": "running", "step": 3})
+    skip = gr.skip()
+
+    def cost_ms(fn, outputs) -> float:
+        state = SessionState(demo)
+        seconds = []
+        for _ in range(15):
+            began = time.perf_counter()
+            asyncio.run(demo.postprocess_data(fn, list(outputs), state))
+            seconds.append(time.perf_counter() - began)
+        return 1000 * statistics.median(seconds)
+
+    through_follower = cost_ms(follower, view)
+    through_edit = cost_ms(page_edit, (view[0], skip, skip, view[1], skip, skip, skip, skip))
+    assert through_follower < 5 and through_follower < through_edit / 4, (through_follower, through_edit)
