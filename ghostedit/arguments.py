@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 
 from .config import CFG_RANGE, LORA_MODES, MAX_INPUT_IMAGES, SEED_RANGE, EditRequest, LoraChoice, OptimizationConfig
+from .device import default_device
+from .downloads import printer
+from .models import default_source
 from .models.dtypes import DTYPES
 from .optimize import registry
 from .optimize.presets import LIGHTNING
@@ -28,8 +31,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def model_and_device(args) -> tuple[str, str]:
     """The model source and device that --model and --device ask for, defaults filled by one rule
     (models.default_source) for the app, `edit`, `options` and `bench` alike."""
-    from .device import default_device
-    from .models import default_source
     device = args.device or default_device()
     return args.model or default_source(device), device
 
@@ -100,7 +101,6 @@ def apply_preset(args, model: str, config: OptimizationConfig, default_steps: in
     progress on first use) first in the stack, its schedule, its steps and CFG."""
     if not getattr(args, "preset", None):
         return config, default_steps, DEFAULT_CFG
-    from .downloads import printer
     preset = LIGHTNING[args.preset]
     lightning = OptimizationConfig.parse(preset.name, model=model, on_download=printer())
     return (config.replace(loras=lightning.loras + config.loras, scheduler=lightning.value("scheduler")),
@@ -136,7 +136,6 @@ def settings_from_args(args) -> dict:
 
 
 def loras_from_args(args) -> tuple[LoraChoice, ...]:
-    from .downloads import printer
     return tuple(LoraChoice.parse(text, args.lora_scale, args.lora_mode, on_download=printer()) for text in args.lora)
 
 

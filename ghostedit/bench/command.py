@@ -13,6 +13,8 @@ from pathlib import Path
 from ..arguments import add_model_arguments, add_request_arguments, add_toggle_arguments, loras_from_args, \
     model_and_device, request_from_args, settings_from_args
 from ..config import OptimizationConfig
+from ..device import UnavailableOptionError
+from ..models.family import QWEN_IMAGE_21_DIT
 from .output import environment, markdown_table, write_bar_charts, write_results
 from .timeline import ProcessTimeline
 
@@ -158,7 +160,6 @@ def cmd_bench(args) -> int:
     timeline.mark("python and the CLI")
     if args.level == "latency":  # the engine runs in the app's process, not in this one
         return _latency(args, timeline)
-    from ..device import UnavailableOptionError
     from ..engine import Engine, import_run_code
 
     import_run_code()  # DiffSynth: the engine's import, as this timeline names it (the app imports it later)
@@ -256,7 +257,6 @@ def _latency(args, timeline: ProcessTimeline) -> int:
 
 
 def _qwen_image_21(args, engine, configs, out_dir: Path, context: dict, timeline: ProcessTimeline) -> None:
-    from ..models.family import QWEN_IMAGE_21_DIT
     from . import qwen_image_21
     if engine.family is None or engine.family.dit != QWEN_IMAGE_21_DIT:
         raise SystemExit("--level 2.1 benches a Qwen-Image-2.1 model: --model synthetic-2.1 (or tiny-2.1, a 2.1 "

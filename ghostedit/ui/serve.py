@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from . import create_app, launch_options, serve_in_background
 from .start_timeline import StartTimeline
 
 
@@ -69,7 +70,6 @@ def serve(args: argparse.Namespace) -> None:
     from ..errors import GhostEditError
     from ..loras import default_folder
     timeline.mark("import ghostedit's engine (not DiffSynth)")
-    from . import create_app, launch_options, serve_in_background
     from .openai_api import routes as images_api
     from .tools import agent_tools_only, mcp_tools
     timeline.mark("import ghostedit's API routes")
