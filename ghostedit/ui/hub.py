@@ -11,8 +11,10 @@ import gradio as gr
 
 from .. import downloads
 from ..config import lightning_lora
+from ..engine import Engine
 from ..models.family import RELEASED
 from ..optimize.presets import LIGHTNING, PresetError, model_family
+from .handlers import builtin_loras
 from .refusals import from_page, refusal, status_words
 from .settings import LORA_SLOTS, NO_LORA, LoraLibrary
 
@@ -102,8 +104,6 @@ class HubControls:
     def switch_model(self, source: str, request: gr.Request | None = None):
         """A new engine for `source` (nothing loads until the first run), once its weights are known to be
         reachable; the LoRA list follows its built-ins. Refused, the picker goes back to the model in use."""
-        from ..engine import Engine
-        from .handlers import builtin_loras
         handlers, old = self.handlers, self.handlers.engine
         try:
             if source not in self.allowed:
