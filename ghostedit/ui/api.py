@@ -136,14 +136,14 @@ def served(fn: Callable, serve: Callable, stream: bool) -> Callable:
     """An endpoint `fn` (its signature, name and docs) whose generator `serve(answers, request)` turns into what
     Gradio sends: with `stream` each item serve yields, else the one it returns (Gradio tells the two apart by the
     function, not by what it returns)."""
+    # an endpoint's last arguments are the history, the request and progress (endpoint())
     if stream:
         def call(*arguments):
             yield from serve(fn(*arguments), arguments[-2])
     else:
         def call(*arguments):
             return serve(fn(*arguments), arguments[-2])
-    signature = inspect.signature(fn)
-    call.__signature__ = signature
+    call.__signature__ = inspect.signature(fn)
     call.__annotations__ = {"request": gr.Request}
     call.__name__, call.__doc__ = fn.__name__, fn.__doc__
     return call

@@ -354,21 +354,22 @@ def _wire_edit(demo: gr.Blocks, handlers: Handlers, edit, compare, history, brow
                 .then(handlers.exports, history, [compare.download_csv, compare.download_json], **PRIVATE, **LIGHT)
                 .then(handlers.remember_history, [browser_key, history], None, **PRIVATE, **LIGHT))
 
-    edit_words = ("Edits 1 to 3 images with an instruction under the chosen toggles, `count` times with seeds seed, "
-                  "seed+1, .... Answers when the run ends, with the before/after pair, the run summary, the run's "
-                  "telemetry (JSON), the session's comparison table and, when count > 1, the run's images (one "
-                  "image is the pair's second). While it runs, Gradio's progress updates give the stage, step, "
-                  "s/step, elapsed, ETA and memory (gradio_client: job.status().progress_data).", names, None)
-    variants_words = ("Runs the same edit under several configurations in one go: the stock baseline, the baseline "
-                      "plus one panel setting each, or the whole panel. Answers like /edit when the last variant "
-                      "ends, every variant in the run's JSON and the comparison table.", names + ["variants"],
-                      {"variants": api.variants_description()})
-    for button, method, words, inputs, name, runs_for in (
-            (edit.run, handlers.edit, edit_words, edit.panel + [history], "edit",
+    # each endpoint's description, its parameters and the extra parameters' descriptions (api.endpoint)
+    edit_api = ("Edits 1 to 3 images with an instruction under the chosen toggles, `count` times with seeds seed, "
+                "seed+1, .... Answers when the run ends, with the before/after pair, the run summary, the run's "
+                "telemetry (JSON), the session's comparison table and, when count > 1, the run's images (one "
+                "image is the pair's second). While it runs, Gradio's progress updates give the stage, step, "
+                "s/step, elapsed, ETA and memory (gradio_client: job.status().progress_data).", names, None)
+    variants_api = ("Runs the same edit under several configurations in one go: the stock baseline, the baseline "
+                    "plus one panel setting each, or the whole panel. Answers like /edit when the last variant "
+                    "ends, every variant in the run's JSON and the comparison table.", names + ["variants"],
+                    {"variants": api.variants_description()})
+    for button, method, described, inputs, name, runs_for in (
+            (edit.run, handlers.edit, edit_api, edit.panel + [history], "edit",
              lambda arguments: arguments.get("count") or 1),
-            (compare.run_variants, handlers.run_variants, variants_words, edit.panel + [compare.variants, history],
+            (compare.run_variants, handlers.run_variants, variants_api, edit.panel + [compare.variants, history],
              "run_variants", lambda arguments: len(arguments.get("variants") or [1]))):
-        answers = on_gpu(api.endpoint(method, *words), handlers.engine.spec, runs_for=runs_for)
+        answers = on_gpu(api.endpoint(method, *described), handlers.engine.spec, runs_for=runs_for)
         gpu = dict(preprocess=False, concurrency_limit=concurrency, **GPU_QUEUE)
         # preprocess=False: the values reach the handler as sent, and the engine's checks are the only ones (with
         # messages that name the parameter). Gradio's gr.Image would open an upload with Pillow before GhostEdit's

@@ -2,7 +2,7 @@
 `edit_image` (one edit; returns the edited image and the run's telemetry), `options` and `system`. Their
 descriptions, and what each argument means and which values it takes, come from api.py (the toggle registry).
 
-The page's own endpoints (/edit, /run_variants, ...) stay in the API but are not MCP tools: they stream a UI's
+The page's own endpoints (/edit, /run_variants, ...) stay in the API but are not MCP tools: they answer with a UI's
 outputs (status text, a before/after pair, a comparison table, a session state), which Gradio's MCP bridge cannot
 hand to an agent (Gradio 6.31 answers such a call with "pop index out of range")."""
 from __future__ import annotations
