@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app_client import RUN_JSON, lossless
+from app_client import RUN_JSON, lossless, wait_until
 from app_server import REPO, running_app
 
 HOUSE = REPO / "assets" / "examples" / "house.png"
@@ -50,7 +50,8 @@ def test_tools_are_listed_with_their_arguments_described(mcp_app):
     tools = {tool.name: tool for tool in asyncio.run(_session(
         mcp_app.url + "gradio_api/mcp/", lambda session: session.list_tools())).tools}
     assert set(tools) == {"edit_image", "options", "system"}
-    assert "MCP tools edit_image, options, system" in mcp_app.log.read_text()
+    # the log says so once launch() returns, which comes a little after the server answers
+    wait_until(lambda: "MCP tools edit_image, options, system" in mcp_app.log.read_text(), timeout=60)
     edit = tools["edit_image"]
     properties = edit.inputSchema["properties"]
     assert set(edit.inputSchema["required"]) == {"prompt"}  # no image: text-to-image (Qwen-Image-2.1)
