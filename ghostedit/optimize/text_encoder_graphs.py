@@ -31,12 +31,16 @@ SHAPES_PER_LAYER = 8   # prompt lengths (and image sizes) held per layer, the le
 
 
 def _one_with(text_encoder, attribute: str) -> torch.nn.Module:
-    found = [module for module in text_encoder.modules() if isinstance(getattr(module, attribute, None),
-                                                                        torch.nn.Module)]
-    if len(found) != 1:
-        raise ValueError(f"{type(text_encoder).__name__} has {len(found)} modules with a `{attribute}`, not one: the "
-                         "text-encoder toggle serves a Qwen-VL text encoder (a language model and a vision tower)")
-    return found[0]
+    """The one module of `text_encoder` with a submodule `attribute`, found once (every run asks) and kept with it."""
+    def find() -> torch.nn.Module:
+        found = [module for module in text_encoder.modules()
+                 if isinstance(getattr(module, attribute, None), torch.nn.Module)]
+        if len(found) != 1:
+            raise ValueError(f"{type(text_encoder).__name__} has {len(found)} modules with a `{attribute}`, not one: "
+                             "the text-encoder toggle serves a Qwen-VL text encoder (a language model and a vision "
+                             "tower)")
+        return found[0]
+    return tensors.kept_with(text_encoder, f"the module with {attribute}", find)
 
 
 def language_model(text_encoder) -> torch.nn.Module:

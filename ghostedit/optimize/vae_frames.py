@@ -202,6 +202,7 @@ def _fused_layers(vae) -> _FusedLayers:
     the kernel then applies), an attention block's is not."""
     residual_blocks, ends, attention = _released("ResidualBlock"), _released("Encoder3d") + _released("Decoder3d"), \
         _released("AttentionBlock")
+    upsamples, relayouts = _released("Upsample"), _released("Resample") + attention
     found = _FusedLayers()
     for module in vae.modules():
         silu_owner = module if isinstance(getattr(module, "nonlinearity", None), torch.nn.SiLU) else None
@@ -213,9 +214,9 @@ def _fused_layers(vae) -> _FusedLayers:
             found.norms.append((module.norm_out, silu_owner))
         elif isinstance(module, attention):
             found.norms.append((module.norm, None))
-        if isinstance(module, _released("Upsample")) and module.mode in ("nearest", "nearest-exact"):
+        if isinstance(module, upsamples) and module.mode in ("nearest", "nearest-exact"):
             found.upsamples.append(module)
-        elif isinstance(module, _released("Resample") + attention):
+        elif isinstance(module, relayouts):
             found.relayouts.append(module)
         elif isinstance(module, torch.nn.ZeroPad2d):
             found.pads.append(module)

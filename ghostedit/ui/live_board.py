@@ -34,8 +34,7 @@ class Run:
         self._lock = threading.Lock()
         self._view: tuple | None = None
         self._version = 0
-        self._ended = False
-        self.ended_at: float | None = None
+        self.ended_at: float | None = None  # the host's clock when the run ended; None while it runs
         self._followed = False
         self._wake: Callable[[], None] = lambda: None
         self.awaited = False  # a follower was called for this run (LiveBoard.running keeps it until it comes)
@@ -48,7 +47,7 @@ class Run:
 
     def end(self) -> None:
         with self._lock:
-            self._ended, self.ended_at = True, time.monotonic()
+            self.ended_at = time.monotonic()
             self._wake()
 
     def await_follower(self) -> None:
@@ -70,11 +69,11 @@ class Run:
         with self._lock:
             if self._version != seen:
                 return "view", (self._view, self._version)
-            return ("ended" if self._ended else "wait"), None
+            return ("ended" if self.ended else "wait"), None
 
     @property
     def ended(self) -> bool:
-        return self._ended
+        return self.ended_at is not None
 
 
 class LiveBoard:
