@@ -161,8 +161,9 @@ def test_app_with_two_workers_serves_two_edits_at_once(tmp_path):
         while Client(running.url, verbose=False).predict(api_name="/startup")["state"] == "warming":
             time.sleep(0.2)  # both workers warmed at start: two people then find two workers free
         house = str(REPO / "assets/examples/house.png")
-        jobs = [Client(running.url, verbose=False).submit(  # two clients: two people at once
-            image=handle_file(house), steps=6, width=128, height=128, api_name="/edit", **EDITS[name])
+        jobs = [Client(running.url, verbose=False).submit(  # two clients: two people at once; long
+            # enough that several progress updates (four a second at most) come while they run
+            image=handle_file(house), steps=40, width=128, height=128, api_name="/edit", **EDITS[name])
             for name in EDITS]
         seen = watch(jobs, timeout=600)
         outputs = [job.result(timeout=600) for job in jobs]
