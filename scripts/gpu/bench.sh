@@ -18,7 +18,7 @@
 #             another (COLD_PROCESSES), each with every compile cache emptied: how far it moves on one machine
 #   scripts/gpu/bench.sh cards     issue 16: the best configuration on 24 and 48 GB cards, emulated (--gpu-memory)
 #   scripts/gpu/bench.sh qwen21    issue 41: Qwen-Image-2.1 (synthetic) against stock DiffSynth, and on a 24 GB card
-#             (or one part: qwen21-1024, qwen21-2048 with the 24 GB card)
+#             (or one part: qwen21-1024, qwen21-2048 with the 24 GB card, qwen21-card-24 alone)
 #   scripts/gpu/bench.sh all       issue 16: card-full then lora-switch (either alone too):
 #     card-full    every configuration the page offers, one after another in one process on the whole card
 #     lora-switch  fused LoRA switches on the best configuration (rank 32, 840 layers) and a runtime LoRA's scale
@@ -212,7 +212,13 @@ qwen21-2048() {
   # graphs' memory ran a case that one configuration runs out of the 80 GB
   bench qwen21-2048-4ref --model "$model" --level 2.1 --cases 2048-4ref \
     --configs baseline "${configs_2048[-1]}" "${sized[@]}" "${card_80[@]}"
-  [ -n "${DRY_RUN:-}" ] || bench qwen21-card-24 --model "$model" --level 2.1 --gpu-memory 24 --cases 1024-1ref \
+  [ -n "${DRY_RUN:-}" ] || qwen21-card-24
+}
+
+qwen21-card-24() {  # the 24 GB card, emulated (a device call of its own too)
+  local model configs configs_2048 sized
+  qwen21_model
+  bench qwen21-card-24 --model "$model" --level 2.1 --gpu-memory 24 --cases 1024-1ref \
     --configs "fp8=torchao,compile=regional"
 }
 
@@ -244,7 +250,7 @@ latency() {
 }
 
 case ${1:-} in
-  speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|latency) "$1" ;;
-  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|latency" >&2
+  speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|qwen21-card-24|latency) "$1" ;;
+  *) echo "usage: scripts/gpu/bench.sh speed|dit|ready|cold|e2e|mask|cards|all|card-full|lora-switch|qwen21|qwen21-1024|qwen21-2048|qwen21-card-24|latency" >&2
      exit 2 ;;
 esac

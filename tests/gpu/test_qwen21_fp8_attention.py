@@ -19,14 +19,19 @@ Close, not equal. The tolerances and why:
   fused-qk-norm-rope and fp8-attention-out leave the filling step's prediction as it was (bit for bit: q and k
   computed as released there) and move each cached step's by less than the FP8 attention itself moves it from the
   exact attention (the kernel's q and k round once, from float32, where the compiled path rounds bf16 values; the
-  FP8 GEMM reads the attention's FP8 output as written: one rounding fewer), and stay within DIT_TOLERANCE of the
-  exact attention's; the FP8 kernel's calls as without them."""
+  FP8 GEMM reads the attention's FP8 output as written: one rounding fewer), and stay within REWRITES_TOLERANCE of
+  the exact attention's; the FP8 kernel's calls as without them. REWRITES_TOLERANCE is 0.35, not 0.25: over
+  torchao's FP8 GEMMs any change of the attention's rounding moves each prediction about 0.26 (H200, 2026-11-28,
+  lab/results/qwen21-fp8-attention-h200/: the FP8 attention against the exact one 0.27 there, 0.047 over bf16
+  GEMMs; fused-qk-norm-rope against the same FP8 attention 0.258), because every block quantizes its activations
+  again and random weights carry each flipped rounding on; a wrong path still moves it by order 1."""
 import json
 
 from gpu_scripts import run_script
 
 SEAM_TOLERANCE = 0.1
 DIT_TOLERANCE = 0.25
+REWRITES_TOLERANCE = 0.35
 
 
 def test_the_fp8_attention_on_2_1_is_close_to_the_exact_backend(tmp_path):
@@ -53,6 +58,6 @@ def test_the_fp8_attention_on_2_1_is_close_to_the_exact_backend(tmp_path):
         for step in range(1, len(errors)):
             assert 0 < errors[step] < rewrites["fp8_attention_against_exact"][step], (name, step, rewrites)
     for name in ("fused_against_exact", "fused_out_against_exact"):
-        assert all(0 < error <= DIT_TOLERANCE for error in rewrites[name]), (name, rewrites)
+        assert all(0 < error <= REWRITES_TOLERANCE for error in rewrites[name]), (name, rewrites)
     assert not any("fused-qk-norm-rope" in words or "fp8-attention-out" in words
                    for words in rewrites["words"].values()), rewrites["words"]
