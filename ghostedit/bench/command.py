@@ -279,7 +279,8 @@ def _qwen_image_21(args, engine, configs, out_dir: Path, context: dict, timeline
               f"{row['first_step_s']:.3f} s, cached step {cached} s, tokens {row['tokens_first']} then "
               f"{row['tokens_cached']}", flush=True)
         return row
-    results = qwen_image_21.run_bench(engine, configs, cases, args.seed, on_row, side=args.width)
+    results = qwen_image_21.run_bench(engine, configs, cases, args.seed, on_row, timeline.mark,
+                                       side=args.width)
     write_results(out_dir, {**context, **results})
     ran = [row for row in results["rows"] if "error" not in row]
     columns = {**qwen_image_21.COLUMNS, **({"error": "error"} if len(ran) < len(results["rows"]) else {})}

@@ -77,13 +77,19 @@ def stock_pipeline(base):
     return pipe
 
 
-def run_bench(engine, configs, case_names: list[str], seed: int, on_row, side: int | None = None) -> dict:
-    """Every case on stock and on each configuration; rows in that order, each compared with stock's. `side`:
-    every case at this side instead of its own (a rehearsal on a CPU)."""
+def run_bench(engine, configs, case_names: list[str], seed: int, on_row, mark, side: int | None = None) -> dict:
+    """Every case on stock and on each configuration; rows in that order, each compared with stock's. `mark(words)`
+    is called as each stage before a row begins (the process timeline's). `side`: every case at this side instead
+    of its own (a rehearsal on a CPU)."""
     base = engine.load(configs[0])
-    stock = stock_pipeline(base) if engine.placement(configs[0]).base_on_gpu else None
+    placement = engine.placement(configs[0])
+    mark(f"weights built ({placement.chosen} placement)")
+    stock = stock_pipeline(base) if placement.base_on_gpu else None
     stock_tokens = _stock_tokens(stock) if stock is not None else []
-    prepared = [(config, engine.prepare(config)[0]) for config in configs]
+    prepared = []
+    for config in configs:
+        prepared.append((config, engine.prepare(config)[0]))
+        mark(f"{config.label} prepared")
     turbo_family = TINY_21_TURBO if engine.spec.kind == "tiny" else SYNTHETIC_21_TURBO
     rows = []
     for name in case_names:
@@ -93,6 +99,7 @@ def run_bench(engine, configs, case_names: list[str], seed: int, on_row, side: i
                 "seed": seed, "cfg_scale": 1.0, "sigmas": list(turbo_family.sample_sigmas) if case.turbo else None}
         stock_row = None
         if stock is not None:
+            mark(f"{STOCK} at {name} begins")
             try:
                 stock_row = _timed(stock, case, {**call, "num_inference_steps": case.steps}, engine.device,
                                    stock_tokens)
@@ -110,6 +117,7 @@ def run_bench(engine, configs, case_names: list[str], seed: int, on_row, side: i
                 pipe = copy.copy(pipe)
                 pipe.use_family(turbo_family)
             tokens: list[int] = []
+            mark(f"GhostEdit {config.label} at {name} begins")
             with dit_run(ready, config, engine.device, (case.side // 16) ** 2, RunRecorder(engine.device)) as \
                     (options, _):
                 arguments = {**call, "num_inference_steps": case.steps, "dit_options": options,

@@ -16,7 +16,9 @@ class ProcessTimeline:
         self.marks: list[dict] = []
 
     def mark(self, after: str) -> None:
+        """Kept, and printed at once: a process killed at its time limit has said how far it came."""
         self.marks.append({"after": after, "s": round(time.time() - self.process["started"], 2)})
+        print(f"· {self.marks[-1]['s']:.1f} s: {after}", flush=True)
 
     def line(self) -> str:
         return "process timeline (s since start): " + ", ".join(f"{m['after']} {m['s']:.1f}" for m in self.marks)

@@ -5,6 +5,7 @@ each pass's token sequence. The process makes its mesh once at start and hands i
 which hands it down to each edit; in a single process there is none."""
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -76,16 +77,19 @@ def degrees(mode: str, world_size: int, true_cfg: bool) -> tuple[int, int]:
     return 2, world_size // 2
 
 
-def setup(mode: str, true_cfg: bool, device: str) -> ParallelMesh:
+def setup(mode: str, true_cfg: bool, device: str, collective_timeout_s: float | None = None) -> ParallelMesh:
     """The process group (created once, from the torchrun environment) and this process's mesh for `mode`. Called
-    again (a test's second mode), it builds a new mesh on the same group."""
+    again (a test's second mode), it builds a new mesh on the same group. `collective_timeout_s`: how long a rank
+    waits in a collective before the group fails with an error (None: torch's default, ten minutes for NCCL),
+    for a check that must end within its time limit rather than hang."""
     world_size = world_size_from_environment()
     cfg_degree, ulysses_degree = degrees(mode, world_size, true_cfg)
     on_gpu = device.startswith("cuda")
     if not dist.is_initialized():
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if on_gpu else "gloo")
+        timeout = {"timeout": datetime.timedelta(seconds=collective_timeout_s)} if collective_timeout_s else {}
+        dist.init_process_group("nccl" if on_gpu else "gloo", **timeout)
     device_mesh = init_device_mesh("cuda" if on_gpu else "cpu", (cfg_degree, ulysses_degree),
                                    mesh_dim_names=("cfg", "ulysses"))
     return ParallelMesh(world_size, dist.get_rank(), cfg_degree, ulysses_degree, dist.get_backend(), device_mesh)

@@ -52,6 +52,8 @@ if [ -n "${DRY_RUN:-}" ]; then
 fi
 MODEL=${MODEL:-synthetic}
 NEGATIVE=${NEGATIVE:-}
+SPLIT_CONFIGS=(best exact)  # the split phase's; a DRY_RUN's: what a CPU runs
+[ -z "${DRY_RUN:-}" ] || SPLIT_CONFIGS=(baseline fp8=storage)
 SIDE=${SIDE:-1024}
 STEPS=${STEPS:-40}
 CFG=${CFG:-4}
@@ -117,7 +119,7 @@ case ${1:-} in
   both-busy) both_busy ;;
   table) table ;;
   split) "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/split_check.py \
-           --out "$DIR" --model "$MODEL" --device "$DEVICE" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } |
+           --out "$DIR" --model "$MODEL" --device "$DEVICE" --configs "${SPLIT_CONFIGS[@]}" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } |
            tee "$DIR/split.log" ;;
   smoke) "$PYTHON" tests/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
            --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -34,15 +35,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--model", default="synthetic")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
+                        help="a rank waiting this long in a collective fails the run with an error (not a hang "
+                             "that eats the device call)")
     args = parser.parse_args()
     device = args.device
-    mesh = parallel.setup("ulysses", False, device)
+    mesh = parallel.setup("ulysses", False, device, collective_timeout_s=args.collective_timeout)
+    began = time.perf_counter()
+
+    def progress(words: str) -> None:  # every rank: a run cut short shows which rank got how far
+        print(f"rank {mesh.rank} · {time.perf_counter() - began:.1f} s: {words}", flush=True)
     if device.startswith("cuda"):
         device = f"cuda:{torch.cuda.current_device()}"
     rows = []
     try:
         engine = Engine(args.model, device=device, dit_only=True)
         base = engine.load(OptimizationConfig())
+        progress("weights built")
         for text in args.configs:
             engine.free()
             config = OptimizationConfig.parse(text)
@@ -51,12 +60,15 @@ def main() -> None:
                 inputs = dit_inputs(base.dit, int(side), int(side), args.text_tokens, device, engine.torch_dtype,
                                     seed=0, edit_images=int(images or 1))
                 prepared, _ = engine.prepare(config)
+                progress(f"{text} at {shape}: prepared")
                 row = {"config": text, "shape": shape}
                 outputs = {}
                 for name, on in (("one_gpu", None), ("split", mesh)):
                     with running(prepared, config, inputs, device, RunRecorder(device), on) as (call, ran):
                         outputs[name] = call().clone()
+                        progress(f"{text} at {shape}, {name}: first forward done")
                         row[f"{name}_ms"] = median_ms(call, device, args.repeats, warmup=2)
+                        progress(f"{text} at {shape}, {name}: timed")
                         row[f"{name}_words"] = ran.get("words", {})
                 row["bit_equal"] = bool(torch.equal(outputs["one_gpu"], outputs["split"]))
                 row["max_abs_difference"] = float((outputs["one_gpu"].float() - outputs["split"].float()).abs().max())

@@ -210,9 +210,10 @@ def test_the_masked_row_runs_as_bench_sh_chains_it(tmp_path, monkeypatch):
         bench(tmp_path / "dit", "--level", "dit", "--shapes", "64", "--mask", mask)
 
 
-def test_the_2_1_level_runs_each_case_on_stock_diffsynth_and_on_each_configuration(tmp_path):
+def test_the_2_1_level_runs_each_case_on_stock_diffsynth_and_on_each_configuration(tmp_path, capsys):
     """`--level 2.1` (scripts/gpu/bench.sh qwen21) on the tiny 2.1, its cases at 64 px: stock DiffSynth first (its
-    DiT over the same weights), then GhostEdit's configurations, each with its first and cached steps and tokens."""
+    DiT over the same weights), then GhostEdit's configurations, each with its first and cached steps and tokens.
+    Each stage before a row is marked and printed as it ends (a process killed at its time limit says where)."""
     args = build_parser().parse_args(["bench", "--model", "tiny-2.1", "--device", "cpu", "--out-dir", str(tmp_path),
                                       "--level", "2.1", "--width", "64", "--cases", "turbo-1024-1ref", "t2i-1024",
                                       "--configs", "baseline", "prefix-cache=off"])
@@ -226,6 +227,12 @@ def test_the_2_1_level_runs_each_case_on_stock_diffsynth_and_on_each_configurati
     assert stock["tokens_cached"] == 16, "stock's cache computes the target's 4x4 tokens too"
     assert uncached["tokens_cached"] == uncached["tokens_first"]
     assert ours["speedup_cached"] > 0 and (tmp_path / "table.md").read_text().count("\n") == 8
+    first_row = "DiffSynth (stock) at turbo-1024-1ref"
+    assert marks(json.loads((tmp_path / "results.json").read_text()))[2:9] == [
+        "configurations checked", "weights built (cpu placement)", "stock prepared", "prefix-cache-off prepared",
+        f"{first_row} begins", first_row, "GhostEdit stock at turbo-1024-1ref begins"]
+    assert any(line.startswith("· ") and line.endswith(f" s: {first_row} begins")
+               for line in capsys.readouterr().out.splitlines())
 
 
 def test_the_2_1_level_says_where_stock_diffsynth_ran_out_of_memory_and_goes_on(tmp_path, monkeypatch):
