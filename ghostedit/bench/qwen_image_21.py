@@ -56,7 +56,8 @@ CASES = {
     "t2i-1024": Case(1024, 0, 40),
 }
 COLUMNS = {"case": "case", "config": "configuration", "end_to_end_s": "end to end s", "first_step_s": "first step s",
-           "cached_step_s": "cached step s", "speedup_cached": "cached step × stock",
+           "cached_step_s": "cached step s", "before_steps_s": "before the steps s",
+           "after_steps_s": "after the steps s", "speedup_cached": "cached step × stock",
            "speedup_end_to_end": "end to end × stock", "tokens_first": "tokens, first step",
            "tokens_cached": "tokens, cached step", "peak_gib": "peak GiB"}
 
@@ -139,12 +140,14 @@ def _timed(pipe, case: Case, arguments: dict, device: str, tokens: list[int]) ->
     steps: list[float] = []
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    loop: dict[str, float] = {}
     start = _clock(device)
-    pipe(**arguments, progress_bar_cmd=lambda timesteps: _timed_steps(timesteps, steps, device))
-    end_to_end = _clock(device) - start
+    pipe(**arguments, progress_bar_cmd=lambda timesteps: _timed_steps(timesteps, steps, device, loop))
+    end = _clock(device)
     cuda = device.startswith("cuda")
-    return {"end_to_end_s": end_to_end, "step_s": steps, "first_step_s": steps[0],
+    return {"end_to_end_s": end - start, "step_s": steps, "first_step_s": steps[0],
             "cached_step_s": statistics.median(steps[1:]) if len(steps) > 1 else None,
+            "before_steps_s": loop["began"] - start, "after_steps_s": end - loop["ended"],
             "tokens_first": tokens[0] if tokens else None, "tokens_cached": tokens[-1] if len(tokens) > 1 else None,
             "peak_gib": torch.cuda.max_memory_allocated() / 1024**3 if cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / 1024**3 if cuda else None}
@@ -154,13 +157,16 @@ def _two(sigmas):
     return None if sigmas is None else sigmas[:2]
 
 
-def _timed_steps(timesteps, steps: list[float], device: str):
-    last = _clock(device)
+def _timed_steps(timesteps, steps: list[float], device: str, loop: dict[str, float]):
+    """Each step's seconds into `steps`; when the loop began and ended into `loop` (what comes before it: the
+    prompt and the references encoded; after it: the latents decoded into the image)."""
+    loop["began"] = last = _clock(device)
     for timestep in timesteps:
         yield timestep
         now = _clock(device)
         steps.append(now - last)
         last = now
+    loop["ended"] = last
 
 
 def _clock(device: str) -> float:

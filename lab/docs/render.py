@@ -680,6 +680,7 @@ def openai_latency() -> str:
 
 QWEN21_PARTS = ("qwen21", "qwen21-2048", "qwen21-2048-4ref", "qwen21-card-24")
 QWEN21_COLUMNS = {"end_to_end_s": "end to end s", "first_step_s": "first step s", "cached_step_s": "cached step s",
+                  "before_steps_s": "before the steps s", "after_steps_s": "after the steps s",
                   "speedup_cached": "cached step × DiffSynth", "speedup_end_to_end": "end to end × DiffSynth",
                   "tokens_first": "tokens, first step", "tokens_cached": "tokens, cached step",
                   "peak_gib": "peak GiB"}
@@ -708,8 +709,10 @@ def qwen21() -> str:
             ended = f"ran out of GPU memory in {where}" if "OutOfMemoryError" in log else "ended"
             unfinished.append(f" In `{part}` the process {ended} at {left[0]}"
                               + (f"; {', '.join(left[1:])} never ran." if left[1:] else "."))
+    columns = {key: words for key, words in QWEN21_COLUMNS.items()  # the loop's edges: in results that time them
+               if key not in ("before_steps_s", "after_steps_s") or any(row[key] is not None for row in rows)}
     table = markdown_table(rows, {"case": "case", "card": "memory", "config": "pipeline and configuration",
-                                  **QWEN21_COLUMNS, **({"error": "error"} if any(row["error"] for row in rows) else {})})
+                                  **columns, **({"error": "error"} if any(row["error"] for row in rows) else {})})
     commands = "; ".join(f"`{results(part)['environment']['command']}` (`docs/benchmarks/{part}/`)"
                          for part in measured)
     return (f"Measured on {_ran_on(results(measured[0])['environment'])}: {commands}.{''.join(unfinished)}"

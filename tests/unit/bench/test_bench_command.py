@@ -227,6 +227,9 @@ def test_the_2_1_level_runs_each_case_on_stock_diffsynth_and_on_each_configurati
     assert stock["tokens_cached"] == 16, "stock's cache computes the target's 4x4 tokens too"
     assert uncached["tokens_cached"] == uncached["tokens_first"]
     assert ours["speedup_cached"] > 0 and (tmp_path / "table.md").read_text().count("\n") == 8
+    for row in rows:  # the run's time in parts: before the steps, each step, after them
+        parts = row["before_steps_s"] + sum(row["step_s"]) + row["after_steps_s"]
+        assert row["before_steps_s"] > 0 and row["after_steps_s"] > 0 and abs(parts - row["end_to_end_s"]) < 1e-3
     first_row = "DiffSynth (stock) at turbo-1024-1ref"
     assert marks(json.loads((tmp_path / "results.json").read_text()))[2:9] == [
         "configurations checked", "weights built (cpu placement)", "stock prepared", "prefix-cache-off prepared",
