@@ -89,7 +89,8 @@ class Handlers:
         started = time.perf_counter()
         cancel = self.board.switch(request.session_hash)
         try:
-            config = panel_config(self.loras, values)
+            with media.Stopwatch() as configuration:
+                config = panel_config(self.loras, values)
             self.engine.check(config)
             edits = seeded_requests(self._edit_request(values), image_count(values.get("count")))
             self.engine.check_request(edits[0])
@@ -103,7 +104,8 @@ class Handlers:
             result = yield from self._run(edit, config, cancel, request, progress, heading, done=len(results))
             if result is None:
                 return
-            record, before_after, serving = self._shown(result, history, started)
+            record, before_after, serving = self._shown(result, history, started,
+                                                        configuration.seconds if index == 1 else 0.0)
             results.append(result)
             images.append((record.view, f"seed {edit.seed} · {record.label}"))
             status = live.done_status(result, heading)
@@ -115,13 +117,15 @@ class Handlers:
             started = time.perf_counter()  # the next image's own time
 
     def run_variants(self, values: dict, history: History, request: gr.Request, progress):
+        started = time.perf_counter()  # the first variant's time includes the checks, as an edit's does
         words = variants()
         cancel = self.board.switch(request.session_hash)
         try:
             if image_count(values.get("count")) != 1:
                 raise InvalidRequestError("Run variants makes one image per variant, with the seed given: set "
                                           "“Images per run” (count) to 1")
-            panel = panel_config(self.loras, values)
+            with media.Stopwatch() as configuration:
+                panel = panel_config(self.loras, values)
             runs, notes = variant_configs(values.get("variants"), panel)
             for name, config in runs:  # refuse before the first run, not after an hour of them
                 try:
@@ -135,13 +139,13 @@ class Handlers:
             return
         history.begin_call()
         finished, images = [], []
-        started = time.perf_counter()
         for index, (name, config) in enumerate(runs, 1):
             heading = f"**Variant {index} of {len(runs)}: {words[name]}** ({config.label})\n\n"
             result = yield from self._run(edit, config, cancel, request, progress, heading, done=len(finished))
             if result is None:
                 return
-            record, before_after, serving = self._shown(result, history, started)
+            record, before_after, serving = self._shown(result, history, started,
+                                                        configuration.seconds if index == 1 else 0.0)
             if name == "baseline":
                 history.set_baseline(record.number)
             finished.append(live.result_json(result, record.number, serving))
@@ -235,9 +239,11 @@ class Handlers:
         finally:
             stream.close()  # a run left behind (the call closed early) is cancelled at its next step
 
-    def _shown(self, result, history: History, started: float):
+    def _shown(self, result, history: History, started: float, configuration_s: float):
         """A finished run joins the history, and its images are made ready to show (JPEG views: ui/media.py);
-        returns the run's record, the before/after pair and where the handler's time went beside the engine's."""
+        returns the run's record, the before/after pair and where the handler's time went beside the engine's
+        (`configuration_s`: the panel's values read into the run's configuration, each LoRA file's content hash
+        with them: a file the library had not hashed yet is read whole there)."""
         record = history.add(result)
         with media.Stopwatch() as encoding:
             record.view = media.view_file(result.image, self._views)
@@ -245,8 +251,9 @@ class Handlers:
         handler_s = time.perf_counter() - started
         engine_s = result.telemetry.total_seconds
         return record, before_after, {
-            "handler_s": handler_s, "engine_s": engine_s, "output_encoding_s": encoding.seconds,
-            "other_s": handler_s - engine_s - encoding.seconds,
+            "handler_s": handler_s, "engine_s": engine_s, "configuration_s": configuration_s,
+            "output_encoding_s": encoding.seconds,
+            "other_s": handler_s - engine_s - configuration_s - encoding.seconds,
             "outside": "Gradio's queue before the handler starts, and the answer's way to the client after it, are "
                        "not in handler_s; the image metrics come after the answer (/comparison)"}
 
