@@ -7,8 +7,10 @@ the views), and outside the handler, in parts: the client's upload of the input 
 (after the handler; from Gradio's own record of each request, its profiling traces, which also give what each
 update of the page's live view costs it while the engine works), and the rest (the transport and the client
 library). gradio_client 2.7 sets up TLS for each of its HTTP requests (each file download one), even to an
-http:// app: the first configuration's warm calls are made again by a second client with ssl_verify=False,
-labelled so, beside the default client's (the headline: what a gradio_client script waits). The engine's stages are checked against its
+http:// app: it hands its `ssl_verify` to a new httpx client per request, which loads the CA bundle each time. The
+first configuration's warm calls are made again by a second client given one SSL context to share
+(`ssl_verify=one_ssl_context()`: certificates still checked, the bundle loaded once; docs/api.md), labelled so,
+beside the default client's (the headline: what a gradio_client script waits). The engine's stages are checked against its
 total (`unnamed_s`: what no stage names).
 
 The app's own start is in results.json too: its timeline before the page answered, step by step (`page_start`,
@@ -20,7 +22,7 @@ Rows, for each configuration of each run (--configs at the run's steps, CFG and 
   the app's start-up warms --warm-up (by default that configuration): the page's start, the client's wait, and
   the time from the app's launch to the picture;
 - "first call": a configuration's first edit in this app (it prepares it, unless start-up did);
-- "warm": --repeats more calls; for the first configuration also "warm, client with ssl_verify=False" (as many);
+- "warm": --repeats more calls; for the first configuration also "warm, client with one SSL context" (as many);
 - "LoRA switch" (--lora-switch N): N calls on the first configuration switching between two fused LoRAs, random
   and shaped like real ones (every linear of every block at --lora-rank);
 - "browser" (--browser-calls N): edits through the page in Debian's chromium (playwright), from the click on Run
@@ -32,6 +34,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -48,7 +51,7 @@ APP_START_TIMEOUT_S = 600   # the full-size model's imports on a loaded machine;
 CALL_TIMEOUT_S = 900        # a cold first call compiles
 CHROMIUM = os.environ.get("GHOSTEDIT_CHROMIUM", "/usr/bin/chromium")
 EDIT_IMAGE = Path(__file__).resolve().parents[2] / "assets" / "examples" / "house.png"
-NO_TLS = "warm, client with ssl_verify=False"
+ONE_SSL_CONTEXT = "warm, client with one SSL context"
 COLUMNS = {"case": "case", "calls": "calls", "client_s": "client waits s", "engine_s": "engine total s",
            "gap_s": "difference s", "handler_outside_engine_s": "handler outside the engine s",
            "outside_handler_s": "outside the handler s", "postprocess_per_update_ms": "Gradio ms per update",
@@ -125,11 +128,19 @@ def edit_parameters(config: OptimizationConfig, lora: str | None = None) -> dict
     return values
 
 
+def one_ssl_context() -> ssl.SSLContext:
+    """What gradio_client's `ssl_verify` may be instead of True: an SSL context that checks certificates against the
+    same CA bundle as httpx's default (certifi's), made once and shared by every request of the client (httpx takes
+    a context as given; True makes it build one, the bundle loaded, per request)."""
+    import certifi
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class Caller:
     """One client session of the app, calling /edit with one request's values. `ssl_verify`: gradio_client's own
     option (the default, True, sets up TLS for every HTTP request, even to http://)."""
 
-    def __init__(self, app: App, args, ssl_verify: bool = True):
+    def __init__(self, app: App, args, ssl_verify: bool | ssl.SSLContext = True):
         from gradio_client import Client
         self.app = app
         self.client = Client(app.url, verbose=False, ssl_verify=ssl_verify)
@@ -360,8 +371,8 @@ def run_latency_bench(runs: list, configs: list[list[OptimizationConfig]], sourc
                     rows.append(caller.edit(kind, config, parameters))
                 rows[-1]["comparison_s"] = caller.comparison_s()
                 if number == 0 and run.repeats:  # the same calls without gradio_client's TLS set-up per request
-                    unverified = Caller(app, run, ssl_verify=False)
-                    rows += [unverified.edit(NO_TLS, config, parameters) for _ in range(run.repeats)]
+                    shared = Caller(app, run, ssl_verify=one_ssl_context())
+                    rows += [shared.edit(ONE_SSL_CONTEXT, config, parameters) for _ in range(run.repeats)]
                 timeline.mark(config.label)
             if run.lora_switch:
                 caller = Caller(app, run)

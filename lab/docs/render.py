@@ -624,7 +624,8 @@ def latency() -> str:
     parts = [row for row in rows if row["client_download_s"] is not None]
     if parts:  # the runs that split it
         table += ("\n\nOutside the handler, in parts (Gradio after the handler: its postprocessing per update; "
-                  "\"client with ssl_verify=False\": gradio_client without its TLS set-up per request):\n\n"
+                  "\"client with one SSL context\" (and in earlier runs \"client with ssl_verify=False\"): "
+                  "gradio_client without its TLS set-up per request, the first still checking certificates):\n\n"
                   + markdown_table(parts, {"run": "run", "case": "case", "outside_handler_s": "outside the handler s",
                                            **LATENCY_OUTSIDE}))
     first = []

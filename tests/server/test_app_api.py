@@ -209,3 +209,19 @@ def test_options_system_and_free_cache(app):
     freed = session.predict(api_name="/free_cache")
     assert freed["cached_pipelines"] == [] and isinstance(freed["freed_gib"], float)
     assert session.predict(**inputs(), api_name="/edit")[RUN_JSON]["telemetry"]["cache_hit"] is False
+
+
+def test_the_api_pages_example_runs_as_written(app, monkeypatch, capsys):
+    """docs/api.md's client example, run against the app as a reader would run it from the repository's root (only
+    the address is this app's): its progress lines, then the second edit's telemetry and the comparison table."""
+    import re
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    example = re.search(r"```python\n(.*?)```", (repo / "docs" / "api.md").read_text(), re.S).group(1)
+    assert '"http://127.0.0.1:7860/"' in example
+    monkeypatch.chdir(repo)
+    exec(compile(example.replace('"http://127.0.0.1:7860/"', repr(app.url)), "docs/api.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert any(re.match(r"\d+/40 ", line) for line in printed), printed
+    assert any(line.endswith(" True") or line.endswith(" False") for line in printed), printed  # the cache_hit
+    assert any(line.startswith("{") and "SSIM" in line for line in printed), printed

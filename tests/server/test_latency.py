@@ -14,7 +14,7 @@ from gradio_client import Client, handle_file
 from app_client import RUN_JSON, TABLE, rows
 from conftest import ASSETS, REPO
 from ghostedit import EditRequest, LoraChoice, OptimizationConfig
-from ghostedit.bench.latency import NO_TLS
+from ghostedit.bench.latency import ONE_SSL_CONTEXT, one_ssl_context
 from ghostedit.device import UnavailableOptionError
 from ghostedit.engine import Engine
 from ghostedit.engine.startup import StartUp, configurations, warm_up_request
@@ -34,11 +34,11 @@ def fresh_app(tmp_path_factory):
 
 
 def quick_client(app) -> Client:
-    """gradio_client as an API client uses it, less one cost that is the client library's own: gradio_client 2.7.2
-    sets up TLS (loads the CA bundle, some 16 ms of CPU here) for each of its nine HTTP requests per /edit, even to
-    an http:// app, which no browser pays. ssl_verify=False changes nothing else on http://; the latency bench
-    measures the default client (bench/latency.py)."""
-    return Client(app.url, verbose=False, ssl_verify=False)
+    """gradio_client as docs/api.md advises: given one SSL context, which checks certificates as its default does
+    without loading the CA bundle again for each of its HTTP requests (gradio_client 2.7.2 makes a new httpx client
+    per request: tens of ms of CPU each, even to an http:// app, which no browser pays); the latency bench measures
+    the default client too (bench/latency.py)."""
+    return Client(app.url, verbose=False, ssl_verify=one_ssl_context())
 
 
 def wait_for_startup(session: Client, timeout: float = 300) -> dict:
@@ -187,7 +187,7 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = json.loads((out / "results.json").read_text())
-    assert [row["kind"] for row in found["rows"]] == ["first edit after start", "warm", NO_TLS, "LoRA switch",
+    assert [row["kind"] for row in found["rows"]] == ["first edit after start", "warm", ONE_SSL_CONTEXT, "LoRA switch",
                                                       "LoRA switch", "browser"]
     parts = ("client_upload_s", "gradio_queue_wait_s", "gradio_preprocess_s", "gradio_after_handler_s",
              "client_download_s", "outside_rest_s")
@@ -225,7 +225,7 @@ def test_the_latency_bench_runs_the_real_app(tmp_path, monkeypatch):
     block = docs.latency()
     assert re.search(r"\| latency-4 +\| stock: first edit after start +\| +1 \|", block), block
     assert f"{first['client_s']:.2f} s" in block and "never compiled it" in block
-    assert re.search(r"\| latency-4 +\| stock: warm, client with ssl_verify=False +\| +[0-9.]+ \|", block), block
+    assert re.search(r"\| latency-4 +\| stock: warm, client with one SSL context +\| +[0-9.]+ \|", block), block
     assert "start-up warmed it in" in block and "import gradio" in block
 
 
