@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ghostedit.bench.dit import relative_error
+from ghostedit.bench.dit import dit_21_inputs, relative_error
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.engine.runner import dit_run
@@ -82,24 +82,6 @@ def seam_check() -> dict:
             "reference_span": relative_error(*(out[:, before:before + image] for out in filling)),
             "target_filling": relative_error(*(out[:, after:] for out in filling)),
             "target_cached": relative_error(*cached)}
-
-
-def inputs(dit, seed: int = 0) -> dict:
-    """A text encoder sequence with the reference's slots (one slot: 2x2 latent tokens) between two text
-    stretches, and the latents of each step (the reference's fixed, the target's new at each step)."""
-    generator = torch.Generator("cuda").manual_seed(seed)
-    image_slots = SIDE_TOKENS * SIDE_TOKENS // 4
-    slots = torch.zeros(1, TEXT_BEFORE + image_slots + TEXT_AFTER, dtype=torch.bool, device="cuda")
-    slots[0, TEXT_BEFORE:TEXT_BEFORE + image_slots] = True
-    image_mask = torch.cat([slots, torch.ones(1, image_slots, dtype=torch.bool, device="cuda")], 1)
-    tokens = SIDE_TOKENS * SIDE_TOKENS
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=generator, device="cuda", dtype=torch.bfloat16)
-    reference = randn(1, tokens, dit.img_in.in_features)
-    return {"image_mask": image_mask, "shapes": [(1, SIDE_TOKENS, SIDE_TOKENS)] * 2,
-            "prompt": randn(1, slots.shape[1], dit.txt_in.in_layer.in_features),
-            "latents": [torch.cat([reference, randn(1, tokens, dit.img_in.in_features)], 1) for _ in TIMESTEPS]}
 
 
 def steps(engine, config: OptimizationConfig, given: dict, cache: bool) -> tuple[list[torch.Tensor], list[int], dict]:
@@ -156,7 +138,7 @@ def main() -> None:
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "seam": seam_check(), "runs": {}}
     print("seam", json.dumps(report["seam"]), flush=True)
     engine = Engine("synthetic-2.1", device="cuda", dit_only=True)
-    given = inputs(engine.load().dit)
+    given = dit_21_inputs(engine.load().dit, SIDE_TOKENS, 1, TEXT_BEFORE, TEXT_AFTER, len(TIMESTEPS), "cuda")
     report["blocks"] = len(engine.load().dit.blocks)
     exact = {}
     for cache in ("on", "off"):
