@@ -43,6 +43,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import certifi
+
 from ..config import OptimizationConfig
 from ..ui.start_timeline import page_start_words
 from .output import environment, markdown_table, write_results
@@ -132,7 +134,6 @@ def one_ssl_context() -> ssl.SSLContext:
     """What gradio_client's `ssl_verify` may be instead of True: an SSL context that checks certificates against the
     same CA bundle as httpx's default (certifi's), made once and shared by every request of the client (httpx takes
     a context as given; True makes it build one, the bundle loaded, per request)."""
-    import certifi
     return ssl.create_default_context(cafile=certifi.where())
 
 
