@@ -135,7 +135,7 @@ class LoraLibrary:
         for name in list_loras(self.folder):
             try:
                 file_sha256(resolve_lora(self.folder, name))
-            except OSError:  # gone or unreadable since it was listed: its first use says why
+            except (OSError, ValueError):  # gone, unreadable or refused since it was listed: its first use says why
                 continue
 
     def choices(self) -> list[tuple[str, str]]:
