@@ -12,7 +12,10 @@
 #                                           power and clock reasons every 2 s: does a GPU slow when its neighbour works
 #   scripts/gpu/parallel_bench.sh table     table.md from the phases run so far (rows against 1gpu)
 #   scripts/gpu/parallel_bench.sh all       one, cfg, ulysses, link (not in a DRY_RUN), table
-#   scripts/gpu/parallel_bench.sh split     torchrun on 2 GPUs, the DiT forward alone: one GPU against the Ulysses
+#   scripts/gpu/parallel_bench.sh nccl-graph  torchrun on 2 GPUs: the Ulysses split's NCCL all-to-alls captured in a
+#                                           CUDA graph and replayed, alone, in seconds (scripts/gpu/nccl_graph_check.py)
+#   scripts/gpu/parallel_bench.sh split     nccl-graph first (stops there if it fails), then torchrun on 2 GPUs, the
+#                                           DiT forward alone: one GPU against the Ulysses
 #                                           split, bit for bit and timed, for best and exact
 #                                           (scripts/gpu/split_check.py)
 #   scripts/gpu/parallel_bench.sh smoke     on ONE GPU, before a 2-GPU machine is lent: the cfg and ulysses
@@ -110,6 +113,14 @@ table() {
   "$PYTHON" scripts/gpu/parallel_bench.py table --out-dir "$DIR"
 }
 
+nccl_graph() {  # the split's NCCL collectives inside a CUDA graph, alone, in seconds (before the split phase)
+  rm -f "$DIR/nccl-graph-check.json"
+  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/nccl_graph_check.py --out "$DIR" \
+    --device "$DEVICE" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/nccl-graph.log"
+  grep -q '"equal_on_every_rank": true' "$DIR/nccl-graph-check.json" ||
+    { echo "nccl-graph: the split's collectives did not replay from a CUDA graph (nccl-graph.log)" >&2; return 1; }
+}
+
 case ${1:-} in
   one) edit 1gpu 1 auto ;;
   cfg) edit 2gpu-cfg 2 cfg ;;
@@ -118,15 +129,18 @@ case ${1:-} in
   link) link ;;
   both-busy) both_busy ;;
   table) table ;;
-  split) "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/split_check.py \
+  nccl-graph) nccl_graph || failed=nccl-graph ;;
+  split) nccl_graph || failed=nccl-graph
+         [ -n "${failed:-}" ] || "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/split_check.py \
            --out "$DIR" --model "$MODEL" --device "$DEVICE" --configs "${SPLIT_CONFIGS[@]}" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } |
            tee "$DIR/split.log" ;;
   smoke) "$PYTHON" tests/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
            --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
   all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; [ -n "${DRY_RUN:-}" ] || link; table ;;
-  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|both-busy|table|all|split|smoke" >&2
+  *) echo "usage: scripts/gpu/parallel_bench.sh one|cfg|ulysses|both|link|both-busy|table|all|nccl-graph|split|smoke" >&2
      exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/$NAME-$1.tar.gz" -C "$RESULTS" "$NAME"
 fi
+[ -z "${failed:-}" ]  # a failed check ends the script with an error, once its results are packed
