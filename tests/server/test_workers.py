@@ -77,9 +77,12 @@ def test_serve_refuses_workers_it_cannot_run():
 
 def test_the_pool_is_there_before_its_workers_and_warms_them_all_at_once(pool, house):
     """The app serves its page while the workers start (each imports torch and DiffSynth in its process); the
-    start-up warm-up runs one edit on every worker at once, each loading its weights."""
+    start-up warm-up runs one edit on every worker at once, each loading its weights. A worker takes its edit as
+    soon as it has started: the edits overlap once both have (a worker that started a second later on a loaded
+    machine took its edit after the other's had ended, as it should)."""
     assert CONSTRUCTED["seconds"] < 3, CONSTRUCTED
     assert not any(worker["started"] for worker in CONSTRUCTED["workers"]), CONSTRUCTED
+    assert pool.wait_until_ready(timeout=120)
     warmed = pool.run_on_every_worker(edit_request(house, "night", steps=2), OptimizationConfig())
     assert [result.telemetry.worker["index"] for result in warmed] == [0, 1]
     assert all("load" in result.telemetry.stages for result in warmed)
