@@ -7,6 +7,7 @@ with torch.equal and timed (CUDA events, median after warm-up). The speedup of a
 split's; a CFG-parallel edit's steps are two such forwards at once (scripts/gpu/parallel_bench.sh cfg).
 
     torchrun --standalone --nproc-per-node 2 scripts/gpu/split_check.py --out DIR [--configs best exact]
+        [--without cuda-graph]
 Rank 0 writes DIR/split-check.json and prints each row. --model tiny --device cpu rehearses on gloo.
 """
 from __future__ import annotations
@@ -35,6 +36,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--model", default="synthetic")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--without", nargs="+", default=[], metavar="REWRITE",
+                        help="rewrites taken out of every configuration (cuda-graph: where the split's collectives "
+                             "do not replay from a CUDA graph, scripts/gpu/nccl_graph_check.py)")
     parser.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
                         help="a rank waiting this long in a collective fails the run with an error (not a hang "
                              "that eats the device call)")
@@ -55,6 +59,8 @@ def main() -> None:
         for text in args.configs:
             engine.free()
             config = OptimizationConfig.parse(text)
+            config = config.replace(rewrites=tuple(flag for flag in config.flags("rewrites") if flag not in args.without))
+            text += "".join(f" without {flag}" for flag in args.without)
             for shape in args.shapes:
                 side, _, images = shape.partition(":")
                 inputs = dit_inputs(base.dit, int(side), int(side), args.text_tokens, device, engine.torch_dtype,
