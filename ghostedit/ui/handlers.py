@@ -59,7 +59,7 @@ class Handlers:
         """`startup`: the engine's background warm-up (engine/startup.py), shown on the page; none by default."""
         self.engine = engine
         self.startup = startup or StartUp(engine, []).start()
-        self.loras = LoraLibrary(lora_dir, builtin_loras(engine))
+        self.loras = LoraLibrary(lora_dir, builtin_loras(engine), hash_after=self.startup.wait)
         self.options = engine.options()
         self.upload_folder = Path(get_upload_folder())
         self.board = LiveBoard()

@@ -121,17 +121,22 @@ class LoraLibrary:
     """The LoRA files of a folder (ghostedit.loras checks names and contents), plus built-in LoRAs made for a
     specific model (the tiny model's)."""
 
-    def __init__(self, folder: Path, builtin: dict[str, tuple[str, Callable[[], Path]]] | None = None):
+    def __init__(self, folder: Path, builtin: dict[str, tuple[str, Callable[[], Path]]] | None = None,
+                 hash_after: Callable[[], object] | None = None):
         """`builtin`: {file name: (the model it was made for, a function that returns its path)}. The folder's files
-        are hashed in the background from here on: a LoRA is identified by its content (LoraChoice), and a first
-        use would otherwise read it whole on the request's path (a rank-32 LoRA of the full-size DiT is 590 MB)."""
+        are hashed in the background, once `hash_after()` returns (the app's start-up warm-up, whose weights load
+        from the same disk; None: at once): a LoRA is identified by its content (LoraChoice), and a first use would
+        otherwise read it whole on the request's path (a rank-32 LoRA of the full-size DiT is 590 MB)."""
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.builtin = dict(builtin or {})
-        self.hashing = threading.Thread(target=self._hash_files, name="ghostedit-lora-hashes", daemon=True)
+        self.hashing = threading.Thread(target=self._hash_files, args=(hash_after,), name="ghostedit-lora-hashes",
+                                        daemon=True)
         self.hashing.start()
 
-    def _hash_files(self) -> None:
+    def _hash_files(self, hash_after: Callable[[], object] | None) -> None:
+        if hash_after is not None:
+            hash_after()
         for name in list_loras(self.folder):
             try:
                 file_sha256(resolve_lora(self.folder, name))

@@ -157,15 +157,20 @@ def test_lora_library_lists_resolves_and_stores_uploads(tmp_path):
 
 
 def test_lora_files_are_hashed_before_their_first_use(tmp_path, monkeypatch):
-    """A LoRA is identified by its content: the library hashes the folder's files in the background from its start
-    and a stored upload at once, so that a run's first use of a file does not read it whole on the request's path
-    (in the H200 latency run each LoRA's first switch spent 0.55 s in the handler outside the engine; the bench's
-    590 MB LoRA files take 0.84 s to hash on this project's 2-core CPU)."""
+    """A LoRA is identified by its content: the library hashes the folder's files in the background once start-up
+    has warmed (the app's weights load from the same disk) and a stored upload at once, so that a run's first use
+    of a file does not read it whole on the request's path (in the H200 latency run each LoRA's first switch spent
+    0.55 s in the handler outside the engine; the bench's 590 MB LoRA files take 0.84 s to hash on this project's
+    2-core CPU)."""
     from ghostedit import config
     folder = tmp_path / "loras"
     folder.mkdir()
     (folder / "present.safetensors").write_bytes(ensure_tiny_lora("peft").read_bytes())
-    library = LoraLibrary(folder)
+    warmed = threading.Event()
+    library = LoraLibrary(folder, hash_after=warmed.wait)  # as the app's: after its start-up warm-up
+    library.hashing.join(timeout=0.5)
+    assert library.hashing.is_alive(), "hashed while the start-up warm-up loads weights from the same disk"
+    warmed.set()
     library.hashing.join(timeout=30)
     upload = tmp_path / "upload.bin"
     upload.write_bytes(ensure_tiny_lora("kohya").read_bytes())
