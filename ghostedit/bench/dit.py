@@ -56,26 +56,6 @@ def dit_inputs(dit, width: int, height: int, text_tokens: int, device: str, dtyp
     }
 
 
-def dit_21_inputs(dit, side_tokens: int, references: int, text_before: int, text_after: int, steps: int, device: str,
-                  seed: int = 0) -> dict:
-    """What Qwen-Image-2.1's DiT gets at each step of an edit with `references` reference images (0: text-to-image),
-    all at `side_tokens` x `side_tokens` latent tokens as the target: the text encoder's sequence with each
-    reference's slots (one slot: 2x2 latent tokens) after `text_before` prompt tokens, `text_after` more after them,
-    and each step's latents (the references' fixed, the target's new at each step); random, from `seed`."""
-    generator = torch.Generator(device).manual_seed(seed)
-    tokens, image_slots = side_tokens * side_tokens, side_tokens * side_tokens // 4
-    slots = torch.zeros(1, text_before + references * image_slots + text_after, dtype=torch.bool, device=device)
-    slots[0, text_before:text_before + references * image_slots] = True
-    image_mask = torch.cat([slots, torch.ones(1, image_slots, dtype=torch.bool, device=device)], 1)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=generator, device=device, dtype=torch.bfloat16)
-    fixed = randn(1, references * tokens, dit.img_in.in_features)
-    return {"image_mask": image_mask, "shapes": [(1, side_tokens, side_tokens)] * (references + 1),
-            "prompt": randn(1, slots.shape[1], dit.txt_in.in_layer.in_features),
-            "latents": [torch.cat([fixed, randn(1, tokens, dit.img_in.in_features)], 1) for _ in range(steps)]}
-
-
 def sequence_length(inputs: dict) -> int:
     edits = inputs["edit_latents"]
     images = 1 + (len(edits) if isinstance(edits, list) else 1)

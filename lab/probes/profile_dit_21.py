@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 
-from ghostedit.bench.dit import dit_21_inputs
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.engine.runner import dit_run
@@ -27,6 +27,9 @@ from ghostedit.models.seams import PrefixKVCache
 from ghostedit.telemetry import RunRecorder, median_ms
 
 from profile_dit import ATTENTION_TFLOPS, FP8_GEMM_TFLOPS, kernel_breakdown, print_breakdown  # beside this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
+from gpu_scripts import dit_21_inputs  # noqa: E402 - the GPU tests' 2.1 DiT inputs
 
 # scripts/gpu/bench.sh's fastest 2.1 configuration (QWEN21_FP8_ATTENTION), the one of the cached step's figure
 FASTEST = ("attention=cudnn-fp8,fp8=torchao,compile=regional,text-encoder=graphed,vae=image-fused,"

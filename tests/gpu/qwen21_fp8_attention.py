@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ghostedit.bench.dit import dit_21_inputs, relative_error
+from ghostedit.bench.dit import relative_error
 from ghostedit.config import OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.engine.runner import dit_run
@@ -39,6 +39,7 @@ from ghostedit.kernels import fp8_attention
 from ghostedit.models.qwen_image_21.dit import layout, step_forward
 from ghostedit.models.seams import DitOptions, PrefixKVCache, Segments, attention, normed_bound
 from ghostedit.telemetry import RunRecorder
+from gpu_scripts import dit_21_inputs
 
 CONFIGS = {"exact": "baseline", "fp8": "attention=cudnn-fp8"}
 FP8_GEMMS = "fp8=torchao,rewrites=real-rope+fused-qkv"

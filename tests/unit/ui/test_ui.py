@@ -159,9 +159,8 @@ def test_lora_library_lists_resolves_and_stores_uploads(tmp_path):
 def test_lora_files_are_hashed_before_their_first_use(tmp_path, monkeypatch):
     """A LoRA is identified by its content: the library hashes the folder's files in the background once start-up
     has warmed (the app's weights load from the same disk) and a stored upload at once, so that a run's first use
-    of a file does not read it whole on the request's path (in the H200 latency run each LoRA's first switch spent
-    0.55 s in the handler outside the engine; the bench's 590 MB LoRA files take 0.84 s to hash on this project's
-    2-core CPU)."""
+    of a file does not read it whole on the request's path (in the H200 latency run, docs/benchmarks/latency-4/,
+    each LoRA's first switch spent 0.55 s in the handler outside the engine, where its content was hashed)."""
     from ghostedit import config
     folder = tmp_path / "loras"
     folder.mkdir()
