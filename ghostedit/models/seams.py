@@ -207,18 +207,19 @@ class PrefixStep:
     branch: int
     filling: bool
 
-    def store(self, block: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Block `block`'s prefix keys and values, [batch, prefix tokens, heads, head_dim], copied into the kept
-        tensors of their shape (tensors of their own: a view would keep the whole forward's tensors alive)."""
+    def store(self, block: int, keys: torch.Tensor, *rest: torch.Tensor) -> None:
+        """Block `block`'s prefix keys, [batch, prefix tokens, heads, head_dim], and what the forward keeps with them
+        (their values, and whatever else its cached steps read), copied into the kept tensors of the keys' shape and
+        dtype (tensors of their own: a view would keep the whole forward's tensors alive)."""
         blocks = self.kept.setdefault((self.branch, tuple(keys.shape), keys.dtype), {})
+        entry = (keys, *rest)
         if block not in blocks:
-            blocks[block] = (torch.empty(keys.shape, dtype=keys.dtype, device=keys.device),
-                             torch.empty(values.shape, dtype=values.dtype, device=values.device))
-        for kept, new in zip(blocks[block], (keys, values)):
+            blocks[block] = tuple(torch.empty(part.shape, dtype=part.dtype, device=part.device) for part in entry)
+        for kept, new in zip(blocks[block], entry):
             kept.copy_(new)
 
-    def stored(self, block: int, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block `block`'s prefix keys and values of this branch, stored at `shape` and `dtype`."""
+    def stored(self, block: int, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """What block `block` stored for this branch, with its keys at `shape` and `dtype`."""
         return self.kept[(self.branch, tuple(shape), dtype)][block]
 
 

@@ -42,7 +42,9 @@ fused_qk_norm_rope  with an FP8 attention, at a step from the prefix cache: the 
             and cast to FP8 by one kernel (kernels/qk_norm_rope.py, the Edit DiT's), attending over the cached
             prefix as the seam's FP8 path does (its keys cast at k's scale, its values with the target's at one
             scale); the step that fills the cache computes q and k as released (its causal text spans attend exact
-            in bf16, and the cache keeps the bf16 keys and values the seam's FP8 path reads)
+            in bf16), and on one GPU the cache keeps the prefix's keys cast to FP8 and its values' largest
+            magnitude, which a cached step would otherwise work out again (under a sequence split, the bf16 keys
+            and values the seam's FP8 path reads)
 fp8_attention_out  on that path, cuDNN's FP8 output into the FP8 output projection as written (seams.out_projection)
 carried_residual  each block's last residual addition done by the next block, where compiled code fuses it into that
             block's first LayerNorm; the last one after the loop (`finish`)
@@ -75,6 +77,12 @@ Rotary = torch.Tensor | tuple[torch.Tensor, torch.Tensor]   # [L, D / 2] complex
 
 
 # ---- the sequence's structure ----
+
+def fp8_prefix_keys(options: DitOptions, shards: Shards | None) -> bool:
+    """Whether the prefix cache keeps each block's prefix keys in FP8 (Attention._prefix_entry): where the cached
+    steps run fused_qk_norm_rope on one GPU."""
+    return options.fused_qk_norm_rope and shards is None
+
 
 def reads_prefix(prefix: PrefixStep | None) -> bool:
     """Whether a forward reads its prefix's keys and values from the cache (computing the target's tokens only)
@@ -337,7 +345,8 @@ class Attention(nn.Module):
         query = apply_rotary(self.norm_q(query).to(value.dtype), rotary)
         key = apply_rotary(self.norm_k(key).to(value.dtype), rotary)
         kept = []
-        keep = (lambda keys, values: kept.append((keys[:, :layout_.prefix_length], values[:, :layout_.prefix_length]))
+        keep = (lambda keys, values: kept.append(self._prefix_entry(keys[:, :layout_.prefix_length],
+                                                                    values[:, :layout_.prefix_length], options, shards))
                 ) if keep_prefix else None
         if prefix is None:
             mask = layout_.segments
@@ -366,12 +375,15 @@ class Attention(nn.Module):
         q8, k8 = qk_norm_rope_fp8([query], [key], [self.norm_q.weight], [self.norm_k.weight], [cos], [sin],
                                   self.q_scale, self.k_scale, self.norm_q.eps)
         q_descale, k_descale = fp8_attention.descale(self.q_scale), fp8_attention.descale(self.k_scale)
+        if shards is None:  # the prefix as _prefix_entry kept it: the joined values' scale from the two largest
+            prefix_k8, prefix_values, prefix_largest = prefix
+            scale = fp8_attention.fp8_scale(torch.maximum(prefix_largest, fp8_attention.largest_magnitude(value)))
+            (prefix_v8, v8), v_descale = fp8_attention.fp8_parts([prefix_values, value], scale)
+            return fp8_attention.attend_fp8([q8], q_descale, [prefix_k8, k8], k_descale, [prefix_v8, v8], v_descale,
+                                            options.attention)
         prefix_keys, prefix_values = prefix
         (prefix_k8,), _ = fp8_attention.fp8_parts([prefix_keys], self.k_scale)
         split = options.sequence_split
-        if shards is None:
-            return fp8_attention.attend_as_written([q8], q_descale, [prefix_k8, k8], k_descale,
-                                                   (prefix_values, value), options.attention)
         (prefix_v8, v8), v_descale = fp8_attention.fp8_parts([prefix_values, value],
                                                              value_scale([prefix_values, value], split))
         kernel_descale = []
@@ -384,6 +396,17 @@ class Attention(nn.Module):
             return output
         output = split.attention(((q8, k8, v8),), [shards.target], attend)
         return output, kernel_descale[0]
+
+    def _prefix_entry(self, keys, values, options: DitOptions, shards: Shards | None) -> tuple[torch.Tensor, ...]:
+        """What the prefix cache keeps of this block's prefix keys and values for the cached steps: as they are; on
+        one GPU with fused_qk_norm_rope, the keys already cast to FP8 at k's fixed scale and the values with their
+        largest magnitude, each the same at every step, so that a cached step neither casts the prefix's keys nor
+        reads its values for their scale (the same bits: the joined values' largest magnitude is the larger of the
+        two parts', and the cast is elementwise)."""
+        if not fp8_prefix_keys(options, shards):
+            return keys, values
+        (keys8,), _ = fp8_attention.fp8_parts([keys], self.k_scale)
+        return keys8, values, fp8_attention.largest_magnitude(values)
 
     def qk_norms(self) -> tuple[RMSNorm, RMSNorm]:
         return self.norm_q, self.norm_k
@@ -575,11 +598,12 @@ class QwenImage21DiT(nn.Module):
         from_cache = reads_prefix(prefix)
         heads = self.heads if shards is None else self.heads // shards.target.degree
         prefix_shape = (hidden.shape[0], layout_.prefix_length, heads, self.head_dim)
+        prefix_dtype = fp8_attention.FP8 if fp8_prefix_keys(options, shards) else hidden.dtype
         target_tokens = layout_.target_length if shards is None else shards.target.own_tokens
         step_cache, target = options.step_cache, hidden.shape[1] - target_tokens
         pending = nothing_pending(hidden, modulation) if options.carried_residual else None
         for index, block in enumerate(self.blocks):
-            cached = prefix.stored(index, prefix_shape, hidden.dtype) if from_cache else None
+            cached = prefix.stored(index, prefix_shape, prefix_dtype) if from_cache else None
             before = hidden
             hidden, kept, pending = block(hidden, modulation, rotary, layout_, cached,
                                           prefix is not None and not from_cache, options, shards, pending)

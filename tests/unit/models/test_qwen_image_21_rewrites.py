@@ -111,8 +111,10 @@ with cpu_fp8.gpu_paths_on_the_cpu():
             if cache == "on":
                 (q, k, v), (fused_q, fused_k, fused_v) = inputs_at["unfused"], inputs_at["fused"]
                 run["kernel_inputs"] = {"prefix_keys_equal": torch.equal(k[0].float(), fused_k[0].float()),
-                                        "values_equal": all(map(torch.equal, [t.float() for t in v],
-                                                                [t.float() for t in fused_v])),
+                                        # joined: the fused path hands the kernel's op the prefix's values and
+                                        # the target's as two parts, cast at the joined values' scale
+                                        "values_equal": torch.equal(torch.cat([t.float() for t in v], dim=1),
+                                                                    torch.cat([t.float() for t in fused_v], dim=1)),
                                         "q_within_rounding": within_fp8_rounding(fused_q[-1], q[-1]),
                                         "k_within_rounding": within_fp8_rounding(fused_k[1], k[1])}
                 run["first_attention_out"] = float((first_at["out"] - first_at["fused"]).norm()
