@@ -56,7 +56,7 @@ bench() {  # bench PHASE ARGS...: one process, its log kept beside its results (
   mkdir -p "$RESULTS/$phase"
   local begin=$(date +%s)
   "$PYTHON" -m ghostedit bench --model "$MODEL" --skip-teardown --out-dir "$RESULTS/$phase" "$@" 2>&1 |
-    { grep -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└\|Configuration class" || true; } |
+    { grep --line-buffered -v "^Loading\|^Loaded\|^Using\|^No \|^    \|^}\|^{\|register_constant\|│\|┌\|└\|Configuration class" || true; } |
     tee "$RESULTS/$phase/$phase.log"
   echo "== $phase: process wall $(( $(date +%s) - begin )) s, run so far $(( $(date +%s) - START )) s" |
     tee -a "$RESULTS/$phase/$phase.log"

@@ -77,7 +77,7 @@ edit() {  # edit LABEL PROCESSES MODE: one timed configuration; its log kept bes
     scripts/gpu/parallel_bench.py run --label "$label" --parallel "$mode" --model "$MODEL" --device "$DEVICE" \
     ${DTYPE:+--dtype "$DTYPE"} --config "$CONFIG" --side "$SIDE" --steps "$STEPS" --cfg "$CFG" \
     --repeats "$REPEATS" --warmup-edits "$WARMUP_EDITS" --negative-prompt "$NEGATIVE" --out-dir "$DIR" 2>&1 |
-    { grep -v "^Loading\|^Loaded\|^Using\|^No \|register_constant\|Configuration class" || true; } |
+    { grep --line-buffered -v "^Loading\|^Loaded\|^Using\|^No \|register_constant\|Configuration class" || true; } |
     tee "$DIR/$label.log"
   echo "== $label: $processes process(es), wall $(( $(date +%s) - begin )) s" | tee -a "$DIR/$label.log"
 }
@@ -85,7 +85,7 @@ edit() {  # edit LABEL PROCESSES MODE: one timed configuration; its log kept bes
 link() {  # the GPUs' topology and what one block's Ulysses all-to-alls cost on it (NCCL, 2 GPUs)
   nvidia-smi topo -m | tee "$DIR/topology.txt"
   "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/parallel_bench.py link \
-    --side "$SIDE" --out-dir "$DIR" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/link.log"
+    --side "$SIDE" --out-dir "$DIR" 2>&1 | { grep --line-buffered -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/link.log"
 }
 
 both_busy() {  # two single-GPU edits at once, one process per GPU, no process group between them
@@ -117,7 +117,7 @@ table() {
 nccl_graph() {  # the split's NCCL collectives inside a CUDA graph, alone, in seconds (before the split phase)
   rm -f "$DIR/nccl-graph-check.json"
   "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/nccl_graph_check.py --out "$DIR" \
-    --device "$DEVICE" 2>&1 | { grep -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/nccl-graph.log"
+    --device "$DEVICE" 2>&1 | { grep --line-buffered -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/nccl-graph.log"
   grep -q '"equal_on_every_rank": true' "$DIR/nccl-graph-check.json" ||
     { echo "nccl-graph: the split's collectives did not replay from a CUDA graph (nccl-graph.log)" >&2; return 1; }
 }
@@ -135,7 +135,7 @@ case ${1:-} in
          nccl_graph || { failed=nccl-graph; without=(--without cuda-graph); }
          "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu/split_check.py --out "$DIR" \
            --model "$MODEL" --device "$DEVICE" --configs "${SPLIT_CONFIGS[@]}" "${without[@]}" 2>&1 |
-           { grep -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/split.log" ;;
+           { grep --line-buffered -v "^\*\|OMP_NUM_THREADS" || true; } | tee "$DIR/split.log" ;;
   smoke) "$PYTHON" tests/gpu/parallel_smoke.py --model "$MODEL" --device "$DEVICE" ${DTYPE:+--dtype "$DTYPE"} \
            --config "$CONFIG" --side "$SIDE" 2>&1 | tee "$DIR/smoke.log" ;;
   all) edit 1gpu 1 auto; edit 2gpu-cfg 2 cfg; edit 2gpu-ulysses 2 ulysses; [ -n "${DRY_RUN:-}" ] || link; table ;;
