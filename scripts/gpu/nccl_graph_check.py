@@ -7,7 +7,8 @@ attention (ghostedit/parallel/ulysses.py: the all-to-all to heads, an elementwis
 token, the all-to-all back), which must give each rank q + k + v of its own tokens. That forward runs eagerly (NCCL's
 communicators made), is captured as the engine captures a forward (ghostedit/optimize/cuda_graphs.py, CudaCapture:
 a stream of its own, thread-local capture mode), then replayed on new values written into the captured inputs. Each
-stage is printed by every rank as it ends; a collective that waits past --collective-timeout fails the run.
+stage is printed by every rank as it ends; a collective that waits past --collective-timeout fails the run, and
+while it runs each rank prints its Python stacks every --hang-report seconds (where a run that is stopped waited).
 
     torchrun --standalone --nproc-per-node 2 scripts/gpu/nccl_graph_check.py [--out DIR]
 Rank 0 writes DIR/nccl-graph-check.json: each stage's result, equal on every rank or not. `--device cpu` rehearses
@@ -16,6 +17,7 @@ the eager forward on two gloo processes (a CPU has no CUDA graph to capture).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import time
@@ -36,7 +38,12 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     parser.add_argument("--collective-timeout", type=float, default=60.0, metavar="S")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--hang-report", type=float, default=30.0, metavar="S",
+                        help="every S seconds while it runs, each rank's Python stacks on stderr (where a "
+                             "stopped run was waiting)")
     args = parser.parse_args()
+    print(f"rank {os.environ.get('RANK', '?')}: started, joining the process group", flush=True)
+    faulthandler.dump_traceback_later(args.hang_report, repeat=True)
     mesh = parallel.setup("ulysses", False, args.device, collective_timeout_s=args.collective_timeout)
     on_gpu = args.device.startswith("cuda")
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else args.device
@@ -92,6 +99,7 @@ def main() -> None:
             (out / "nccl-graph-check.json").write_text(json.dumps(report, indent=1))
             print(json.dumps(report), flush=True)
         parallel.teardown()
+        faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":

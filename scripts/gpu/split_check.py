@@ -13,6 +13,7 @@ Rank 0 writes DIR/split-check.json and prints each row. --model tiny --device cp
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import time
@@ -42,7 +43,12 @@ def main() -> None:
     parser.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
                         help="a rank waiting this long in a collective fails the run with an error (not a hang "
                              "that eats the device call)")
+    parser.add_argument("--hang-report", type=float, default=120.0, metavar="S",
+                        help="every S seconds while it runs, each rank's Python stacks on stderr (where a "
+                             "stopped run was waiting)")
     args = parser.parse_args()
+    print(f"rank {os.environ.get('RANK', '?')}: started, joining the process group", flush=True)
+    faulthandler.dump_traceback_later(args.hang_report, repeat=True)
     device = args.device
     mesh = parallel.setup("ulysses", False, device, collective_timeout_s=args.collective_timeout)
     began = time.perf_counter()
@@ -95,6 +101,7 @@ def main() -> None:
                  "backend": mesh.backend, "rows": rows}, indent=1, default=str))
     finally:
         parallel.teardown()
+        faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":
