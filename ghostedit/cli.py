@@ -116,12 +116,15 @@ def _parallel_edit(args) -> int:
     from .device import default_device
     cfg = args.cfg if args.cfg is not None else preset_cfg(args, DEFAULT_CFG)
     mesh = parallel.setup(args.parallel, cfg != 1.0, args.device or default_device())
+    engine = None
     try:
         engine, config, request = _checked_edit(args, mesh)
         result = engine.run(request, config, on_progress=print_progress if mesh.is_writer else None)
         if mesh.is_writer:
             _report_edit(args, result)
     finally:
+        if engine is not None:
+            engine.free()  # its CUDA graphs before the process group (parallel.teardown says why)
         parallel.teardown()
     return 0
 

@@ -6,6 +6,7 @@ which hands it down to each edit; in a single process there is none."""
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
@@ -96,6 +97,10 @@ def setup(mode: str, true_cfg: bool, device: str, collective_timeout_s: float | 
 
 
 def teardown() -> None:
-    """Closes the process group (at the end of a torchrun process)."""
+    """Closes the process group (at the end of a torchrun process). A CUDA graph that captured the group's
+    collectives (a Ulysses forward under cuda-graph) must be gone first: NCCL's destroy then waits on it for ever
+    (pytorch/pytorch#115388; seen on two H200s). So callers drop what holds their graphs (Engine.free), and a
+    collection here ends those that reference cycles still hold."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

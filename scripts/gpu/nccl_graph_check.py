@@ -63,7 +63,7 @@ def main() -> None:
     def expected() -> torch.Tensor:
         return inputs[0] + inputs[1] + inputs[2]
 
-    stages = {}
+    stages, replay, outputs = {}, None, None
     try:
         stages["eager"] = bool(torch.equal(forward()[0], expected()))
         progress(f"eager forward: {'equal' if stages['eager'] else 'NOT equal'} to q + k + v")
@@ -98,7 +98,9 @@ def main() -> None:
                       "stages": stages, "equal_on_every_rank": bool(agreed.item())}
             (out / "nccl-graph-check.json").write_text(json.dumps(report, indent=1))
             print(json.dumps(report), flush=True)
+        replay = outputs = None  # the graph before the process group (parallel.teardown says why)
         parallel.teardown()
+        progress("process group closed")
         faulthandler.cancel_dump_traceback_later()
 
 

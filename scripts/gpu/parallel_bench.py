@@ -43,8 +43,8 @@ def run(args) -> None:
     mesh = None
     if parallel.world_size_from_environment() > 1:
         mesh = parallel.setup(args.parallel, args.cfg != 1.0, device)
+    engine = Engine(args.model, device=device, dtype=args.dtype, mesh=mesh)
     try:
-        engine = Engine(args.model, device=device, dtype=args.dtype, mesh=mesh)
         config = OptimizationConfig.parse(args.config)
         image = Image.open(args.image).convert("RGB")
 
@@ -61,6 +61,7 @@ def run(args) -> None:
             write_run(args, cold, timed, compiled_frames() - frames, ranks)
     finally:
         if mesh is not None:
+            engine.free()  # its CUDA graphs before the process group (parallel.teardown says why)
             parallel.teardown()
 
 

@@ -58,8 +58,8 @@ def main() -> None:
     if device.startswith("cuda"):
         device = f"cuda:{torch.cuda.current_device()}"
     rows = []
+    engine = Engine(args.model, device=device, dit_only=True)
     try:
-        engine = Engine(args.model, device=device, dit_only=True)
         base = engine.load(OptimizationConfig())
         progress("weights built")
         for text in args.configs:
@@ -100,6 +100,7 @@ def main() -> None:
                 {"gpu": device_name(device), "torch": torch.__version__, "ranks": mesh.world_size,
                  "backend": mesh.backend, "rows": rows}, indent=1, default=str))
     finally:
+        engine.free()  # the split's CUDA graphs before the process group (parallel.teardown says why)
         parallel.teardown()
         faulthandler.cancel_dump_traceback_later()
 
