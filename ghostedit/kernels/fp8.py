@@ -1,11 +1,14 @@
-"""FP8 as GhostEdit's kernels use it: the format (float8_e4m3fn, largest value 448), and torchao's FP8 linear layers
-fed values that are already FP8 (the fused GELU quantization's and the FP8 attention's output)."""
+"""FP8 as GhostEdit's kernels use it: the format (float8_e4m3fn, largest value 448), the rowwise quantizing kernels'
+floor for a row's largest magnitude, and torchao's FP8 linear layers fed values that are already FP8 (the fused GELU
+and SwiGLU quantizations' and the FP8 attention's output)."""
 from __future__ import annotations
 
 import torch
 
-FP8 = torch.float8_e4m3fn   # the FP8 format of GhostEdit's own kernels (the FP8 attention, the fused GELU quantization)
+FP8 = torch.float8_e4m3fn   # the FP8 format of GhostEdit's own kernels (the FP8 attention, the fused quantizations)
 FP8_MAX = torch.finfo(FP8).max  # 448
+# a row of zeros: any positive scale quantizes it to zeros (torchao's scale 0 would divide it into NaN)
+SMALLEST_AMAX = 1e-12
 
 
 def is_torchao_fp8(layer: torch.nn.Module) -> bool:

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .fp8 import FP8, FP8_MAX
+from .fp8 import FP8, FP8_MAX, SMALLEST_AMAX
 
-SMALLEST_AMAX = 1e-12  # a row of zeros: any positive scale quantizes it to zeros
 # the fastest of gelu_quant_probe.py's candidates on an H100 (lab/results/gelu-quant/)
 WARPS = 8
 

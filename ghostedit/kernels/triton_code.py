@@ -1,10 +1,13 @@
 """GhostEdit's own Triton kernels, each run by the module that owns its choice: the GELU and its rowwise FP8
-quantization (gelu_quant.py, fused-gelu-quant) and the FP8 attention's q and k normalized, rotated and cast
-(qk_norm_rope.py, fused-qk-norm-rope), both through custom ops that compiled blocks call; the VAE's RMS norm with the
-SiLU after it (optimize/vae_frames.py, vae=image-fused). This module imports Triton: those modules load it only when a GPU configuration
-runs them. Triton resolves a kernel's helper functions among the module's globals, hence one module for them."""
+quantization (gelu_quant.py, fused-gelu-quant), SwiGLU's silu(gate) * up and its rowwise FP8 quantization
+(swiglu_quant.py, fused-swiglu-quant) and the FP8 attention's q and k normalized, rotated and cast (qk_norm_rope.py,
+fused-qk-norm-rope), each through a custom op that compiled blocks call; the VAE's RMS norm with the SiLU after it
+(optimize/vae_frames.py, vae=image-fused). This module imports Triton: those modules load it only when a GPU
+configuration runs them. Triton resolves a kernel's helper functions among the module's globals, hence one module for
+them."""
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -20,6 +23,32 @@ def gelu_rowwise_fp8(x_ptr, out_ptr, scale_ptr, fp8_max, smallest_amax, n_column
     scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), smallest_amax) / fp8_max
     tl.store(scale_ptr + row, scale)
     quantized = tl.clamp(gelu / scale, -fp8_max, fp8_max)
+    tl.store(out_ptr + row * n_columns + columns, quantized.to(tl.float8e4nv), mask=mask)
+
+
+@triton.jit
+def swiglu_rowwise_fp8(gate_ptr, up_ptr, out_ptr, scale_ptr, fp8_max, inverse_fp8_max, smallest_amax,
+                       n_columns: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    """silu(gate) * up of one row, rounded as eager PyTorch rounds it, quantized as torchao quantizes it per row."""
+    row = tl.program_id(0).to(tl.int64)
+    columns = tl.arange(0, BLOCK)
+    mask = columns < n_columns
+    gate = tl.load(gate_ptr + row * n_columns + columns, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + row * n_columns + columns, mask=mask, other=0.0).to(tl.float32)
+    # PyTorch's CUDA SiLU: x / (1 + expf(-x)) in float32 (libdevice's expf is CUDA's; Triton's interpreter has no
+    # libdevice), rounded to bf16
+    if LIBDEVICE_EXP:
+        exp = libdevice.exp(-gate)
+    else:
+        exp = tl.exp(-gate)
+    silu = tl.div_rn(gate, 1.0 + exp).to(tl.bfloat16).to(tl.float32)
+    swiglu = (silu * up).to(tl.bfloat16).to(tl.float32)  # a product of two bf16 values, exact in float32
+    # torchao's scale: the row's bf16 amax / 448, which PyTorch's CUDA division by a Python number computes as a
+    # product with float32's 1 / 448, in bf16 (the amax's dtype)
+    amax = tl.maximum(tl.max(tl.abs(swiglu), axis=0), smallest_amax)
+    scale = (amax * inverse_fp8_max).to(tl.bfloat16).to(tl.float32)
+    tl.store(scale_ptr + row, scale)
+    quantized = tl.clamp(tl.div_rn(swiglu, scale), -fp8_max, fp8_max)
     tl.store(out_ptr + row * n_columns + columns, quantized.to(tl.float8e4nv), mask=mask)
 
 
@@ -141,5 +170,5 @@ def channel_bias_residual(x_ptr, bias_ptr, residual_ptr, out_ptr, n_values, n_ch
 
 
 # the kernels' names, as the profiler lists them (lab/probes/profile_dit.py counts them as GhostEdit's)
-NAMES = (gelu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__, channel_rms_norm.__name__,
-         channel_bias_residual.__name__)
+NAMES = (gelu_rowwise_fp8.__name__, swiglu_rowwise_fp8.__name__, qk_norm_rope_fp8.__name__,
+         channel_rms_norm.__name__, channel_bias_residual.__name__)

@@ -74,6 +74,7 @@ class DitOptions:
     fused_qk_norm_rope: bool = False    # q and k normalized, rotated and cast to FP8 by one kernel
     fp8_attention_out: bool = False     # the FP8 attention's output into the FP8 output projections as written
     fused_gelu_quant: bool = False      # the feed-forward's GELU and its rowwise FP8 quantization in one kernel
+    fused_swiglu_quant: bool = False    # SwiGLU's silu(gate) * up and its rowwise FP8 quantization in one kernel
     carried_residual: bool = False      # each block's last residual addition done by the next block
     sequence_split: SequenceSplit | None = None   # read inside the blocks (a frozen value: compared)
     # what the run keeps, read outside the blocks only: not part of the options' value (their equality and hash)

@@ -3,7 +3,8 @@ a prepared DiT before the forward takes its path (the forward's paths are named 
 models/qwen_image/dit.py, and chosen by the run's options), and the checks that its path can run on this DiT.
 
 The steps work through what a family's DiT offers: `attention_layers()` (each with `fuse_qkv()`, `fp8_scales()`,
-`qk_norms()` and `output_projections()`) and `feed_forwards()` (each with `projections()`: up, down).
+`qk_norms()` and `output_projections()`) and `feed_forwards()` (each with `projections()`: the Edit DiT's up and
+down, Qwen-Image-2.1's gate, up and down).
 """
 from __future__ import annotations
 
@@ -44,10 +45,10 @@ def check_fp8_attention_out(dit: torch.nn.Module) -> int:
                         "attention layers' output projections", "the FP8 attention output")
 
 
-def check_gelu_quant(dit: torch.nn.Module) -> int:
-    """fused-gelu-quant: both projections of every feed-forward layer are torchao's FP8 linears; returns how many."""
-    return _torchao_fp8(dit.feed_forwards(), lambda layer: layer.projections(), "feed-forward layers",
-                        "the fused GELU quantization")
+def check_feed_forward_quant(dit: torch.nn.Module, path: str) -> int:
+    """fused-gelu-quant, fused-swiglu-quant: every projection of every feed-forward layer is torchao's FP8 linear
+    (the down projection takes the kernel's FP8 rows; `path` names the kernel in the refusal); returns how many."""
+    return _torchao_fp8(dit.feed_forwards(), lambda layer: layer.projections(), "feed-forward layers", path)
 
 
 def _torchao_fp8(layers: list, projections, what: str, path: str) -> int:

@@ -196,16 +196,16 @@ def test_every_toggle_says_whether_it_applies_to_2_1():
     """Each toggle applies to 2.1's DiT or gives a reason; the ones that apply: attention (SDPA's kernels, flex, the
     FP8 attentions), compile (and its Inductor options), FP8 (torchao), memory placement, the schedule, the prefix
     cache, CUDA graphs, the lossless rewrites real-rope, fused-qkv (with joint-layout, which names 2.1's only
-    layout), carried-residual, fused-qk-norm-rope and fp8-attention-out, the step cache, the text encoder's
-    (compiled, graphed) and the VAE's (image-fused) choices."""
+    layout), carried-residual, fused-qk-norm-rope, fp8-attention-out and fused-swiglu-quant (2.1's alone), the step
+    cache, the text encoder's (compiled, graphed) and the VAE's (image-fused) choices."""
     from ghostedit.models.family import QWEN_IMAGE_21_DIT
     from ghostedit.optimize import registry
 
     applying = {toggle.name for toggle in registry.toggles() if QWEN_IMAGE_21_DIT not in toggle.families}
     assert applying == {"attention", "compile", "inductor-cdt", "inductor-multi-kernel", "inductor-persistent-rows",
                         "fp8", "memory", "scheduler", "prefix-cache", "cuda-graph", "real-rope", "fused-qkv",
-                        "joint-layout", "carried-residual", "fused-qk-norm-rope", "fp8-attention-out", "step-cache",
-                        "text-encoder", "vae"}
+                        "joint-layout", "carried-residual", "fused-qk-norm-rope", "fp8-attention-out",
+                        "fused-swiglu-quant", "step-cache", "text-encoder", "vae"}
     for toggle in registry.toggles():
         reason = toggle.families.get(QWEN_IMAGE_21_DIT)
         assert reason is None or len(reason) > 40, f"{toggle.name}: a reason a person can read"

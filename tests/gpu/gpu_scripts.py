@@ -1,8 +1,10 @@
 """What the GPU tier's tests share: each runs its script beside it (graph_check.py, parallel_smoke.py, seed_check.py,
-qwen21_fp8_attention.py, qwen21_graphs.py, text_encoder_graph_check.py) in a process of its own, as on the GPU
-machine, where they run from the repository root after `source scripts/gpu/setup.sh`:  python -m pytest -m gpu tests/gpu
+qwen21_fp8_attention.py, qwen21_graphs.py, qwen21_swiglu_quant.py, text_encoder_graph_check.py) in a process of its
+own, as on the GPU machine, where they run from the repository root after `source scripts/gpu/setup.sh`:
+python -m pytest -m gpu tests/gpu
 One script at a time, whatever pytest-xdist does: each builds the full-size synthetic model on the one GPU. And the
-random inputs of Qwen-Image-2.1's DiT at each step (qwen21_fp8_attention.py, lab/probes/profile_dit_21.py)."""
+random inputs of Qwen-Image-2.1's DiT at each step (qwen21_fp8_attention.py, qwen21_swiglu_quant.py,
+lab/probes/profile_dit_21.py)."""
 import fcntl
 import subprocess
 import sys

@@ -48,6 +48,8 @@ fused_qk_norm_rope  with an FP8 attention, at a step from the prefix cache: the 
 fp8_attention_out  on that path, cuDNN's FP8 output into the FP8 output projection as written (seams.out_projection)
 carried_residual  each block's last residual addition done by the next block, where compiled code fuses it into that
             block's first LayerNorm; the last one after the loop (`finish`)
+fused_swiglu_quant  with torchao's FP8 GEMMs, the feed-forward's silu(gate) * up quantized per row for the FP8 down
+            projection in one kernel (kernels/swiglu_quant.py), at every step
 q, k and v always stay in the projections' [batch, seq, heads, head_dim] layout here (the Edit DiT's joint_layout:
 one stream, nothing to join).
 """
@@ -66,9 +68,10 @@ from torch import nn
 from ...kernels import fp8_attention
 from ...kernels.attention import FP8_BACKENDS
 from ...kernels.qk_norm_rope import qk_norm_rope_fp8
+from ...kernels.swiglu_quant import swiglu_rowwise_fp8
 from ..rotary import cos_sin, real_rotation
-from ..seams import (FLEX, DitOptions, PrefixStep, Segments, SequenceSplit, attention, flex_block_mask, fused_linear,
-                     joinable_parts, normed_bound, out_projection, value_scale)
+from ..seams import (FLEX, DitOptions, PrefixStep, Segments, SequenceSplit, attention, flex_block_mask, fp8_linear,
+                     fused_linear, joinable_parts, normed_bound, out_projection, value_scale)
 
 IMAGE_TOKENS_PER_SLOT = 4  # one image slot of the text encoder's sequence stands for 2x2 latent tokens
 # fused_qkv's projection, with the released projections it joins in the order of its output rows
@@ -438,7 +441,15 @@ class FeedForward(nn.Module):
         self.gate_layer = nn.Linear(dim, hidden, bias=False)
         self.out = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def projections(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        return self.gate_layer, self.proj, self.out
+
+    def forward(self, x: torch.Tensor, options: DitOptions = DitOptions()) -> torch.Tensor:
+        if options.fused_swiglu_quant:  # silu(gate) * up quantized per row in its kernel, into the FP8 down projection
+            gate, up = self.gate_layer(x), self.proj(x)
+            values, scales = swiglu_rowwise_fp8(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]))
+            out = fp8_linear(self.out, values, scales)
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         return self.out(F.silu(self.gate_layer(x)) * self.proj(x))
 
 
@@ -467,8 +478,8 @@ class Block(nn.Module):
         x = x + gate1.tanh() * attended
         normed = F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale2)
         if pending is not None:
-            return x, kept, (gate2.tanh(), self.img_mlp(normed))
-        return _in_range(x + gate2.tanh() * self.img_mlp(normed)), kept, None
+            return x, kept, (gate2.tanh(), self.img_mlp(normed, options))
+        return _in_range(x + gate2.tanh() * self.img_mlp(normed, options)), kept, None
 
 
 Pending = tuple[torch.Tensor, torch.Tensor]   # a block's last addition left undone: its gate and its update
@@ -548,6 +559,9 @@ class QwenImage21DiT(nn.Module):
     def attention_layers(self) -> list[Attention]:
         """What the rewrites' preparation steps work on (optimize/rewrites.py)."""
         return [block.attn for block in self.transformer_blocks]
+
+    def feed_forwards(self) -> list[FeedForward]:
+        return [block.img_mlp for block in self.transformer_blocks]
 
     def forward(self, latents: torch.Tensor, prompt_embeds: torch.Tensor, timestep: torch.Tensor, layout_: Layout,
                 options: DitOptions = DitOptions(), prefix: PrefixStep | None = None) -> torch.Tensor:

@@ -7,7 +7,7 @@ from ..registry import OFF, ON, Choice, PrepareContext, Requires, Toggle, regist
 
 def _prepare(context: PrepareContext, value: str) -> None:
     if value == ON:
-        layers = rewrites.check_gelu_quant(context.dit)
+        layers = rewrites.check_feed_forward_quant(context.dit, "the fused GELU quantization")
         context.report["fused-gelu-quant"] = f"{layers} feed-forward layers: GELU and FP8 quantization in one kernel"
 
 

@@ -26,7 +26,7 @@ def test_it_needs_torchao_fp8_and_says_why_it_cannot_run_on_a_cpu():
 def test_it_refuses_feed_forward_layers_that_are_not_torchao_fp8():
     dit = clone_sharing_weights(dit_engine().load().dit)
     with pytest.raises(ValueError, match="are not torchao FP8 linears"):
-        rewrites.check_gelu_quant(dit)
+        rewrites.check_feed_forward_quant(dit, "the fused GELU quantization")
 
 
 def test_compiled_blocks_see_fp8_values_and_a_scale_per_row():

@@ -23,7 +23,8 @@ def test_the_gpu_tier_is_deselected_unless_asked_for():
     files, _ = collected("-m", "gpu", "tests/gpu", THIS)
     assert files == {"tests/gpu/test_graph_check.py", "tests/gpu/test_parallel_smoke.py",
                      "tests/gpu/test_seed_check.py", "tests/gpu/test_qwen21_fp8_attention.py",
-                     "tests/gpu/test_qwen21_graphs.py", "tests/gpu/test_text_encoder_graph_check.py"}
+                     "tests/gpu/test_qwen21_graphs.py", "tests/gpu/test_qwen21_swiglu_quant.py",
+                     "tests/gpu/test_text_encoder_graph_check.py"}
 
 
 def test_browser_and_server_tests_are_marked_by_their_folder():
