@@ -720,6 +720,41 @@ def qwen21() -> str:
             f"\n\n{table}\n")
 
 
+# lab/results/profile-dit-21-h200/: each folder's run of lab/probes/profile_dit_21.py, in the order they ran (each in
+# a device call of its own, on machines of one kind, the last two in one call)
+PROFILES_21 = {
+    "fastest": "the fastest 2.1 configuration of the committed qwen21 table before this section's changes",
+    "fastest-text-to-image": "the same, text-to-image (no reference: 64 prefix tokens)",
+    "persistent-rows": "the same with inductor-persistent-rows",
+    "prefix-fp8-persistent-rows": "then with the prefix cache keeping the prefix's FP8 keys and its values' "
+                                  "largest magnitude",
+    "prefix-fp8-persistent-rows-swiglu": "and with fused-swiglu-quant",
+}
+
+
+def profile_21() -> str:
+    """Issue 41: where the cached step of Qwen-Image-2.1's fastest configuration spends its time, kernel family by
+    family, beside the GEMMs' and the attention's times at the ceilings profile_dit.py names."""
+    folder = LAB / "profile-dit-21-h200"
+    rows = []
+    for name, words in PROFILES_21.items():
+        found = json.loads((folder / name / "profile.json").read_text())
+        families = found["cached_step"]["families_ms"]
+        rows.append({"run": f"`{name}`: {words}", "tokens": f"{found['tokens']['prefix']} + {found['tokens']['target']}",
+                     "cached": found["cached_ms"], "sum": found["cached_step"]["total_kernel_ms"],
+                     **{key: families.get(key, 0.0) for key in ("gemm", "attention", "inductor", "ghostedit",
+                                                                 "other")},
+                     "ideal": f"{found['ideal']['gemm_ms']:.1f} + {found['ideal']['attention_ms']:.1f}"})
+    first = json.loads((folder / "fastest" / "profile.json").read_text())
+    table = markdown_table(rows, {"run": "run", "tokens": "prefix + target tokens", "cached": "cached step ms",
+                                  "sum": "kernels ms", "gemm": "FP8 GEMMs ms", "attention": "attention ms",
+                                  "inductor": "Inductor's glue ms", "ghostedit": "GhostEdit's kernels ms",
+                                  "other": "other ms", "ideal": "GEMMs + attention at the ceilings ms"})
+    return (f"The cached step of the full-size synthetic 2.1 DiT alone at 1024x1024 (`lab/probes/profile_dit_21.py`, "
+            f"CUDA events, median, then torch.profiler; {first['device']}, torch {first['torch']}, committed "
+            f"{_committed_on(folder / 'fastest' / 'profile.json')}, `lab/results/profile-dit-21-h200/`):\n\n{table}\n")
+
+
 def _cases_asked(found: dict) -> list[str]:
     """The --cases of the command that wrote a result, in order."""
     words = found["environment"]["command"].split()
@@ -1435,7 +1470,7 @@ SECTIONS = {"targets": targets, "headline": headline, "memory": memory, "gpu-nee
             "profile-edit": profile_edit, "run-toggles": run_toggles, "attention": attention,
             "attention-lengths": attention_lengths, "cudnn-version": cudnn_version, "fa3-fp8": fa3_fp8,
             "vae-norm": vae_norm,
-            "parallel": parallel, "latency": latency, "masked": masked, "qwen21": qwen21,
+            "parallel": parallel, "latency": latency, "masked": masked, "qwen21": qwen21, "profile-21": profile_21,
             "openai-latency": openai_latency}
 
 

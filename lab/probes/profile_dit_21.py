@@ -31,9 +31,10 @@ from profile_dit import ATTENTION_TFLOPS, FP8_GEMM_TFLOPS, kernel_breakdown, pri
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
 from gpu_scripts import dit_21_inputs  # noqa: E402 - the GPU tests' 2.1 DiT inputs
 
-# scripts/gpu/bench.sh's fastest 2.1 configuration (QWEN21_FP8_ATTENTION), the one of the cached step's figure
+# scripts/gpu/bench.sh's fastest 2.1 configuration (QWEN21_FASTEST), the one of the cached step's figure
 FASTEST = ("attention=cudnn-fp8,fp8=torchao,compile=regional,text-encoder=graphed,vae=image-fused,"
-           "rewrites=cuda-graph+real-rope+fused-qkv+carried-residual+fused-qk-norm-rope+fp8-attention-out")
+           "rewrites=inductor-persistent-rows+cuda-graph+real-rope+fused-qkv+carried-residual"
+           "+fused-qk-norm-rope+fp8-attention-out")
 TEXT_BEFORE, TEXT_AFTER = 24, 40   # prompt tokens before and after the references' slots
 FILLING_TIMESTEP, CACHED_TIMESTEP = 0.9, 0.5
 

@@ -170,9 +170,9 @@ QWEN21_REWRITES="cuda-graph+real-rope+fused-qkv"
 QWEN21_FAST="fp8=torchao,compile=regional,rewrites=$QWEN21_REWRITES,text-encoder=graphed,vae=image-fused"
 QWEN21_FP8_REWRITES="$QWEN21_REWRITES+carried-residual+fused-qk-norm-rope+fp8-attention-out"
 QWEN21_FP8_ATTENTION="attention=cudnn-fp8,${QWEN21_FAST/rewrites=$QWEN21_REWRITES/rewrites=$QWEN21_FP8_REWRITES}"
-# and with the glue around its FP8 GEMMs made lighter: reductions over a row in registers, the SwiGLU and its FP8
-# quantization in one kernel (lossless next to fp8=torchao; lab/results/profile-dit-21-h200 found them there)
-QWEN21_FASTEST="${QWEN21_FP8_ATTENTION/rewrites=/rewrites=inductor-persistent-rows+fused-swiglu-quant+}"
+# and with the glue around its FP8 GEMMs made lighter: reductions over a row in registers (lossless; the profile in
+# lab/LOG.md, section 9, where fused-swiglu-quant was slower than the persistent reduction Inductor makes)
+QWEN21_FASTEST="${QWEN21_FP8_ATTENTION/rewrites=/rewrites=inductor-persistent-rows+}"
 QWEN21_CONFIGS=(baseline "fp8=torchao,compile=regional" "fp8=torchao,compile=regional,rewrites=real-rope+fused-qkv"
                 "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION" "$QWEN21_FASTEST")
 QWEN21_2048_CONFIGS=(baseline "fp8=torchao,compile=regional" "$QWEN21_FAST" "$QWEN21_FP8_ATTENTION")
@@ -184,7 +184,7 @@ qwen21_model() {  # sets model, configs, configs_2048 and sized for the 2.1 phas
     model=tiny-2.1 sized=(--width 64)  # exact attention named in place of the FP8 one (its row's path, not its kernel),
     # without the rewrites that need the FP8 attention and torchao's GEMMs (CUDA's), the text encoder compiled
     # instead of graphed, the VAE as released (its fused norms are Triton's)
-    configs=("${configs[@]//+fused-qk-norm-rope+fp8-attention-out/}") configs=("${configs[@]//+fused-swiglu-quant/}")
+    configs=("${configs[@]//+fused-qk-norm-rope+fp8-attention-out/}")
     configs_2048=("${configs_2048[@]//+fused-qk-norm-rope+fp8-attention-out/}")
     configs=("${configs[@]//fp8=torchao/fp8=storage}") configs_2048=("${configs_2048[@]//fp8=torchao/fp8=storage}")
     configs=("${configs[@]//cuda-graph+/}") configs_2048=("${configs_2048[@]//cuda-graph+/}")

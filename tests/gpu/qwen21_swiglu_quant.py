@@ -58,7 +58,9 @@ def kernel_check() -> dict:
         swiglu = F.silu(gate) * up
         expected = _choose_quant_func_and_quantize_tensor(swiglu, layer.weight.act_quant_kwargs)
         values, scales = swiglu_rowwise_fp8(gate, up)
-        ours, theirs = fp8_linear(layer, values[1:], scales[1:]), layer(swiglu[1:])
+        # from row 16, where the forward's own tensors would start: on the slice from row 1 (its scales 4 bytes past
+        # their allocation) cuBLASLt refused the FP8 GEMM on an H200 (CUBLAS_STATUS_NOT_SUPPORTED)
+        ours, theirs = fp8_linear(layer, values[16:], scales[16:]), layer(swiglu[16:])
     codes, expected_codes = values[1:].view(torch.uint8).int(), expected.qdata[1:].view(torch.uint8).int()
     differ = codes != expected_codes
     return {"rows": rows, "values": differ.numel(),
