@@ -740,7 +740,8 @@ def profile_21() -> str:
     for name, words in PROFILES_21.items():
         found = json.loads((folder / name / "profile.json").read_text())
         families = found["cached_step"]["families_ms"]
-        rows.append({"run": f"`{name}`: {words}", "tokens": f"{found['tokens']['prefix']} + {found['tokens']['target']}",
+        tokens = found["tokens"]
+        rows.append({"run": f"`{name}`: {words}", "tokens": f"{tokens['prefix']} + {tokens['target']}",
                      "cached": found["cached_ms"], "sum": found["cached_step"]["total_kernel_ms"],
                      **{key: families.get(key, 0.0) for key in ("gemm", "attention", "inductor", "ghostedit",
                                                                  "other")},
