@@ -67,6 +67,7 @@ class Family:
     default_area: int           # output pixels when the request gives no size
     repo: str | None = None     # the released Hugging Face repo id
     lightning: tuple[str, str] | None = None  # lightx2v's Lightning LoRA: (repo, file with {steps})
+    lightning_steps: tuple[int, ...] = (4, 8)   # the step counts lightx2v publishes that LoRA for
     dit: str = QWEN_IMAGE_DIT   # the DiT family (which toggles apply: optimize/registry.py)
     min_images: int = 1         # 0: text-to-image too
     size_multiple: int = SIZE_MULTIPLE  # output sides are multiples of this
@@ -75,6 +76,8 @@ class Family:
     default_cfg: float = 4.0    # a request's CFG scale unless it gives one (2.1: 1, no guidance)
     schedule: dict | None = field(default=None, hash=False, compare=False)  # the folder's scheduler config (2.1)
     sample_sigmas: tuple[float, ...] | None = None  # model_index.json's fixed schedule (Turbo)
+    # what the Lightning LoRA's schedule changes in the model's own (the Edit models': LIGHTNING_SHIFT)
+    lightning_schedule_changes: dict = field(default_factory=lambda: dict(LIGHTNING_SHIFT), hash=False, compare=False)
 
     def check_request(self, request) -> None:
         """Refuses (InvalidRequestError) a request this model cannot run: its number of input images, its steps on
@@ -102,6 +105,10 @@ class Family:
         width, height = dimensions(self.default_area, width / height)
         return width // self.size_multiple * self.size_multiple, height // self.size_multiple * self.size_multiple
 
+    def lightning_schedule(self) -> dict:
+        """The schedule the family's Lightning LoRA was distilled for: the model's own with the LoRA's changes."""
+        return {**(self.schedule or self.computation.scheduler), **self.lightning_schedule_changes}
+
     @property
     def steps_fixed(self) -> bool:
         """Whether the step count is the model's own (Turbo: one step per sample sigma)."""
@@ -121,9 +128,12 @@ SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_l
              "time_shift_type": "exponential", "num_train_timesteps": 1000, "invert_sigmas": False,
              "stochastic_sampling": False, "use_karras_sigmas": False, "use_exponential_sigmas": False,
              "use_beta_sigmas": False}
-# The schedule lightx2v distilled the Lightning LoRAs for (their README's scheduler config): the shift fixed at
-# log(3) whatever the image size, no terminal shift
-LIGHTNING_SCHEDULER = {**SCHEDULER, "base_shift": math.log(3), "max_shift": math.log(3), "shift_terminal": None}
+# The schedule lightx2v distilled the Edit models' Lightning LoRAs for (their README's scheduler config): the shift
+# fixed at log(3) whatever the image size, no terminal shift. Its Qwen-Image-2.1 LoRA's card says four steps with the
+# model's dynamic exponential shift and no terminal stretching: LIGHTNING_SHIFT_21, the one change
+LIGHTNING_SHIFT = {"base_shift": math.log(3), "max_shift": math.log(3), "shift_terminal": None}
+LIGHTNING_SCHEDULER = {**SCHEDULER, **LIGHTNING_SHIFT}
+LIGHTNING_SHIFT_21 = {"shift_terminal": None}
 QWEN_IMAGE = Computation(
     pipeline="diffsynth.pipelines.qwen_image.QwenImagePipeline", exact="ghostedit.models.exact.ExactPipeline",
     checkpoint="ghostedit.models.checkpoint.model_configs", transformer_class="QwenImageTransformer2DModel",
@@ -170,12 +180,14 @@ QWEN_IMAGE_21 = Family(
     condition=ConditionRule(vae_area=1024 * 1024, vl_area=None, size_from="last"),
     zero_cond_t=False, default_steps=40, default_area=1024 * 1024, repo="Qwen/Qwen-Image-2.1",
     dit=QWEN_IMAGE_21_DIT, min_images=0, size_multiple=32, rgba=True, licence=QWEN_RESEARCH_LICENSE,
-    default_cfg=1.0, schedule=RELEASED_SCHEDULE_21)
+    default_cfg=1.0, schedule=RELEASED_SCHEDULE_21,
+    lightning=("lightx2v/Qwen-Image-2.1-Lightning", "pytorch_lora_weights.safetensors"), lightning_steps=(4,),
+    lightning_schedule_changes=LIGHTNING_SHIFT_21)
 # Turbo's, as GhostEdit assumes it where no folder gives one: its sigmas used as they are (shift 1)
 TURBO_SCHEDULE_21 = {**RELEASED_SCHEDULE_21, "use_dynamic_shifting": False, "shift": 1.0, "shift_terminal": None}
 QWEN_IMAGE_21_TURBO = replace(QWEN_IMAGE_21, name="Qwen-Image-2.1-Turbo", repo="Qwen/Qwen-Image-2.1-Turbo",
                               default_steps=len(TURBO_SIGMAS), sample_sigmas=TURBO_SIGMAS,
-                              schedule=TURBO_SCHEDULE_21)
+                              schedule=TURBO_SCHEDULE_21, lightning=None)  # the Turbo is itself the few-step DiT
 
 FAMILIES = (QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_2509, QWEN_IMAGE_EDIT_2511, QWEN_IMAGE_21, QWEN_IMAGE_21_TURBO)
 
@@ -184,11 +196,11 @@ TINY = replace(QWEN_IMAGE_EDIT_2509, name="tiny", default_steps=4, default_area=
                condition=replace(QWEN_IMAGE_EDIT_2509.condition, vae_area=256 * 256, vl_area=96 * 96))
 SYNTHETIC = replace(QWEN_IMAGE_EDIT_2509, name="synthetic", repo=None, lightning=None)
 # The embedded 2.1 models compute as 2.1 (and Turbo) do; the tiny ones at a quarter of the sides
-TINY_21 = replace(QWEN_IMAGE_21, name="tiny-2.1", default_steps=4, default_area=256 * 256, repo=None,
+TINY_21 = replace(QWEN_IMAGE_21, name="tiny-2.1", default_steps=4, default_area=256 * 256, repo=None, lightning=None,
                   condition=replace(QWEN_IMAGE_21.condition, vae_area=256 * 256))
 TINY_21_TURBO = replace(TINY_21, name="tiny-2.1-turbo", default_steps=len(TURBO_SIGMAS), sample_sigmas=TURBO_SIGMAS,
                         schedule=TURBO_SCHEDULE_21)
-SYNTHETIC_21 = replace(QWEN_IMAGE_21, name="synthetic-2.1", repo=None)
+SYNTHETIC_21 = replace(QWEN_IMAGE_21, name="synthetic-2.1", repo=None, lightning=None)
 SYNTHETIC_21_TURBO = replace(QWEN_IMAGE_21_TURBO, name="synthetic-2.1-turbo", repo=None)
 
 RELEASED = {family.repo: family for family in FAMILIES}

@@ -1,8 +1,8 @@
 """Named configurations, written once: the fastest measured (BEST), the same with FlashAttention-3's FP8 attention
 (BEST_FA3, where that kernel is installed) and the fastest with exact attention (EXACT); and the Lightning presets,
-which run the lightx2v Lightning LoRA distilled for the model (4 or 8 steps, CFG 1, its own schedule). The bench,
-the scripts and the docs name them ("best", "best-fa3", "exact", "lightning-4", "lightning-8");
-OptimizationConfig.parse reads them."""
+which run the lightx2v Lightning LoRA distilled for the model (4 or 8 steps, Qwen-Image-2.1's 4 only; CFG 1; its
+own schedule). The bench, the scripts and the docs name them ("best", "best-fa3", "exact", "lightning-4",
+"lightning-8"); OptimizationConfig.parse reads them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +33,12 @@ class LightningPreset:
     cfg_scale: float = 1.0  # distilled without guidance: one DiT forward a step
 
     def lora_reference(self, family) -> str:
-        """The LoRA distilled for `family` (models/family.py) as `owner/name:FILE` for downloads.lora_file."""
+        """The LoRA distilled for `family` (models/family.py) as `owner/name:FILE` for downloads.lora_file; a step
+        count lightx2v publishes none for is refused (PresetError)."""
+        if self.steps not in family.lightning_steps:
+            published = " or ".join(str(steps) for steps in family.lightning_steps)
+            raise PresetError(f"{family.name}: lightx2v publishes its Lightning LoRA for {published} steps, "
+                              f"not {self.steps}")
         repo, template = family.lightning
         return f"{repo}:{template.format(steps=self.steps)}"
 

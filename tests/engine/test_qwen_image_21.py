@@ -68,7 +68,6 @@ def test_turbo_runs_its_fixed_sigmas_and_refuses_other_step_counts():
 
 
 @pytest.mark.parametrize("setting, choice, words", [
-    ("scheduler", "lightning", "Lightning schedule"),
     ("text-encoder", "joined-windows", "Qwen3-VL, has no windowed attention"),
     ("vae", "image", "already runs a lone frame as 2-D convolutions"),
 ])

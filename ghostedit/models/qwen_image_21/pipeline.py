@@ -102,11 +102,15 @@ class ExactPipeline21(ReferenceGuidance, QwenImage21Pipeline):
 
     def use_family(self, family: Family) -> None:
         self.family = family
-        self.scheduler = ReferenceSchedule({**SCHEDULER_DEFAULTS, **family.schedule})
+        self.use_schedule(family.schedule)
         swaps = {QwenImage21Unit_EditImageEmbedder: EditImageEmbedder, QwenImage21Unit_KVCacheInitializer:
                  lambda family: PrefixCacheUnit()}
         self.units = [swaps[type(unit)](family) if type(unit) in swaps else unit for unit in self.units]
         self.model_fn = model_fn
+
+    def use_schedule(self, config: dict) -> None:
+        """The sampling schedule of a scheduler config (diffusers' defaults for the keys it leaves out)."""
+        self.scheduler = ReferenceSchedule({**SCHEDULER_DEFAULTS, **config})
 
     @torch.no_grad()
     def __call__(self, prompt: str, negative_prompt: str = "", cfg_scale: float = 1.0, edit_image=None,

@@ -1,6 +1,7 @@
-"""Lightning presets: the lightx2v LoRA that matches each edit model (its real repo and file names), the model told
-apart by its own configs, the preset parsed into the Lightning schedule with its LoRA (downloaded from a fake Hub
-with progress) stacked with a style LoRA, an edit on the tiny model with that stack, and the refusals."""
+"""Lightning presets: the lightx2v LoRA that matches each model (its real repo and file names; Qwen-Image-2.1's
+one 4-step LoRA and its schedule), the model told apart by its own configs, the preset parsed into the Lightning
+schedule with its LoRA (downloaded from a fake Hub with progress) stacked with a style LoRA, an edit on the tiny
+model with that stack (and a 2.1 one on the tiny 2.1), and the refusals."""
 import json
 
 import numpy as np
@@ -139,3 +140,74 @@ def test_the_lightning_toggle_runs_its_schedule(engine, house):
     model, lightning = (engine.run(request, OptimizationConfig(scheduler=choice)) for choice in ("model", "lightning"))
     difference = np.abs(np.asarray(model.image, dtype=np.int16) - np.asarray(lightning.image, dtype=np.int16))
     assert difference.mean() > 1  # before: the exact pipeline put its own schedule back and the two were equal
+
+
+# ---- Qwen-Image-2.1: lightx2v/Qwen-Image-2.1-Lightning, one 4-step LoRA in diffusers/PEFT keys ----
+
+LIGHTNING_21 = "lightx2v/Qwen-Image-2.1-Lightning"
+
+
+def test_2_1_gets_its_4_step_lora_and_the_rest_is_refused_with_the_reason():
+    from ghostedit.models.family import QWEN_IMAGE_21
+    assert model_family("Qwen/Qwen-Image-2.1") == QWEN_IMAGE_21
+    assert LIGHTNING["lightning-4"].lora_reference(QWEN_IMAGE_21) == f"{LIGHTNING_21}:pytorch_lora_weights.safetensors"
+    with pytest.raises(PresetError, match="publishes its Lightning LoRA for 4 steps, not 8"):
+        LIGHTNING["lightning-8"].lora_reference(QWEN_IMAGE_21)
+    with pytest.raises(PresetError, match="Qwen-Image-2.1-Turbo: no Lightning LoRA is known for it"):
+        model_family("Qwen/Qwen-Image-2.1-Turbo")
+
+
+def test_the_2_1_lightning_schedule_is_the_models_own_without_its_terminal_stretch_as_diffusers_computes_it():
+    """The 2.1 LoRA's card: four steps with dynamic exponential shifting and no terminal stretching. diffusers'
+    QwenImage21Pipeline's schedule from the released scheduler config with shift_terminal None (its default sigmas
+    for 4 steps and its shift at 1024x1024's tokens) against the one `scheduler=lightning` runs for 2.1."""
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_shift
+
+    from ghostedit.models.exact import ReferenceSchedule
+    from ghostedit.models.family import QWEN_IMAGE_21
+    from ghostedit.models.qwen_image_21.pipeline import SCHEDULER_DEFAULTS
+    schedule = QWEN_IMAGE_21.lightning_schedule()
+    assert schedule == {**QWEN_IMAGE_21.schedule, "shift_terminal": None}
+    released = {**SCHEDULER_DEFAULTS, **QWEN_IMAGE_21.schedule}
+    reference = FlowMatchEulerDiscreteScheduler.from_config({**released, "shift_terminal": None})
+    image_tokens = 4096
+    config = reference.config
+    mu = calculate_shift(image_tokens, config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
+                         config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+    reference.set_timesteps(sigmas=np.linspace(1.0, 1 / 4, 4), mu=mu)
+    ours = ReferenceSchedule({**SCHEDULER_DEFAULTS, **schedule})
+    ours.set_timesteps(4, dynamic_shift_len=image_tokens)
+    assert torch.equal(ours.sigmas, reference.sigmas[:-1].to(torch.float32))
+    model = ReferenceSchedule(released)
+    model.set_timesteps(4, dynamic_shift_len=image_tokens)
+    assert not torch.equal(model.sigmas, ours.sigmas)  # the released schedule stretches to its terminal shift
+
+
+def test_the_2_1_preset_runs_its_lora_and_schedule_on_the_tiny_2_1_engine(tmp_path, monkeypatch, capsys):
+    """`edit --preset lightning-4` for Qwen/Qwen-Image-2.1, run on the tiny 2.1 engine (the fake Hub's file is a
+    diffusers/PEFT LoRA keyed for the tiny 2.1 DiT): the LoRA fetched with printed progress and fused with every
+    layer matched, 4 steps at CFG 1 on the Lightning schedule (the image differs from the same LoRA's on the model's
+    own schedule)."""
+    from ghostedit.arguments import apply_preset, config_from_args, request_from_args
+    from ghostedit.engine import Engine
+    from qwen21_loras import LORA_TARGETS, qwen21_lora_file
+    lora = qwen21_lora_file(tmp_path, "diffusers").read_bytes()
+    with hub_serving({LIGHTNING_21: Repo({"pytorch_lora_weights.safetensors": lora})}, tmp_path / "hf-cache",
+                     monkeypatch):
+        args = cli.build_parser().parse_args([
+            "edit", "--preset", "lightning-4", "--prompt", "a lighthouse at dusk", "--width", "64", "--height", "64",
+            "--out", str(tmp_path / "out.png")])
+        config, steps, cfg = apply_preset(args, "Qwen/Qwen-Image-2.1", config_from_args(args), default_steps=40)
+    assert f"[download] {LIGHTNING_21}" in capsys.readouterr().out
+    request = request_from_args(args, steps, cfg)
+    assert (request.steps, request.cfg_scale) == (4, 1.0)
+    engine = Engine("tiny-2.1", device="cpu", dtype="float32")
+    result = engine.run(request, config)
+    assert result.config.value("scheduler") == "lightning" and len(result.telemetry.step_seconds) == 4
+    (applied,) = result.telemetry.loras
+    assert applied["layers_matched"] == 2 * len(LORA_TARGETS) and applied["keys_not_applied"] == 0, applied
+    plain = engine.run(request, config.replace(scheduler="model"))  # the same LoRA on the model's own schedule
+    difference = np.abs(np.asarray(result.image, dtype=np.int16) - np.asarray(plain.image, dtype=np.int16))
+    assert difference.mean() > 1
