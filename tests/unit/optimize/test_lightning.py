@@ -2,8 +2,6 @@
 one 4-step LoRA and its schedule), the model told apart by its own configs, the preset parsed into the Lightning
 schedule with its LoRA (downloaded from a fake Hub with progress) stacked with a style LoRA, an edit on the tiny
 model with that stack (and a 2.1 one on the tiny 2.1), and the refusals."""
-import json
-
 import numpy as np
 import pytest
 import safetensors.torch
