@@ -423,8 +423,11 @@ def test_queued_and_cancelled_runs_say_so(browser, app):
     """A run waiting behind another tab's says "Queued"; Cancel before any result says that no image was made."""
     first, second = open_page(browser, app), open_page(browser, app)
     for page in (first, second):
-        fill_edit(page, small=False)  # long enough to be cancelled while it denoises
-        set_generation(page, (("steps", 100), ("width", 512), ("height", 512)), "100 steps · CFG 4 · seed 0 · 512×512")
+        # long enough to be cancelled while it denoises, with the test's own steps in between under a loaded machine
+        # (at 512x512 the first run once ended before its Cancel, while other tests shared the CPU)
+        fill_edit(page, small=False)
+        set_generation(page, (("steps", 100), ("width", 1024), ("height", 1024)),
+                       "100 steps · CFG 4 · seed 0 · 1024×1024")
     first.locator("#run").click()
     wait_status(first, "Denoising · step", RUN_TIMEOUT_MS)
     second.locator("#run").click()
