@@ -382,10 +382,8 @@ class Attention(nn.Module):
             prefix_k8, prefix_values, prefix_largest = prefix
             scale = fp8_attention.fp8_scale(torch.maximum(prefix_largest, fp8_attention.largest_magnitude(value)))
             (prefix_v8, v8), v_descale = fp8_attention.fp8_parts([prefix_values, value], scale)
-            # the values joined here, where compiled code writes both casts into the joined tensor, rather than
-            # copied together by the kernel's op
-            return fp8_attention.attend_fp8([q8], q_descale, [prefix_k8, k8], k_descale,
-                                            [torch.cat([prefix_v8, v8], dim=1)], v_descale, options.attention)
+            return fp8_attention.attend_fp8([q8], q_descale, [prefix_k8, k8], k_descale, [prefix_v8, v8], v_descale,
+                                            options.attention)
         prefix_keys, prefix_values = prefix
         (prefix_k8,), _ = fp8_attention.fp8_parts([prefix_keys], self.k_scale)
         split = options.sequence_split
