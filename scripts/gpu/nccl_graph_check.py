@@ -17,10 +17,8 @@ the eager forward on two gloo processes (a CPU has no CUDA graph to capture).
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +26,8 @@ import torch
 from ghostedit import parallel
 from ghostedit.optimize.cuda_graphs import CudaCapture
 from ghostedit.parallel.ulysses import Ulysses
+
+import rank_report  # beside this script
 
 HEADS, HEAD_DIM, TOKENS = 24, 128, 4096 + 7   # the Edit DiT's heads; uneven shards, as a prompt makes them
 REPLAYS = 3
@@ -42,15 +42,11 @@ def main() -> None:
                         help="every S seconds while it runs, each rank's Python stacks on stderr (where a "
                              "stopped run was waiting)")
     args = parser.parse_args()
-    print(f"rank {os.environ.get('RANK', '?')}: started, joining the process group", flush=True)
-    faulthandler.dump_traceback_later(args.hang_report, repeat=True)
+    rank_report.started(args.hang_report)
     mesh = parallel.setup("ulysses", False, args.device, collective_timeout_s=args.collective_timeout)
     on_gpu = args.device.startswith("cuda")
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else args.device
-    began = time.perf_counter()
-
-    def progress(words: str) -> None:
-        print(f"rank {mesh.rank} · {time.perf_counter() - began:.1f} s: {words}", flush=True)
+    progress = rank_report.progress_printer(mesh.rank)
 
     split = Ulysses.of(mesh, HEADS).over(TOKENS)
     generator = torch.Generator(device).manual_seed(mesh.rank)
@@ -101,7 +97,7 @@ def main() -> None:
         replay = outputs = None  # the graph before the process group (parallel.teardown says why)
         parallel.teardown()
         progress("process group closed")
-        faulthandler.cancel_dump_traceback_later()
+        rank_report.ended()
 
 
 if __name__ == "__main__":

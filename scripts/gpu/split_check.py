@@ -13,10 +13,8 @@ Rank 0 writes DIR/split-check.json and prints each row. --model tiny --device cp
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -26,6 +24,8 @@ from ghostedit.bench.dit import dit_inputs, running
 from ghostedit.device import device_name
 from ghostedit.engine import Engine
 from ghostedit.telemetry import RunRecorder, median_ms
+
+import rank_report  # beside this script
 
 
 def main() -> None:
@@ -47,14 +47,10 @@ def main() -> None:
                         help="every S seconds while it runs, each rank's Python stacks on stderr (where a "
                              "stopped run was waiting)")
     args = parser.parse_args()
-    print(f"rank {os.environ.get('RANK', '?')}: started, joining the process group", flush=True)
-    faulthandler.dump_traceback_later(args.hang_report, repeat=True)
+    rank_report.started(args.hang_report)
     device = args.device
     mesh = parallel.setup("ulysses", False, device, collective_timeout_s=args.collective_timeout)
-    began = time.perf_counter()
-
-    def progress(words: str) -> None:  # every rank: a run cut short shows which rank got how far
-        print(f"rank {mesh.rank} · {time.perf_counter() - began:.1f} s: {words}", flush=True)
+    progress = rank_report.progress_printer(mesh.rank)
     if device.startswith("cuda"):
         device = f"cuda:{torch.cuda.current_device()}"
     rows = []
@@ -102,7 +98,7 @@ def main() -> None:
     finally:
         engine.free()  # the split's CUDA graphs before the process group (parallel.teardown says why)
         parallel.teardown()
-        faulthandler.cancel_dump_traceback_later()
+        rank_report.ended()
 
 
 if __name__ == "__main__":
