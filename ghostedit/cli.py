@@ -123,9 +123,7 @@ def _parallel_edit(args) -> int:
         if mesh.is_writer:
             _report_edit(args, result)
     finally:
-        if engine is not None:
-            engine.free()  # its CUDA graphs before the process group (parallel.teardown says why)
-        parallel.teardown()
+        parallel.teardown(engine)
     return 0
 
 

@@ -96,11 +96,13 @@ def setup(mode: str, true_cfg: bool, device: str, collective_timeout_s: float | 
     return ParallelMesh(world_size, dist.get_rank(), cfg_degree, ulysses_degree, dist.get_backend(), device_mesh)
 
 
-def teardown() -> None:
-    """Closes the process group (at the end of a torchrun process). A CUDA graph that captured the group's
-    collectives (a Ulysses forward under cuda-graph) must be gone first: NCCL's destroy then waits on it for ever
-    (pytorch/pytorch#115388; seen on two H200s). So callers drop what holds their graphs (Engine.free), and a
-    collection here ends those that reference cycles still hold."""
+def teardown(engine=None) -> None:
+    """Closes the process group (at the end of a torchrun process), after `engine`'s prepared pipelines are dropped
+    (Engine.free). A CUDA graph that captured the group's collectives (a Ulysses forward under cuda-graph) must be
+    gone first: NCCL's destroy waits on it for ever (pytorch/pytorch#115388; seen on two H200s). The collection ends
+    graphs that reference cycles still hold."""
+    if engine is not None:
+        engine.free()
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()

@@ -36,11 +36,8 @@ REPLAYS = 3
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    parser.add_argument("--collective-timeout", type=float, default=60.0, metavar="S")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--hang-report", type=float, default=30.0, metavar="S",
-                        help="every S seconds while it runs, each rank's Python stacks on stderr (where a "
-                             "stopped run was waiting)")
+    rank_report.add_arguments(parser, collective_timeout_s=60.0, hang_report_s=30.0)
     args = parser.parse_args()
     rank_report.started(args.hang_report)
     mesh = parallel.setup("ulysses", False, args.device, collective_timeout_s=args.collective_timeout)

@@ -61,8 +61,7 @@ def run(args) -> None:
             write_run(args, cold, timed, compiled_frames() - frames, ranks)
     finally:
         if mesh is not None:
-            engine.free()  # its CUDA graphs before the process group (parallel.teardown says why)
-            parallel.teardown()
+            parallel.teardown(engine)
 
 
 def weights_fingerprint(pipe) -> dict[str, float]:

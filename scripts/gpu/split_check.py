@@ -40,12 +40,7 @@ def main() -> None:
     parser.add_argument("--without", nargs="+", default=[], metavar="REWRITE",
                         help="rewrites taken out of every configuration (cuda-graph: where the split's collectives "
                              "do not replay from a CUDA graph, scripts/gpu/nccl_graph_check.py)")
-    parser.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
-                        help="a rank waiting this long in a collective fails the run with an error (not a hang "
-                             "that eats the device call)")
-    parser.add_argument("--hang-report", type=float, default=120.0, metavar="S",
-                        help="every S seconds while it runs, each rank's Python stacks on stderr (where a "
-                             "stopped run was waiting)")
+    rank_report.add_arguments(parser, collective_timeout_s=300.0, hang_report_s=120.0)
     args = parser.parse_args()
     rank_report.started(args.hang_report)
     device = args.device
@@ -61,7 +56,8 @@ def main() -> None:
         for text in args.configs:
             engine.free()
             config = OptimizationConfig.parse(text)
-            config = config.replace(rewrites=tuple(flag for flag in config.flags("rewrites") if flag not in args.without))
+            config = config.replace(rewrites=tuple(flag for flag in config.flags("rewrites")
+                                                   if flag not in args.without))
             text += "".join(f" without {flag}" for flag in args.without)
             for shape in args.shapes:
                 side, _, images = shape.partition(":")
@@ -96,8 +92,7 @@ def main() -> None:
                 {"gpu": device_name(device), "torch": torch.__version__, "ranks": mesh.world_size,
                  "backend": mesh.backend, "rows": rows}, indent=1, default=str))
     finally:
-        engine.free()  # the split's CUDA graphs before the process group (parallel.teardown says why)
-        parallel.teardown()
+        parallel.teardown(engine)
         rank_report.ended()
 
 

@@ -1,15 +1,13 @@
 """The fused GELU quantization (fused-gelu-quant) on the CPU: what it needs and says when it cannot run, the shapes
 compiled blocks see for its op, and its Triton kernel run by Triton's interpreter against torchao's scales. Its
 speed and its output against torchao's on the GPU: gelu_quant_probe.py (lab/probes/README.md; lab/LOG.md, section 6)."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from dit_helpers import dit_engine
+from triton_interpreter import run_interpreted
 from ghostedit import OptimizationConfig
 from ghostedit.engine.prepare import clone_sharing_weights
 from ghostedit.kernels import gelu_quant as fp8_mlp
@@ -65,6 +63,4 @@ def test_the_kernel_quantizes_each_row_with_torchaos_scale_in_tritons_interprete
     two (masked lanes), a row of zeros, a row of negative values (where another GELU's scale would be off); run on
     the CPU by Triton's interpreter, whose float conversions truncate, so the check is the scales and the layout, not
     the FP8 rounding."""
-    done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert run_interpreted(KERNEL_CHECK).strip() == "ok"

@@ -2,14 +2,12 @@
 cannot run, the shapes compiled blocks see for its op, and its Triton kernel run by Triton's interpreter against
 GhostEdit's unfused computation (DiffSynth's RMSNorm, the real-rope rotation, the FP8 attention's cast). Its speed
 and the DiT's output with it on the GPU: qk_norm_rope_probe.py (lab/probes/README.md) and the bench (lab/LOG.md)."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from triton_interpreter import run_interpreted
 from ghostedit import OptimizationConfig
 from ghostedit.kernels import qk_norm_rope as fp8_qk
 from ghostedit.optimize import registry
@@ -115,9 +113,7 @@ def test_the_kernel_normalizes_rotates_casts_and_joins_both_streams_in_tritons_i
     """Strided rows (a fused q/k/v projection's view), a batch of two, rows that fill no whole tile; run on the CPU
     by Triton's interpreter, whose FP8 rounding is not the GPU's, so the check is each value within one FP8 step of
     the unfused computation, in its place."""
-    done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert run_interpreted(KERNEL_CHECK).strip() == "ok"
 
 
 def test_an_output_projection_reads_each_fp8_kernels_output_as_it_means():

@@ -4,15 +4,13 @@ interpreter against torchao's quantization of eager silu(gate) * up, and the 2.1
 torchao's FP8 GEMMs emulated (tests/cpu_fp8.py). Its values and scales against torchao's on the GPU, bit for bit, and
 the full-size 2.1 DiT's prediction with it: tests/gpu/test_qwen21_swiglu_quant.py."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from triton_interpreter import run_interpreted
 from ghostedit import OptimizationConfig
 from ghostedit.config import LoraChoice
 from ghostedit.engine import Engine
@@ -95,9 +93,7 @@ def test_the_kernel_quantizes_each_row_with_torchaos_scale_in_tritons_interprete
     of two (masked lanes), a row of zeros, a row of negative gates (the SiLU's tail, where exp(-x) overflows) and one
     across zero; run on the CPU by Triton's interpreter, whose float conversions truncate, so the check is the scales
     (bf16 values, as torchao's) and the layout, not the rounding, which the GPU test checks bit for bit."""
-    done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert run_interpreted(KERNEL_CHECK).strip() == "ok"
 
 
 DIT_CHECK = """
@@ -151,10 +147,7 @@ def test_the_2_1_dit_takes_the_kernels_path_at_every_step_in_tritons_interpreter
     first fills it): with the rewrite the kernel and the FP8 down projection run once per block at every step (each
     step's tokens all pass the feed-forward), none without it; the first block's feed-forward output (the same input
     either way) and each prediction stay within the interpreter's rounding of the path without it."""
-    done = subprocess.run([sys.executable, "-c", DIT_CHECK], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = json.loads(run_interpreted(DIT_CHECK, timeout=600).strip().splitlines()[-1])
     every_block_and_step = report["blocks"] * len(report["errors"])
     assert report["without"]["calls"] == {"kernel": 0, "fp8_linear": 0}, report
     assert report["with"]["calls"] == {"kernel": every_block_and_step, "fp8_linear": every_block_and_step}, report

@@ -13,14 +13,11 @@ fp8-attention-out   on top of it: its FP8 GEMM called once per block at each cac
                     output within the Edit DiT's check of that projection.
 The kernels' numerics on the GPU: tests/gpu/test_qwen21_fp8_attention.py."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from triton_interpreter import run_interpreted
 from ghostedit.engine import Engine
 from qwen21_forwards import inputs, predictions
 
@@ -129,10 +126,7 @@ print(json.dumps(report))
 
 @pytest.fixture(scope="module")
 def fp8_report():
-    done = subprocess.run([sys.executable, "-c", FP8_CHECK], capture_output=True, text=True, timeout=900,
-                          cwd=Path(__file__).parents[3], env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(run_interpreted(FP8_CHECK, timeout=900).strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("references", REFERENCES)

@@ -3,14 +3,12 @@ RMS norms fused with their SiLU (`vae=image-fused`), the kernel run by Triton's 
 model's VAE and Qwen-Image-2.1's); and the VAE's input, computed on the device with the reference's bits. The fused
 norms' bits and speed on the GPU: vae_norm_probe.py (lab/probes/README.md) and lab/LOG.md."""
 import copy
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from triton_interpreter import run_interpreted
 from ghostedit import EditRequest, OptimizationConfig
 from ghostedit.engine import Engine
 from ghostedit.models import exact
@@ -125,9 +123,7 @@ def test_the_fused_norm_kernel_computes_the_released_norm_and_silu_in_tritons_in
     Edit model's and Qwen-Image-2.1's (RGBA): encoding and decoding with every norm in the kernel, none through the
     released code, and every residual block's convolution biases added by the kernels after them, agree with the
     released VAE to float32 rounding."""
-    done = subprocess.run([sys.executable, "-c", FUSED_CHECK, model, str(channels), block], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    assert run_interpreted(FUSED_CHECK, model, str(channels), block, timeout=600).strip().endswith("ok")
 
 
 def test_the_vae_input_has_the_bits_of_the_references_float32_preprocessing():
